@@ -1,0 +1,208 @@
+// Package testlibvirt gives integration tests a real libvirtd to work
+// against, and makes sure they leave nothing behind on a host that other
+// engineers' tests share.
+//
+// Every object a test creates is named with Name (prefix "capltest-" and a
+// random suffix); the names this process handed out are remembered so that
+// AssertNothingOwned only judges this process's leftovers, not those of a
+// concurrent run.
+package testlibvirt
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"libvirt.org/go/libvirt"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+const (
+	// EnvURI names the libvirt URI for integration tests; unset skips them.
+	EnvURI = "CAPL_TEST_LIBVIRT_URI"
+	// EnvImage names the path of a bootable qcow2 base image; unset skips
+	// the tests that boot a guest.
+	EnvImage = "CAPL_TEST_IMAGE"
+	// PoolRoot is where test pools live on the libvirt host.
+	PoolRoot = "/var/lib/libvirt"
+)
+
+// URI returns the libvirt URI for integration tests, skipping t when none
+// is configured.
+func URI(t testing.TB) string {
+	t.Helper()
+	uri := os.Getenv(EnvURI)
+	if uri == "" {
+		t.Skipf("%s not set: skipping test against a real libvirtd", EnvURI)
+	}
+	return uri
+}
+
+// Image returns the path of the bootable test image, skipping t when none
+// is configured.
+func Image(t testing.TB) string {
+	t.Helper()
+	img := os.Getenv(EnvImage)
+	if img == "" {
+		t.Skipf("%s not set: skipping test that boots a guest", EnvImage)
+	}
+	return img
+}
+
+var (
+	namesMu sync.Mutex
+	names   []string
+)
+
+// Name returns a fresh object name "capltest-" + 6 hex digits: 15
+// characters, so it also fits a Linux bridge name. Derive further names by
+// appending to it; AssertNothingOwned recognises them by this prefix.
+func Name(t testing.TB) string {
+	t.Helper()
+	b := make([]byte, 3)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatalf("random name: %v", err)
+	}
+	n := virt.TestNamePrefix + hex.EncodeToString(b)
+	namesMu.Lock()
+	names = append(names, n)
+	namesMu.Unlock()
+	return n
+}
+
+// Client dials uri and closes the client when t ends.
+func Client(t testing.TB, uri string) *virt.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := virt.Dial(ctx, uri)
+	if err != nil {
+		t.Fatalf("dial %s: %v", uri, err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Pool creates a test directory pool under PoolRoot through h and removes
+// it with every volume in it when t ends, even on failure. It returns the
+// pool's name.
+func Pool(t testing.TB, uri string, h virt.Host) string {
+	t.Helper()
+	name := Name(t)
+	path := filepath.Join(PoolRoot, name)
+	t.Cleanup(func() {
+		if err := DestroyPool(uri, name); err != nil {
+			t.Errorf("cleaning up pool %s: %v", name, err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := h.EnsurePool(ctx, virt.PoolSpec{Name: name, Path: path}); err != nil {
+		t.Fatalf("creating test pool %s: %v", name, err)
+	}
+	return name
+}
+
+// DestroyPool deletes every volume of the test pool name, the pool's
+// directory and its definition, on a connection of its own so that it does
+// not depend on the code under test. It refuses names without the test
+// prefix. A missing pool is success.
+func DestroyPool(uri, name string) error {
+	if !strings.HasPrefix(name, virt.TestNamePrefix) {
+		return fmt.Errorf("refusing to destroy non-test pool %q", name)
+	}
+	conn, err := libvirt.NewConnect(uri)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	pool, err := conn.LookupStoragePoolByName(name)
+	if virt.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer pool.Free()
+	if active, _ := pool.IsActive(); active {
+		_ = pool.Refresh(0)
+		vols, err := pool.ListAllStorageVolumes(0)
+		if err != nil {
+			return err
+		}
+		for i := range vols {
+			if err := vols[i].Delete(0); err != nil && !virt.IsNotFound(err) {
+				err = fmt.Errorf("deleting volume: %w", err)
+				for j := i; j < len(vols); j++ {
+					_ = vols[j].Free()
+				}
+				return err
+			}
+			_ = vols[i].Free()
+		}
+		if err := pool.Destroy(); err != nil {
+			return err
+		}
+	}
+	// The directory may be gone already; the definition must go regardless.
+	_ = pool.Delete(libvirt.STORAGE_POOL_DELETE_NORMAL)
+	return pool.Undefine()
+}
+
+// CheckNothingOwned returns an error listing every object on h that
+// carries a name handed out by Name in this process (or an owner whose
+// cluster is such a name).
+func CheckNothingOwned(ctx context.Context, h virt.Host) error {
+	objs, err := h.ListOwned(ctx)
+	if err != nil {
+		return fmt.Errorf("listing owned objects: %w", err)
+	}
+	namesMu.Lock()
+	mine := append([]string(nil), names...)
+	namesMu.Unlock()
+	var left []string
+	for _, o := range objs {
+		if ours(o, mine) {
+			left = append(left, fmt.Sprintf("%s %s%s", o.Kind, poolPrefix(o.Pool), o.Name))
+		}
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("left behind: %s", strings.Join(left, ", "))
+	}
+	return nil
+}
+
+// AssertNothingOwned fails t when this process left any object behind.
+// Call it after the cleanups of the tests it judges have run.
+func AssertNothingOwned(t testing.TB, h virt.Host) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := CheckNothingOwned(ctx, h); err != nil {
+		t.Error(err)
+	}
+}
+
+func ours(o virt.OwnedObject, mine []string) bool {
+	for _, n := range mine {
+		if strings.HasPrefix(o.Name, n) || strings.HasPrefix(o.Pool, n) || (o.Owner != nil && o.Owner.Cluster == n) {
+			return true
+		}
+	}
+	return false
+}
+
+func poolPrefix(pool string) string {
+	if pool == "" {
+		return ""
+	}
+	return pool + "/"
+}

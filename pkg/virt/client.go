@@ -1,0 +1,351 @@
+package virt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"libvirt.org/go/libvirt"
+)
+
+// DefaultURI is the libvirt URI used when Dial is given an empty one.
+const DefaultURI = "qemu:///system"
+
+// eventLoopOnce guards the process-wide libvirt event loop: libvirt allows
+// one default implementation per process, and it must be registered before
+// the first connection is opened or keepalive and events never fire.
+var (
+	eventLoopOnce sync.Once
+	errEventLoop  error
+)
+
+func ensureEventLoop() error {
+	eventLoopOnce.Do(func() {
+		if err := libvirt.EventRegisterDefaultImpl(); err != nil {
+			errEventLoop = fmt.Errorf("registering libvirt event loop: %w", err)
+			return
+		}
+		go func() {
+			for {
+				// An error here is an internal libvirt problem; looping on
+				// keeps keepalives and events flowing for the next iteration.
+				if err := libvirt.EventRunDefaultImpl(); err != nil {
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+		}()
+	})
+	return errEventLoop
+}
+
+// options configures a Client; see the Option constructors.
+type options struct {
+	keepAliveInterval int
+	keepAliveCount    uint
+	reconnectBudget   time.Duration
+	eventBuffer       int
+}
+
+// Option tunes a Client at Dial time.
+type Option func(*options)
+
+// WithKeepAlive overrides the keepalive probe interval (seconds) and the
+// number of unanswered probes after which libvirt declares the connection
+// dead. The default 5s×3 notices a vanished libvirtd within ~20s even when
+// the TCP/SSH transport itself stays up.
+func WithKeepAlive(interval int, count uint) Option {
+	return func(o *options) { o.keepAliveInterval, o.keepAliveCount = interval, count }
+}
+
+// WithReconnectBudget bounds how long one call may spend reconnecting
+// before it gives up and returns the connection error.
+func WithReconnectBudget(d time.Duration) Option {
+	return func(o *options) { o.reconnectBudget = d }
+}
+
+// WithEventBuffer sets the per-subscriber event buffer; events beyond it are
+// dropped and counted rather than stalling libvirt's event loop.
+func WithEventBuffer(n int) Option {
+	return func(o *options) { o.eventBuffer = n }
+}
+
+// connHook runs on every fresh connection (the first one and each
+// reconnect), typically to register event callbacks, which libvirt ties to
+// one connection. The returned cleanup runs before that connection is
+// dropped.
+type connHook func(conn *libvirt.Connect) (cleanup func(), err error)
+
+// Client is the concrete Host: one long-lived libvirt connection to one URI
+// with keepalive, a close callback and transparent reconnect. Keep one
+// Client per URI for the life of the process. It is safe for concurrent use.
+type Client struct {
+	uri  string
+	opts options
+
+	mu     sync.Mutex // guards the fields below
+	cur    *connState // nil when not connected
+	gen    uint64     // incremented on every successful connect
+	closed bool
+	hooks  []connHook
+
+	events *broker
+
+	poolMu    sync.Mutex
+	poolLocks map[string]*sync.Mutex
+
+	ownersMu sync.Mutex
+	owners   map[string]*Owner // domain UUID → owner, for events of undefined domains
+
+	ctx    context.Context // canceled by Close; background work stops with it
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// connState is one libvirt connection. dead is atomic because libvirt
+// invokes the close callback while holding its own lock, which
+// UnregisterCloseCallback also takes: taking c.mu in the callback could
+// deadlock against a reconnect that holds c.mu.
+type connState struct {
+	conn     *libvirt.Connect
+	gen      uint64
+	dead     atomic.Bool
+	cleanups []func() // cleanups of hooks run on conn
+}
+
+// Dial opens a long-lived connection to uri (DefaultURI when empty),
+// enables keepalive and registers the event callbacks. The connection is
+// re-established transparently when libvirtd restarts.
+func Dial(ctx context.Context, uri string, opts ...Option) (*Client, error) {
+	if uri == "" {
+		uri = DefaultURI
+	}
+	o := options{keepAliveInterval: 5, keepAliveCount: 3, reconnectBudget: 30 * time.Second, eventBuffer: 256}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := ensureEventLoop(); err != nil {
+		return nil, err
+	}
+	bg, cancel := context.WithCancel(context.Background())
+	c := &Client{
+		uri:       uri,
+		opts:      o,
+		events:    newBroker(o.eventBuffer),
+		poolLocks: map[string]*sync.Mutex{},
+		owners:    map[string]*Owner{},
+		ctx:       bg,
+		cancel:    cancel,
+	}
+	c.startDomainEvents()
+	if _, err := c.liveConn(ctx); err != nil {
+		cancel()
+		c.wg.Wait()
+		return nil, err
+	}
+	return c, nil
+}
+
+// URI returns the libvirt URI this client talks to.
+func (c *Client) URI() string { return c.uri }
+
+// Close drops the connection and closes every event subscription. Calls
+// after Close fail with ErrClosed.
+func (c *Client) Close() error {
+	// Cancel first: a reconnect loop sleeping under c.mu watches c.ctx.
+	c.cancel()
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.dropConnLocked()
+	c.mu.Unlock()
+	c.wg.Wait()
+	c.events.close()
+	return nil
+}
+
+// ErrClosed is returned by calls on a closed Client.
+var ErrClosed = errors.New("virt: client is closed")
+
+// addConnHook registers h for every future connection and runs it now on
+// the live one, if any, so callbacks exist without waiting for a reconnect.
+func (c *Client) addConnHook(h connHook) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	c.hooks = append(c.hooks, h)
+	if c.cur == nil || c.cur.dead.Load() {
+		return nil
+	}
+	cleanup, err := h(c.cur.conn)
+	if err != nil {
+		return err
+	}
+	if cleanup != nil {
+		c.cur.cleanups = append(c.cur.cleanups, cleanup)
+	}
+	return nil
+}
+
+// background runs fn in a goroutine that Close waits for; fn must return
+// once ctx is done.
+func (c *Client) background(fn func(ctx context.Context)) {
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		fn(c.ctx)
+	}()
+}
+
+// withConn runs fn with a live connection. When fn fails because the
+// connection died (libvirtd restarted, socket closed, keepalive timeout), it
+// reconnects within the reconnect budget and retries fn once; every
+// operation passed here is therefore written to be idempotent.
+func (c *Client) withConn(ctx context.Context, fn func(*libvirt.Connect) error) error {
+	st, err := c.liveConn(ctx)
+	if err != nil {
+		return err
+	}
+	err = fn(st.conn)
+	if err == nil || !isConnFailure(st, err) {
+		return err
+	}
+	st.dead.Store(true)
+	st, rerr := c.liveConn(ctx)
+	if rerr != nil {
+		return fmt.Errorf("%w (reconnect: %v)", err, rerr)
+	}
+	return fn(st.conn)
+}
+
+// liveConn returns the current connection, (re)connecting with bounded
+// exponential backoff when there is none or it was declared dead.
+func (c *Client) liveConn(ctx context.Context) (*connState, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if c.cur != nil && !c.cur.dead.Load() {
+		return c.cur, nil
+	}
+	c.dropConnLocked()
+	deadline := time.Now().Add(c.opts.reconnectBudget)
+	delay := 100 * time.Millisecond
+	for {
+		err := c.connectLocked()
+		if err == nil {
+			return c.cur, nil
+		}
+		if time.Now().Add(delay).After(deadline) {
+			return nil, fmt.Errorf("connecting to %s: %w", c.uri, err)
+		}
+		// Sleeping under c.mu is deliberate: concurrent callers would only
+		// pile onto the same dead socket; they wait for this attempt instead.
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("connecting to %s: %w (last error: %v)", c.uri, ctx.Err(), err)
+		case <-c.ctx.Done():
+			return nil, ErrClosed
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
+}
+
+// connectLocked opens a connection and arms keepalive, the close callback
+// and the hooks. Called with c.mu held.
+func (c *Client) connectLocked() error {
+	conn, err := libvirt.NewConnect(c.uri)
+	if err != nil {
+		return err
+	}
+	if err := conn.SetKeepAlive(c.opts.keepAliveInterval, c.opts.keepAliveCount); err != nil {
+		// Local drivers (test://) do not support keepalive; a remote one
+		// that refuses it still works, it only notices death later.
+		var lerr libvirt.Error
+		if !errors.As(err, &lerr) || lerr.Code != libvirt.ERR_NO_SUPPORT && lerr.Code != libvirt.ERR_OPERATION_INVALID {
+			conn.Close()
+			return fmt.Errorf("setting keepalive: %w", err)
+		}
+	}
+	st := &connState{conn: conn, gen: c.gen + 1}
+	if err := conn.RegisterCloseCallback(func(_ *libvirt.Connect, _ libvirt.ConnectCloseReason) {
+		// Runs on the event loop under libvirt's lock: only flip the flag.
+		st.dead.Store(true)
+	}); err != nil {
+		conn.Close()
+		return fmt.Errorf("registering close callback: %w", err)
+	}
+	for _, h := range c.hooks {
+		cleanup, err := h(conn)
+		if err != nil {
+			st.release()
+			return err
+		}
+		if cleanup != nil {
+			st.cleanups = append(st.cleanups, cleanup)
+		}
+	}
+	reconnect := c.gen > 0
+	c.cur, c.gen = st, st.gen
+	if reconnect {
+		// Events may have been missed while disconnected: tell subscribers
+		// to resync instead of trusting their view.
+		c.publish(Event{Kind: EventReconnected})
+	}
+	return nil
+}
+
+// dropConnLocked releases the current connection, if any. Called with c.mu
+// held.
+func (c *Client) dropConnLocked() {
+	if c.cur == nil {
+		return
+	}
+	c.cur.release()
+	c.cur = nil
+}
+
+// release runs the hook cleanups and closes the connection; callbacks
+// registered on it die with it.
+func (st *connState) release() {
+	for _, f := range st.cleanups {
+		f()
+	}
+	st.cleanups = nil
+	_ = st.conn.UnregisterCloseCallback()
+	_, _ = st.conn.Close()
+}
+
+// isConnFailure tells connection loss apart from an operation's own error.
+// VIR_ERR_SYSTEM_ERROR and VIR_ERR_INTERNAL_ERROR are also raised for
+// ordinary failures (a pool directory that cannot be created), so for them
+// the connection itself is asked whether it is still alive.
+func isConnFailure(st *connState, err error) bool {
+	if st.dead.Load() {
+		return true
+	}
+	var lerr libvirt.Error
+	if !errors.As(err, &lerr) {
+		return false
+	}
+	switch lerr.Code {
+	case libvirt.ERR_NO_CONNECT, libvirt.ERR_RPC:
+		return true
+	case libvirt.ERR_SYSTEM_ERROR, libvirt.ERR_INTERNAL_ERROR:
+		if connLossMessage(lerr.Message) {
+			return true
+		}
+		alive, aerr := st.conn.IsAlive()
+		return aerr != nil || !alive
+	}
+	return false
+}

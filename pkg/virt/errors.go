@@ -1,0 +1,148 @@
+package virt
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"syscall"
+
+	"libvirt.org/go/libvirt"
+)
+
+// Sentinel errors for the conditions controllers report on their objects.
+// Test with errors.Is; the concrete errors wrap them with details.
+var (
+	// ErrNotFound marks an object (domain, network, pool, volume, guest
+	// file) that does not exist. IsNotFound also recognises libvirt's codes.
+	ErrNotFound = errors.New("not found")
+	// ErrImageNotFound means a base image (source file, URL or base volume)
+	// is missing.
+	ErrImageNotFound = errors.New("image not found")
+	// ErrPoolFull means the storage pool has no space left for a volume.
+	ErrPoolFull = errors.New("storage pool is full")
+	// ErrChecksumMismatch means an imported image does not have the
+	// expected sha256; nothing was kept.
+	ErrChecksumMismatch = errors.New("image checksum mismatch")
+	// ErrDomainReplaced means a domain with the expected name exists but
+	// has another UUID: someone replaced it outside the provider.
+	ErrDomainReplaced = errors.New("domain replaced outside the provider")
+	// ErrDomainStart means libvirt refused to start a domain; the wrapping
+	// DomainStartError carries libvirt's message for the user.
+	ErrDomainStart = errors.New("domain failed to start")
+	// ErrAgentUnavailable means the QEMU guest agent is not connected or
+	// not answering (guest still booting, agent not installed).
+	ErrAgentUnavailable = errors.New("guest agent unavailable")
+)
+
+// IsNotFound reports whether err means the object does not exist, either
+// as our ErrNotFound or as one of libvirt's "no such object" codes.
+func IsNotFound(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrNotFound) {
+		return true
+	}
+	var lerr libvirt.Error
+	if !errors.As(err, &lerr) {
+		return false
+	}
+	switch lerr.Code {
+	case libvirt.ERR_NO_DOMAIN, libvirt.ERR_NO_NETWORK, libvirt.ERR_NO_STORAGE_POOL,
+		libvirt.ERR_NO_STORAGE_VOL, libvirt.ERR_NO_NETWORK_PORT, libvirt.ERR_NO_DOMAIN_METADATA,
+		libvirt.ERR_NO_DOMAIN_SNAPSHOT, libvirt.ERR_NO_DOMAIN_CHECKPOINT, libvirt.ERR_NO_INTERFACE,
+		libvirt.ERR_NO_SECRET, libvirt.ERR_NO_NWFILTER, libvirt.ERR_NO_NODE_DEVICE:
+		return true
+	}
+	return false
+}
+
+// ChecksumError details ErrChecksumMismatch.
+type ChecksumError struct {
+	Source   string
+	Expected string
+	Actual   string
+}
+
+func (e *ChecksumError) Error() string {
+	return fmt.Sprintf("%s: sha256 %s, expected %s", e.Source, e.Actual, e.Expected)
+}
+
+// Unwrap makes errors.Is(err, ErrChecksumMismatch) true.
+func (e *ChecksumError) Unwrap() error { return ErrChecksumMismatch }
+
+// DomainReplacedError details ErrDomainReplaced.
+type DomainReplacedError struct {
+	Name         string
+	ExpectedUUID string
+	ActualUUID   string
+}
+
+func (e *DomainReplacedError) Error() string {
+	return fmt.Sprintf("domain %s has UUID %s, expected %s: replaced outside the provider",
+		e.Name, e.ActualUUID, e.ExpectedUUID)
+}
+
+// Unwrap makes errors.Is(err, ErrDomainReplaced) true.
+func (e *DomainReplacedError) Unwrap() error { return ErrDomainReplaced }
+
+// DomainStartError details ErrDomainStart with libvirt's own explanation,
+// which is what a user needs to see in a condition.
+type DomainStartError struct {
+	Name    string
+	Message string
+}
+
+func (e *DomainStartError) Error() string {
+	return fmt.Sprintf("domain %s failed to start: %s", e.Name, e.Message)
+}
+
+// Unwrap makes errors.Is(err, ErrDomainStart) true.
+func (e *DomainStartError) Unwrap() error { return ErrDomainStart }
+
+// isNoSpace reports whether err is libvirt (or the OS) saying the disk is
+// full, so storage calls can surface ErrPoolFull.
+func isNoSpace(err error) bool {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return true
+	}
+	var lerr libvirt.Error
+	if !errors.As(err, &lerr) {
+		return false
+	}
+	m := strings.ToLower(lerr.Message)
+	return strings.Contains(m, "no space left") || strings.Contains(m, "not enough space") ||
+		strings.Contains(m, "disk quota exceeded") || strings.Contains(m, "insufficient free space")
+}
+
+// wrapNoSpace turns a no-space failure into ErrPoolFull, keeping libvirt's
+// message.
+func wrapNoSpace(pool string, err error) error {
+	if err != nil && isNoSpace(err) {
+		return fmt.Errorf("%w: pool %s: %v", ErrPoolFull, pool, err)
+	}
+	return err
+}
+
+// connLossMessage matches the messages libvirt's RPC layer uses when the
+// daemon went away underneath an established connection.
+func connLossMessage(msg string) bool {
+	for _, s := range []string{
+		"client socket is closed", "Broken pipe", "End of file while reading data",
+		"Connection reset by peer", "connection closed", "Cannot recv data", "Cannot write data",
+	} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// ignoreNotFound returns nil for not-found errors: every delete succeeds
+// when its object is already gone.
+func ignoreNotFound(err error) error {
+	if IsNotFound(err) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,66 @@
+package virt
+
+import (
+	"context"
+	"os"
+	"time"
+)
+
+// Host is everything the controllers may do to a libvirt host. It speaks
+// only this package's small structs, never libvirt types, and offers no raw
+// connection, so controllers are unit-tested against fakes. *Client is the
+// real implementation.
+type Host interface {
+	// NetworkHost covers networks, DHCP reservations, leases and addresses.
+	NetworkHost
+
+	// EnsurePool defines, builds, starts and autostarts a directory pool,
+	// then refreshes it. Idempotent.
+	EnsurePool(ctx context.Context, spec PoolSpec) error
+	// ImportImage brings a base image into a pool once, verified against
+	// its sha256; an existing complete volume is reused.
+	ImportImage(ctx context.Context, img ImageImport) (VolumeInfo, error)
+	// EnsureOverlay creates a qcow2 overlay on a base volume, or returns the
+	// existing one (grown, never shrunk, to the requested capacity).
+	EnsureOverlay(ctx context.Context, spec OverlaySpec) (VolumeInfo, error)
+	// UploadVolume writes data into a raw volume with mode 0600 (NoCloud
+	// seeds); the content is replaced on every call.
+	UploadVolume(ctx context.Context, pool, name string, data []byte) (VolumeInfo, error)
+	// DeleteVolume deletes a volume; a missing volume or pool is success.
+	DeleteVolume(ctx context.Context, pool, name string) error
+	// VolumeInfo describes a volume; IsNotFound(err) when it does not exist.
+	VolumeInfo(ctx context.Context, pool, name string) (VolumeInfo, error)
+
+	// EnsureDomain defines the domain unless it exists with spec.UUID;
+	// ErrDomainReplaced when the name exists with another UUID.
+	EnsureDomain(ctx context.Context, spec DomainSpec) (DomainInfo, error)
+	// StartDomain starts a defined domain; running already is success.
+	StartDomain(ctx context.Context, name string) error
+	// ShutdownDomain asks the guest to power off and destroys it after
+	// timeout; a stopped or missing domain is success.
+	ShutdownDomain(ctx context.Context, name string, timeout time.Duration) error
+	// DeleteDomain destroys and undefines a domain; missing is success.
+	DeleteDomain(ctx context.Context, name string) error
+	// DomainInfo describes a domain; IsNotFound(err) when it does not exist.
+	DomainInfo(ctx context.Context, name string) (DomainInfo, error)
+
+	// GuestExec runs a program in the guest through the guest agent and
+	// waits for it to exit.
+	GuestExec(ctx context.Context, domain, path string, args []string, stdin []byte) (ExecResult, error)
+	// GuestReadFile reads a guest file; IsNotFound(err) when it is absent.
+	GuestReadFile(ctx context.Context, domain, path string) ([]byte, error)
+	// GuestWriteFile writes a guest file atomically with the given mode.
+	GuestWriteFile(ctx context.Context, domain, path string, data []byte, mode os.FileMode) error
+	// GuestInterfaces lists the guest's interfaces and addresses as the
+	// guest agent reports them.
+	GuestInterfaces(ctx context.Context, domain string) ([]GuestInterface, error)
+
+	// ListOwned lists every domain and network carrying our ownership
+	// metadata and every volume whose name carries our prefix.
+	ListOwned(ctx context.Context) ([]OwnedObject, error)
+
+	// Subscribe streams host events until ctx ends.
+	Subscribe(ctx context.Context) <-chan Event
+}
+
+var _ Host = (*Client)(nil)

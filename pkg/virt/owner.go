@@ -1,0 +1,85 @@
+package virt
+
+import (
+	"bytes"
+	"encoding/xml"
+	"errors"
+	"fmt"
+	"io"
+)
+
+const (
+	// OwnerNamespace is the XML namespace of our ownership element inside
+	// a domain's or network's <metadata>.
+	OwnerNamespace = "https://capi-libvirt.dev/xmlns/owner/v1"
+	// OwnerPrefix is the namespace prefix libvirt records for OwnerNamespace.
+	OwnerPrefix = "capl"
+	// NamePrefix starts the name of every libvirt object the provider
+	// creates. Volumes carry no metadata, so the prefix is how orphan
+	// listing recognises them.
+	NamePrefix = "capl-"
+	// TestNamePrefix starts the names of objects created by tests, so that
+	// a leftover from a test run is never mistaken for a real cluster's.
+	TestNamePrefix = "capltest-"
+)
+
+// Owner identifies the Kubernetes object that owns a libvirt object.
+type Owner struct {
+	// Kind of the owning object, e.g. LibvirtMachine or LibvirtCluster.
+	Kind string
+	// Namespace of the owning object.
+	Namespace string
+	// Name of the owning object.
+	Name string
+	// UID of the owning object; it tells a recreated object with the same
+	// name apart from the original.
+	UID string
+	// Cluster is the name of the CAPI Cluster the object belongs to.
+	Cluster string
+}
+
+// ownerXML is the wire form of Owner. The element lives in OwnerNamespace;
+// libvirt keys metadata elements by namespace, so other tools' metadata in
+// the same <metadata> block is left alone.
+type ownerXML struct {
+	XMLName   xml.Name `xml:"https://capi-libvirt.dev/xmlns/owner/v1 owner"`
+	Kind      string   `xml:"kind"`
+	Namespace string   `xml:"namespace"`
+	Name      string   `xml:"name"`
+	UID       string   `xml:"uid"`
+	Cluster   string   `xml:"cluster"`
+}
+
+// MetadataXML renders the owner element that goes into <metadata>.
+func (o Owner) MetadataXML() (string, error) {
+	b, err := xml.Marshal(ownerXML{Kind: o.Kind, Namespace: o.Namespace, Name: o.Name, UID: o.UID, Cluster: o.Cluster})
+	if err != nil {
+		return "", fmt.Errorf("marshalling owner: %w", err)
+	}
+	return string(b), nil
+}
+
+// ParseOwner finds our owner element in a <metadata> body (or a whole
+// document containing one) and decodes it. It returns ErrNotFound when
+// there is none, so objects created by others are recognisably not ours.
+func ParseOwner(metadata string) (*Owner, error) {
+	dec := xml.NewDecoder(bytes.NewReader([]byte(metadata)))
+	for {
+		tok, err := dec.Token()
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("owner metadata: %w", ErrNotFound)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("parsing owner metadata: %w", err)
+		}
+		se, ok := tok.(xml.StartElement)
+		if !ok || se.Name.Space != OwnerNamespace || se.Name.Local != "owner" {
+			continue
+		}
+		var ox ownerXML
+		if err := dec.DecodeElement(&ox, &se); err != nil {
+			return nil, fmt.Errorf("parsing owner metadata: %w", err)
+		}
+		return &Owner{Kind: ox.Kind, Namespace: ox.Namespace, Name: ox.Name, UID: ox.UID, Cluster: ox.Cluster}, nil
+	}
+}
