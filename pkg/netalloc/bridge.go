@@ -1,0 +1,22 @@
+package netalloc
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+)
+
+// bridgePrefix marks the bridges this provider creates.
+const bridgePrefix = "capl"
+
+// maxInterfaceName is the longest Linux interface name: IFNAMSIZ less its NUL.
+const maxInterfaceName = 15
+
+// BridgeName returns the Linux bridge name for the libvirt network called
+// networkName: "capl" and 11 hex digits of the name's SHA-256, 15 characters,
+// the kernel's limit. A hash rather than the name itself keeps any network
+// name valid and distinct names apart (44 bits), and it is deterministic so
+// a re-created network gets its old bridge back.
+func BridgeName(networkName string) string {
+	sum := sha256.Sum256([]byte(networkName))
+	return bridgePrefix + hex.EncodeToString(sum[:])[:maxInterfaceName-len(bridgePrefix)]
+}

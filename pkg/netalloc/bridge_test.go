@@ -1,0 +1,48 @@
+package netalloc
+
+import (
+	"strings"
+	"testing"
+	"unicode"
+)
+
+func TestBridgeName(t *testing.T) {
+	names := []string{
+		"",
+		"default",
+		"capl-default-my-cluster",
+		strings.Repeat("a-very-long-network-name-", 20),
+		"名前 with spaces/and:colons",
+	}
+	seen := make(map[string]string)
+	for _, name := range names {
+		bridge := BridgeName(name)
+		if err := validInterfaceName(bridge); err != "" {
+			t.Errorf("BridgeName(%q) = %q: %s", name, bridge, err)
+		}
+		if !strings.HasPrefix(bridge, "capl") {
+			t.Errorf("BridgeName(%q) = %q, want the capl prefix", name, bridge)
+		}
+		if again := BridgeName(name); again != bridge {
+			t.Errorf("BridgeName(%q) = %q, then %q", name, bridge, again)
+		}
+		if other, dup := seen[bridge]; dup {
+			t.Errorf("networks %q and %q share bridge %q", other, name, bridge)
+		}
+		seen[bridge] = name
+	}
+}
+
+// validInterfaceName applies the kernel's dev_valid_name rules and returns
+// what is wrong, or "".
+func validInterfaceName(name string) string {
+	switch {
+	case name == "" || name == "." || name == "..":
+		return "empty or a dot name"
+	case len(name) > 15:
+		return "longer than 15 bytes"
+	case strings.ContainsFunc(name, func(r rune) bool { return r == '/' || r == ':' || unicode.IsSpace(r) }):
+		return "contains '/', ':' or whitespace"
+	}
+	return ""
+}
