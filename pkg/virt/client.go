@@ -94,7 +94,7 @@ type Client struct {
 	events *broker
 
 	poolMu    sync.Mutex
-	poolLocks map[string]*sync.Mutex
+	poolLocks map[string]chan struct{} // one-slot semaphores, see lockPool
 
 	ownersMu sync.Mutex
 	owners   map[string]*Owner // domain UUID → owner, for events of undefined domains
@@ -134,7 +134,7 @@ func Dial(ctx context.Context, uri string, opts ...Option) (*Client, error) {
 		uri:       uri,
 		opts:      o,
 		events:    newBroker(o.eventBuffer),
-		poolLocks: map[string]*sync.Mutex{},
+		poolLocks: map[string]chan struct{}{},
 		owners:    map[string]*Owner{},
 		ctx:       bg,
 		cancel:    cancel,

@@ -10,32 +10,6 @@ import (
 // errNotImplemented marks methods still being written.
 var errNotImplemented = errors.New("virt: not implemented yet")
 
-// EnsurePool is being implemented.
-func (c *Client) EnsurePool(ctx context.Context, spec PoolSpec) error { return errNotImplemented }
-
-// ImportImage is being implemented.
-func (c *Client) ImportImage(ctx context.Context, img ImageImport) (VolumeInfo, error) {
-	return VolumeInfo{}, errNotImplemented
-}
-
-// EnsureOverlay is being implemented.
-func (c *Client) EnsureOverlay(ctx context.Context, spec OverlaySpec) (VolumeInfo, error) {
-	return VolumeInfo{}, errNotImplemented
-}
-
-// UploadVolume is being implemented.
-func (c *Client) UploadVolume(ctx context.Context, pool, name string, data []byte) (VolumeInfo, error) {
-	return VolumeInfo{}, errNotImplemented
-}
-
-// DeleteVolume is being implemented.
-func (c *Client) DeleteVolume(ctx context.Context, pool, name string) error { return errNotImplemented }
-
-// VolumeInfo is being implemented.
-func (c *Client) VolumeInfo(ctx context.Context, pool, name string) (VolumeInfo, error) {
-	return VolumeInfo{}, errNotImplemented
-}
-
 // EnsureDomain is being implemented.
 func (c *Client) EnsureDomain(ctx context.Context, spec DomainSpec) (DomainInfo, error) {
 	return DomainInfo{}, errNotImplemented
