@@ -1,5 +1,16 @@
 package virt
 
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"libvirt.org/go/libvirt"
+	"libvirt.org/go/libvirtxml"
+)
+
 // DomainSpec describes a VM.
 type DomainSpec struct {
 	// Name is the libvirt domain name; callers derive it so that it cannot
@@ -56,4 +67,301 @@ type DomainInfo struct {
 	MemoryMiB uint64
 	MAC       string
 	Owner     *Owner
+}
+
+// withDomain looks up a domain by name and frees it after fn.
+func withDomain(conn *libvirt.Connect, name string, fn func(*libvirt.Domain) error) error {
+	dom, err := conn.LookupDomainByName(name)
+	if err != nil {
+		return fmt.Errorf("domain %s: %w", name, err)
+	}
+	defer dom.Free()
+	return fn(dom)
+}
+
+// EnsureDomain defines the domain with spec's UUID, or returns the existing
+// one when the name already carries that UUID: a rerun after a crash
+// converges without duplicates. A domain of that name with another UUID,
+// or of that UUID with another name, was replaced outside the provider and
+// yields a DomainReplacedError; it is left untouched. An existing domain is
+// not redefined: changing a VM's shape is the caller's explicit decision.
+func (c *Client) EnsureDomain(ctx context.Context, spec DomainSpec) (DomainInfo, error) {
+	d, err := domainXML(spec)
+	if err != nil {
+		return DomainInfo{}, err
+	}
+	doc, err := d.Marshal()
+	if err != nil {
+		return DomainInfo{}, err
+	}
+	var info DomainInfo
+	err = c.withConn(ctx, func(conn *libvirt.Connect) error {
+		dom, err := conn.LookupDomainByName(spec.Name)
+		if IsNotFound(err) {
+			if err := checkUUIDFree(conn, spec); err != nil {
+				return err
+			}
+			dom, err = conn.DomainDefineXMLFlags(doc, libvirt.DOMAIN_DEFINE_VALIDATE)
+			if err != nil {
+				return fmt.Errorf("defining domain %s: %w", spec.Name, err)
+			}
+		} else if err != nil {
+			return err
+		}
+		defer dom.Free()
+		info, err = describeDomain(dom)
+		if err != nil {
+			return err
+		}
+		if !strings.EqualFold(info.UUID, spec.UUID) {
+			return &DomainReplacedError{Name: spec.Name, ExpectedUUID: strings.ToLower(spec.UUID), ActualUUID: info.UUID}
+		}
+		return nil
+	})
+	if err != nil {
+		return DomainInfo{}, err
+	}
+	c.rememberOwner(info.UUID, info.Owner)
+	return info, nil
+}
+
+// checkUUIDFree fails when spec's UUID already belongs to a domain of
+// another name.
+func checkUUIDFree(conn *libvirt.Connect, spec DomainSpec) error {
+	dom, err := conn.LookupDomainByUUIDString(spec.UUID)
+	if IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer dom.Free()
+	other, err := dom.GetName()
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: UUID %s belongs to domain %s, not %s", ErrDomainReplaced, spec.UUID, other, spec.Name)
+}
+
+// DomainInfo describes the named domain; IsNotFound(err) when it does not
+// exist.
+func (c *Client) DomainInfo(ctx context.Context, name string) (DomainInfo, error) {
+	var info DomainInfo
+	err := c.withConn(ctx, func(conn *libvirt.Connect) error {
+		return withDomain(conn, name, func(dom *libvirt.Domain) error {
+			var err error
+			info, err = describeDomain(dom)
+			return err
+		})
+	})
+	return info, err
+}
+
+// describeDomain reads state and definition of a domain.
+func describeDomain(dom *libvirt.Domain) (DomainInfo, error) {
+	state, reason, err := dom.GetState()
+	if err != nil {
+		return DomainInfo{}, err
+	}
+	doc, err := dom.GetXMLDesc(0)
+	if err != nil {
+		return DomainInfo{}, err
+	}
+	var d libvirtxml.Domain
+	if err := d.Unmarshal(doc); err != nil {
+		return DomainInfo{}, err
+	}
+	info := DomainInfo{Name: d.Name, UUID: strings.ToLower(d.UUID)}
+	info.State, info.Reason = stateString(state, reason)
+	if d.VCPU != nil {
+		info.VCPUs = d.VCPU.Value
+	}
+	if d.Memory != nil {
+		info.MemoryMiB = memoryMiB(d.Memory)
+	}
+	if d.Devices != nil && len(d.Devices.Interfaces) > 0 && d.Devices.Interfaces[0].MAC != nil {
+		info.MAC = strings.ToLower(d.Devices.Interfaces[0].MAC.Address)
+	}
+	if d.Metadata != nil {
+		o, err := ParseOwner(d.Metadata.XML)
+		if err != nil && !IsNotFound(err) {
+			return DomainInfo{}, err
+		}
+		info.Owner = o
+	}
+	return info, nil
+}
+
+// memoryMiB converts libvirt's memory element (KiB unless a unit says
+// otherwise) to MiB.
+func memoryMiB(m *libvirtxml.DomainMemory) uint64 {
+	kib := map[string]uint64{"": 1, "KiB": 1, "k": 1, "K": 1, "MiB": 1 << 10, "M": 1 << 10, "GiB": 1 << 20, "G": 1 << 20,
+		"b": 0, "bytes": 0}[m.Unit]
+	if kib == 0 {
+		return uint64(m.Value) >> 20
+	}
+	return uint64(m.Value) * kib >> 10
+}
+
+// StartDomain starts a defined domain; one already running is success.
+// libvirt's reason for a failed start is returned as a DomainStartError.
+func (c *Client) StartDomain(ctx context.Context, name string) error {
+	return c.withConn(ctx, func(conn *libvirt.Connect) error {
+		return withDomain(conn, name, func(dom *libvirt.Domain) error {
+			active, err := dom.IsActive()
+			if err != nil || active {
+				return err
+			}
+			err = dom.Create()
+			var lerr libvirt.Error
+			switch {
+			case err == nil:
+				return nil
+			case errors.As(err, &lerr) && lerr.Code == libvirt.ERR_OPERATION_INVALID && strings.Contains(lerr.Message, "already running"):
+				return nil
+			case errors.As(err, &lerr):
+				// The cause stays reachable, so withConn still recognises a
+				// connection loss and retries.
+				return wrapNoSpace("", &DomainStartError{Name: name, Message: lerr.Message, cause: err})
+			default:
+				return &DomainStartError{Name: name, Message: err.Error(), cause: err}
+			}
+		})
+	})
+}
+
+// ShutdownDomain asks the guest to power off (guest agent, else ACPI power
+// button), waits up to timeout for it to stop, then destroys it. A stopped
+// or missing domain is success.
+func (c *Client) ShutdownDomain(ctx context.Context, name string, timeout time.Duration) error {
+	subCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	events := c.Subscribe(subCtx)
+	var uuid string
+	err := c.withConn(ctx, func(conn *libvirt.Connect) error {
+		return withDomain(conn, name, func(dom *libvirt.Domain) error {
+			active, err := dom.IsActive()
+			if err != nil || !active {
+				return err
+			}
+			if uuid, err = dom.GetUUIDString(); err != nil {
+				return err
+			}
+			err = dom.ShutdownFlags(libvirt.DOMAIN_SHUTDOWN_GUEST_AGENT | libvirt.DOMAIN_SHUTDOWN_ACPI_POWER_BTN)
+			if isNotRunning(err) {
+				return nil
+			}
+			return err
+		})
+	})
+	if err != nil || uuid == "" {
+		return ignoreNotFound(err)
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	// Events make the common case prompt; the poll covers events lost to
+	// a reconnect or a full buffer.
+	poll := time.NewTicker(time.Second)
+	defer poll.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case ev := <-events:
+			if ev.UUID != uuid || (ev.Kind != EventDomainStopped && ev.Kind != EventDomainCrashed) {
+				continue
+			}
+			return nil
+		case <-poll.C:
+			info, err := c.DomainInfo(ctx, name)
+			if IsNotFound(err) || err == nil && (info.State == "shutoff" || info.State == "crashed") {
+				return nil
+			}
+		case <-deadline.C:
+			return c.destroy(ctx, name)
+		}
+	}
+}
+
+// destroy powers a domain off hard; stopped or missing is success.
+func (c *Client) destroy(ctx context.Context, name string) error {
+	return ignoreNotFound(c.withConn(ctx, func(conn *libvirt.Connect) error {
+		return withDomain(conn, name, destroyDomain)
+	}))
+}
+
+func destroyDomain(dom *libvirt.Domain) error {
+	if err := dom.Destroy(); err != nil && !isNotRunning(err) {
+		return err
+	}
+	return nil
+}
+
+// isNotRunning recognises libvirt refusing an operation because the domain
+// is already off.
+func isNotRunning(err error) bool {
+	var lerr libvirt.Error
+	return errors.As(err, &lerr) && lerr.Code == libvirt.ERR_OPERATION_INVALID && strings.Contains(lerr.Message, "not running")
+}
+
+// undefineFlags also removes NVRAM, managed-save images and snapshot and
+// checkpoint metadata, any of which makes a plain undefine fail.
+const undefineFlags = libvirt.DOMAIN_UNDEFINE_NVRAM | libvirt.DOMAIN_UNDEFINE_MANAGED_SAVE |
+	libvirt.DOMAIN_UNDEFINE_SNAPSHOTS_METADATA | libvirt.DOMAIN_UNDEFINE_CHECKPOINTS_METADATA
+
+// DeleteDomain destroys the domain if it runs and undefines it together
+// with its NVRAM, managed-save image and snapshot/checkpoint metadata.
+// Volumes are not touched. A missing domain is success.
+func (c *Client) DeleteDomain(ctx context.Context, name string) error {
+	return ignoreNotFound(c.withConn(ctx, func(conn *libvirt.Connect) error {
+		return withDomain(conn, name, func(dom *libvirt.Domain) error {
+			if err := destroyDomain(dom); err != nil {
+				return fmt.Errorf("destroying %s: %w", name, err)
+			}
+			err := dom.UndefineFlags(undefineFlags)
+			var lerr libvirt.Error
+			if errors.As(err, &lerr) && (lerr.Code == libvirt.ERR_NO_SUPPORT || lerr.Code == libvirt.ERR_INVALID_ARG) {
+				// Drivers without NVRAM or checkpoint support reject the
+				// flags rather than ignore them.
+				err = dom.Undefine()
+			}
+			if err != nil {
+				return fmt.Errorf("undefining %s: %w", name, err)
+			}
+			return nil
+		})
+	}))
+}
+
+// stateString names a domain state and its reason the way virsh does.
+func stateString(state libvirt.DomainState, reason int) (string, string) {
+	var reasons []string
+	var name string
+	switch state {
+	case libvirt.DOMAIN_RUNNING:
+		name = "running"
+		reasons = []string{"unknown", "booted", "migrated", "restored", "from-snapshot", "unpaused",
+			"migration-canceled", "save-canceled", "wakeup", "crashed", "post-copy", "post-copy-failed"}
+	case libvirt.DOMAIN_BLOCKED:
+		name, reasons = "blocked", []string{"unknown"}
+	case libvirt.DOMAIN_PAUSED:
+		name = "paused"
+		reasons = []string{"unknown", "user", "migration", "save", "dump", "ioerror", "watchdog", "from-snapshot",
+			"shutdown", "snapshot", "crashed", "starting-up", "post-copy", "post-copy-failed", "api-error"}
+	case libvirt.DOMAIN_SHUTDOWN:
+		name, reasons = "shutdown", []string{"unknown", "user"}
+	case libvirt.DOMAIN_SHUTOFF:
+		name = "shutoff"
+		reasons = []string{"unknown", "shutdown", "destroyed", "crashed", "migrated", "saved", "failed", "from-snapshot", "daemon"}
+	case libvirt.DOMAIN_CRASHED:
+		name, reasons = "crashed", []string{"unknown", "panicked"}
+	case libvirt.DOMAIN_PMSUSPENDED:
+		name, reasons = "pmsuspended", []string{"unknown"}
+	default:
+		return "unknown", fmt.Sprintf("reason-%d", reason)
+	}
+	if reason >= 0 && reason < len(reasons) {
+		return name, reasons[reason]
+	}
+	return name, fmt.Sprintf("reason-%d", reason)
 }

@@ -91,14 +91,16 @@ func (e *DomainReplacedError) Unwrap() error { return ErrDomainReplaced }
 type DomainStartError struct {
 	Name    string
 	Message string
+	cause   error
 }
 
 func (e *DomainStartError) Error() string {
 	return fmt.Sprintf("domain %s failed to start: %s", e.Name, e.Message)
 }
 
-// Unwrap makes errors.Is(err, ErrDomainStart) true.
-func (e *DomainStartError) Unwrap() error { return ErrDomainStart }
+// Unwrap makes errors.Is(err, ErrDomainStart) true and keeps libvirt's
+// error reachable.
+func (e *DomainStartError) Unwrap() []error { return []error{ErrDomainStart, e.cause} }
 
 // isNoSpace reports whether err is libvirt (or the OS) saying the disk is
 // full, so storage calls can surface ErrPoolFull.
@@ -118,10 +120,14 @@ func isNoSpace(err error) bool {
 // wrapNoSpace turns a no-space failure into ErrPoolFull, keeping libvirt's
 // message.
 func wrapNoSpace(pool string, err error) error {
-	if err != nil && isNoSpace(err) {
-		return fmt.Errorf("%w: pool %s: %v", ErrPoolFull, pool, err)
+	switch {
+	case err == nil || !isNoSpace(err):
+		return err
+	case pool == "":
+		return fmt.Errorf("%w: %w", ErrPoolFull, err)
+	default:
+		return fmt.Errorf("%w: pool %s: %w", ErrPoolFull, pool, err)
 	}
-	return err
 }
 
 // connLossMessage matches the messages libvirt's RPC layer uses when the

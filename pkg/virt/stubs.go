@@ -4,32 +4,10 @@ import (
 	"context"
 	"errors"
 	"os"
-	"time"
 )
 
 // errNotImplemented marks methods still being written.
 var errNotImplemented = errors.New("virt: not implemented yet")
-
-// EnsureDomain is being implemented.
-func (c *Client) EnsureDomain(ctx context.Context, spec DomainSpec) (DomainInfo, error) {
-	return DomainInfo{}, errNotImplemented
-}
-
-// StartDomain is being implemented.
-func (c *Client) StartDomain(ctx context.Context, name string) error { return errNotImplemented }
-
-// ShutdownDomain is being implemented.
-func (c *Client) ShutdownDomain(ctx context.Context, name string, timeout time.Duration) error {
-	return errNotImplemented
-}
-
-// DeleteDomain is being implemented.
-func (c *Client) DeleteDomain(ctx context.Context, name string) error { return errNotImplemented }
-
-// DomainInfo is being implemented.
-func (c *Client) DomainInfo(ctx context.Context, name string) (DomainInfo, error) {
-	return DomainInfo{}, errNotImplemented
-}
 
 // GuestExec is being implemented.
 func (c *Client) GuestExec(ctx context.Context, domain, path string, args []string, stdin []byte) (ExecResult, error) {

@@ -1,0 +1,89 @@
+package virt
+
+import (
+	"strings"
+	"testing"
+)
+
+// baseSpec is a valid product-default spec the cases below vary.
+func baseSpec() DomainSpec {
+	return DomainSpec{
+		Name:                "capl-default-worker-0",
+		UUID:                "6F1C2B9E-2D4A-4C55-9B7B-0A1E2F3D4C5B",
+		Owner:               Owner{Kind: "LibvirtMachine", Namespace: "default", Name: "worker-0", UID: "0b5c8f0e-1111-2222-3333-444455556666", Cluster: "demo"},
+		Type:                DomainTypeKVM,
+		CPUMode:             CPUModeHostPassthrough,
+		DisabledCPUFeatures: []string{"arch-capabilities"},
+		VCPUs:               2,
+		MemoryMiB:           2048,
+		DiskPath:            "/var/lib/libvirt/capl-images/capl-default-worker-0-disk",
+		SeedISOPath:         "/var/lib/libvirt/capl-images/capl-default-worker-0-seed.iso",
+		Network:             "capl-demo",
+		MAC:                 "52:54:00:AB:CD:EF",
+		ConsoleLogPath:      DefaultConsoleLogPath("capl-default-worker-0"),
+	}
+}
+
+func TestDomainXMLGolden(t *testing.T) {
+	tests := []struct {
+		golden string
+		mutate func(*DomainSpec)
+	}{
+		{"domain-kvm-passthrough.xml", func(*DomainSpec) {}},
+		{"domain-tcg-bridge.xml", func(s *DomainSpec) {
+			s.Type, s.CPUMode, s.DisabledCPUFeatures, s.TCGCacheMiB = DomainTypeQEMU, CPUModeMaximum, nil, 128
+			s.Network, s.Bridge = "", "br0"
+			s.ConsoleLogPath = ""
+		}},
+		{"domain-host-model-no-seed-no-nic.xml", func(s *DomainSpec) {
+			s.CPUMode, s.DisabledCPUFeatures = CPUModeHostModel, nil
+			s.SeedISOPath, s.Network, s.MAC = "", "", ""
+			s.DiskFormat = FormatRaw
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.golden, func(t *testing.T) {
+			s := baseSpec()
+			tt.mutate(&s)
+			d, err := domainXML(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertGoldenXML(t, tt.golden, d)
+		})
+	}
+}
+
+func TestValidateDomainSpec(t *testing.T) {
+	tests := []struct {
+		name    string
+		mutate  func(*DomainSpec)
+		wantErr string
+	}{
+		{"valid", func(*DomainSpec) {}, ""},
+		{"no name", func(s *DomainSpec) { s.Name = "" }, "name is empty"},
+		{"bad uuid", func(s *DomainSpec) { s.UUID = "nope" }, "uuid"},
+		{"bad type", func(s *DomainSpec) { s.Type = "xen" }, "neither kvm nor qemu"},
+		{"bad cpu mode", func(s *DomainSpec) { s.CPUMode = "custom" }, "cpu mode"},
+		{"no memory", func(s *DomainSpec) { s.MemoryMiB = 0 }, "positive"},
+		{"relative disk", func(s *DomainSpec) { s.DiskPath = "disk.qcow2" }, "disk path"},
+		{"relative seed", func(s *DomainSpec) { s.SeedISOPath = "seed.iso" }, "seed ISO path"},
+		{"network and bridge", func(s *DomainSpec) { s.Bridge = "br0" }, "both network and bridge"},
+		{"bad mac", func(s *DomainSpec) { s.MAC = "52:54:00:zz:00:01" }, "mac"},
+		{"multicast mac", func(s *DomainSpec) { s.MAC = "01:54:00:00:00:01" }, "unicast"},
+		{"tcg cache on kvm", func(s *DomainSpec) { s.TCGCacheMiB = 64 }, "TCG cache"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := baseSpec()
+			tt.mutate(&s)
+			err := validateDomainSpec(s)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("want error containing %q, got %v", tt.wantErr, err)
+			}
+		})
+	}
+}

@@ -1,0 +1,67 @@
+package virt
+
+import (
+	"testing"
+
+	"libvirt.org/go/libvirt"
+)
+
+func TestBrokerFanOutAndDrop(t *testing.T) {
+	b := newBroker(2)
+	a, c := b.subscribe(), b.subscribe()
+	for i := 0; i < 3; i++ {
+		b.publish(Event{Kind: EventDomainStarted, Domain: string(rune('a' + i))})
+	}
+	for _, ch := range []chan Event{a, c} {
+		if got := len(ch); got != 2 {
+			t.Errorf("subscriber buffered %d events, want 2", got)
+		}
+		if ev := <-ch; ev.Domain != "a" {
+			t.Errorf("first event %q, want a (order kept)", ev.Domain)
+		}
+	}
+	if got := b.dropped.Load(); got != 2 {
+		t.Errorf("dropped %d, want one per subscriber", got)
+	}
+	b.unsubscribe(a)
+	b.unsubscribe(a) // twice is harmless
+	b.publish(Event{Kind: EventDomainStopped})
+	if got := len(c); got != 2 {
+		t.Errorf("remaining subscriber has %d events, want 2", got)
+	}
+	b.close()
+	for range c {
+	}
+	if ch := b.subscribe(); ch != nil {
+		if _, open := <-ch; open {
+			t.Error("subscribing to a closed broker yields an open channel")
+		}
+	}
+}
+
+func TestLifecycleKind(t *testing.T) {
+	tests := []struct {
+		event      libvirt.DomainEventType
+		detail     int
+		wantKind   EventKind
+		wantDetail string
+	}{
+		{libvirt.DOMAIN_EVENT_STARTED, int(libvirt.DOMAIN_EVENT_STARTED_BOOTED), EventDomainStarted, ""},
+		{libvirt.DOMAIN_EVENT_STOPPED, int(libvirt.DOMAIN_EVENT_STOPPED_SHUTDOWN), EventDomainStopped, "shutdown"},
+		{libvirt.DOMAIN_EVENT_STOPPED, int(libvirt.DOMAIN_EVENT_STOPPED_DESTROYED), EventDomainStopped, "destroyed"},
+		{libvirt.DOMAIN_EVENT_STOPPED, int(libvirt.DOMAIN_EVENT_STOPPED_CRASHED), EventDomainCrashed, "crashed"},
+		{libvirt.DOMAIN_EVENT_STOPPED, int(libvirt.DOMAIN_EVENT_STOPPED_FAILED), EventDomainCrashed, "failed"},
+		{libvirt.DOMAIN_EVENT_SHUTDOWN, 0, EventDomainShutdown, ""},
+		{libvirt.DOMAIN_EVENT_CRASHED, 0, EventDomainCrashed, "guest-panic"},
+		{libvirt.DOMAIN_EVENT_SUSPENDED, int(libvirt.DOMAIN_EVENT_SUSPENDED_IOERROR), EventDomainPaused, "ioerror"},
+		{libvirt.DOMAIN_EVENT_DEFINED, 0, EventDomainDefined, ""},
+		{libvirt.DOMAIN_EVENT_UNDEFINED, 0, EventDomainUndefined, ""},
+		{libvirt.DOMAIN_EVENT_PMSUSPENDED, 0, "", ""},
+	}
+	for _, tt := range tests {
+		kind, detail := lifecycleKind(&libvirt.DomainEventLifecycle{Event: tt.event, Detail: tt.detail})
+		if kind != tt.wantKind || detail != tt.wantDetail {
+			t.Errorf("event %d/%d: got %q %q, want %q %q", tt.event, tt.detail, kind, detail, tt.wantKind, tt.wantDetail)
+		}
+	}
+}
