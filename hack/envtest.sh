@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver and etcd for envtest from the Go module proxy, because
+# Builds kube-apiserver, etcd and kubectl for envtest from the Go module proxy, because
 # setup-envtest's prebuilt downloads are not reachable from our machines.
 # The binaries land in setup-envtest's layout, <bin>/k8s/<version>-linux-amd64/,
 # and the script prints that directory (use it as KUBEBUILDER_ASSETS).
@@ -12,7 +12,7 @@ version=$(awk '$1 == "k8s.io/kubernetes" {print substr($2, 2); exit}' "$module/g
 etcd_version=$(awk '$1 == "go.etcd.io/etcd/server/v3" {print $2; exit}' "$module/go.mod")
 assets="${ENVTEST_BIN_DIR:-$root/bin}/k8s/${version}-linux-amd64"
 
-if [[ -x "$assets/kube-apiserver" && -x "$assets/etcd" ]]; then
+if [[ -x "$assets/kube-apiserver" && -x "$assets/etcd" && -x "$assets/kubectl" ]]; then
   echo "$assets"
   exit 0
 fi
@@ -24,9 +24,9 @@ pkg=k8s.io/component-base/version
 ldflags="-s -w -X $pkg.gitVersion=v$version -X $pkg.gitMajor=${version%%.*} -X $pkg.gitMinor=$(cut -d. -f2 <<<"$version") -X $pkg.gitTreeState=clean"
 start=$(date +%s)
 go build -trimpath -ldflags "$ldflags" -o "$assets/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+go build -trimpath -ldflags "$ldflags" -o "$assets/kubectl.tmp" k8s.io/kubernetes/cmd/kubectl
 go build -trimpath -ldflags "-s -w" -o "$assets/etcd.tmp" go.etcd.io/etcd/server/v3
 # Rename last so an interrupted build is never mistaken for a finished one.
-mv "$assets/kube-apiserver.tmp" "$assets/kube-apiserver"
-mv "$assets/etcd.tmp" "$assets/etcd"
-echo "built kube-apiserver v$version and etcd $etcd_version in $(( $(date +%s) - start ))s" >&2
+for b in kube-apiserver kubectl etcd; do mv "$assets/$b.tmp" "$assets/$b"; done
+echo "built kube-apiserver and kubectl v$version, etcd $etcd_version in $(( $(date +%s) - start ))s" >&2
 echo "$assets"

@@ -1,0 +1,87 @@
+package v1alpha1
+
+// Condition types and reasons of LibvirtCluster. Ready summarises the
+// others; Paused is Cluster API's clusterv1.PausedCondition.
+const (
+	// NetworkReadyCondition tells whether the cluster's network exists and runs.
+	NetworkReadyCondition = "NetworkReady"
+	// NetworkCIDRConflictReason: the requested CIDR overlaps a host route,
+	// a host address or another libvirt network; the message names it.
+	NetworkCIDRConflictReason = "CIDRConflict"
+	// NetworkNotFoundReason: the named libvirt network or bridge does not exist.
+	NetworkNotFoundReason = "NetworkNotFound"
+
+	// LoadBalancerReadyCondition tells whether the control-plane endpoint
+	// accepts connections.
+	LoadBalancerReadyCondition = "LoadBalancerReady"
+	// LoadBalancerDisabledReason: type None, the user serves the endpoint.
+	LoadBalancerDisabledReason = "Disabled"
+	// WaitingForLoadBalancerReason: the HAProxy VM is booting.
+	WaitingForLoadBalancerReason = "WaitingForLoadBalancer"
+)
+
+// Condition types and reasons of LibvirtMachine. Ready summarises the
+// provisioning steps, each of which has its own condition.
+const (
+	// AddressReservedCondition tells whether the machine's IP is reserved
+	// for its MAC in the network's DHCP server.
+	AddressReservedCondition = "AddressReserved"
+
+	// DiskReadyCondition tells whether the root overlay volume exists.
+	DiskReadyCondition = "DiskReady"
+	// ImageNotFoundReason: the base image volume or URL does not exist.
+	ImageNotFoundReason = "ImageNotFound"
+	// ImageChecksumMismatchReason: the image at url does not match its checksum.
+	ImageChecksumMismatchReason = "ImageChecksumMismatch"
+	// PoolFullReason: the storage pool has no space left.
+	PoolFullReason = "PoolFull"
+
+	// BootstrapDataReadyCondition tells whether the NoCloud seed ISO built
+	// from the bootstrap Secret is uploaded.
+	BootstrapDataReadyCondition = "BootstrapDataReady"
+	// WaitingForBootstrapDataReason: Machine.spec.bootstrap.dataSecretName is unset.
+	WaitingForBootstrapDataReason = "WaitingForBootstrapData"
+	// UnsupportedBootstrapFormatReason: the Secret's format is not cloud-config.
+	UnsupportedBootstrapFormatReason = "UnsupportedBootstrapFormat"
+
+	// DomainReadyCondition tells whether the libvirt domain runs.
+	DomainReadyCondition = "DomainReady"
+	// DomainFailedToStartReason: libvirt refused to start the domain; the
+	// message carries libvirt's error.
+	DomainFailedToStartReason = "FailedToStart"
+	// DomainCrashedReason: the domain crashed or stopped outside the provider.
+	DomainCrashedReason = "Crashed"
+	// DomainMissingReason: the provisioned domain vanished or was replaced.
+	DomainMissingReason = "DomainMissing"
+	// HardwareDriftReason: the domain's CPUs or memory differ from the spec;
+	// the provider reports this and never recreates the VM to fix it.
+	HardwareDriftReason = "HardwareDrift"
+
+	// AddressAssignedCondition tells whether the guest has its address.
+	AddressAssignedCondition = "AddressAssigned"
+	// WaitingForAddressReason: no DHCP lease for the machine's MAC yet.
+	WaitingForAddressReason = "WaitingForAddress"
+
+	// BootstrapSucceededCondition reports the bootstrap sentinel file read
+	// through the guest agent.
+	BootstrapSucceededCondition = "BootstrapSucceeded"
+	// WaitingForBootstrapReason: cloud-init has not finished the bootstrap.
+	WaitingForBootstrapReason = "WaitingForBootstrap"
+	// BootstrapFailedReason: cloud-init reported a failure.
+	BootstrapFailedReason = "BootstrapFailed"
+)
+
+// Reasons shared by both kinds.
+const (
+	// WaitingForClusterInfrastructureReason: the LibvirtCluster is not provisioned yet.
+	WaitingForClusterInfrastructureReason = "WaitingForClusterInfrastructure"
+	// ReadyReason: the step is done.
+	ReadyReason = "Ready"
+	// ProvisioningReason: the step is under way.
+	ProvisioningReason = "Provisioning"
+	// DeletingReason: the object is being deleted.
+	DeletingReason = "Deleting"
+	// LibvirtErrorReason: libvirt returned an error the provider retries;
+	// the message carries it.
+	LibvirtErrorReason = "LibvirtError"
+)

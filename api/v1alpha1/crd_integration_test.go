@@ -1,0 +1,327 @@
+package v1alpha1_test
+
+import (
+	"context"
+	"flag"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/contract"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
+)
+
+var env *testenv.Environment
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run())
+	}
+	var err error
+	if env, err = testenv.Start(); err != nil {
+		println(err.Error())
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := env.Stop(); err != nil {
+		println(err.Error())
+	}
+	os.Exit(code)
+}
+
+func requireEnv(t *testing.T) {
+	t.Helper()
+	if env == nil {
+		t.Skip("integration test: needs envtest (not run with -short)")
+	}
+}
+
+const namespace = "default"
+
+const validChecksum = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+func validMachine(name string) *infrav1.LibvirtMachine {
+	return &infrav1.LibvirtMachine{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: infrav1.LibvirtMachineSpec{
+			Image: infrav1.ImageSource{URL: "https://images.example/debian-12.qcow2", Checksum: validChecksum},
+			VirtualHardware: infrav1.VirtualHardware{
+				CPUs: 2, MemoryMiB: 1024, DomainType: infrav1.DomainTypeQEMU, CPUMode: infrav1.CPUModeMaximum,
+				TCGTranslationCacheMiB: 128,
+			},
+			DiskSizeGiB: 20,
+			Network:     &infrav1.NetworkAttachment{Bridge: "br0"},
+		},
+	}
+}
+
+func validCluster(name string) *infrav1.LibvirtCluster {
+	return &infrav1.LibvirtCluster{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Spec: infrav1.LibvirtClusterSpec{
+			Network: infrav1.ClusterNetwork{CIDR: "192.168.150.0/24"},
+			LoadBalancer: infrav1.LoadBalancer{
+				Type:            infrav1.LoadBalancerHAProxy,
+				Image:           &infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: "capl-debian-12-haproxy.qcow2"}},
+				VirtualHardware: infrav1.VirtualHardware{CPUs: 1, MemoryMiB: 512},
+			},
+			StoragePool:    infrav1.StoragePool{Name: "capi-libvirt", Path: "/var/lib/libvirt/capi-libvirt"},
+			FailureDomains: []infrav1.FailureDomainSpec{{Name: "host-a", ControlPlane: ptr.To(true)}},
+		},
+	}
+}
+
+// TestCRDNamesFollowTheContract checks that Cluster API finds our CRDs: it
+// looks them up by contract.CalculateCRDName and reads the contract label.
+func TestCRDNamesFollowTheContract(t *testing.T) {
+	requireEnv(t)
+	for _, kind := range []string{"LibvirtCluster", "LibvirtClusterTemplate", "LibvirtMachine", "LibvirtMachineTemplate"} {
+		t.Run(kind, func(t *testing.T) {
+			name := contract.CalculateCRDName(infrav1.GroupVersion.Group, kind)
+			crd := &apiextensionsv1.CustomResourceDefinition{}
+			if err := env.Client.Get(context.Background(), types.NamespacedName{Name: name}, crd); err != nil {
+				t.Fatalf("CRD %s: %v", name, err)
+			}
+			if got := crd.Labels["cluster.x-k8s.io/v1beta2"]; got != infrav1.GroupVersion.Version {
+				t.Errorf("CRD %s label cluster.x-k8s.io/v1beta2 = %q, want %q", name, got, infrav1.GroupVersion.Version)
+			}
+			if crd.Spec.Names.Kind != kind {
+				t.Errorf("CRD %s serves kind %q, want %q", name, crd.Spec.Names.Kind, kind)
+			}
+		})
+	}
+}
+
+// TestRoundTrip stores every kind with every field set and reads it back,
+// status included, so no field is lost to a schema mistake.
+func TestRoundTrip(t *testing.T) {
+	requireEnv(t)
+	ctx := context.Background()
+
+	machine := validMachine("roundtrip")
+	machine.Spec.ProviderID = "libvirt:///3c2b5f1e-8a7d-4c3b-9e1f-0a1b2c3d4e5f"
+	machineStatus := infrav1.LibvirtMachineStatus{
+		Initialization: infrav1.Initialization{Provisioned: ptr.To(true)},
+		Ready:          true,
+		Addresses: []clusterv1.MachineAddress{
+			{Type: clusterv1.MachineInternalIP, Address: "192.168.150.10"},
+			{Type: clusterv1.MachineHostName, Address: "roundtrip"},
+		},
+		FailureDomain: "host-a",
+		Domain:        &infrav1.DomainStatus{Name: "capl.default.roundtrip", UUID: "3c2b5f1e-8a7d-4c3b-9e1f-0a1b2c3d4e5f", MAC: "52:54:00:aa:bb:cc", State: "running", Host: "host-a"},
+		Conditions: []metav1.Condition{{
+			Type: infrav1.DomainReadyCondition, Status: metav1.ConditionTrue, Reason: infrav1.ReadyReason, LastTransitionTime: metav1.Now(),
+		}},
+	}
+	roundTrip(ctx, t, machine, &infrav1.LibvirtMachine{}, func() { machine.Status = machineStatus },
+		func(got client.Object) bool {
+			g := got.(*infrav1.LibvirtMachine)
+			return g.Spec.ProviderID == machine.Spec.ProviderID && g.Spec.CPUs == 2 && g.Spec.Network.Bridge == "br0" &&
+				g.Status.Initialization.IsProvisioned() && g.Status.Ready && len(g.Status.Addresses) == 2 &&
+				g.Status.Domain.UUID == machineStatus.Domain.UUID && len(g.Status.Conditions) == 1
+		})
+
+	cluster := validCluster("roundtrip")
+	clusterStatus := infrav1.LibvirtClusterStatus{
+		Initialization: infrav1.Initialization{Provisioned: ptr.To(true)},
+		Ready:          true,
+		FailureDomains: []clusterv1.FailureDomain{{Name: "host-a", ControlPlane: ptr.To(true)}},
+		Network:        &infrav1.NetworkStatus{Name: "capl-default-roundtrip", Bridge: "capl0123456789a", CIDR: "192.168.150.0/24", Managed: true},
+		LoadBalancer: &infrav1.LoadBalancerStatus{
+			Address:  "192.168.150.2",
+			Backends: []infrav1.LoadBalancerBackend{{Machine: "cp-0", Address: "192.168.150.10", State: infrav1.BackendDraining}},
+		},
+	}
+	roundTrip(ctx, t, cluster, &infrav1.LibvirtCluster{}, func() { cluster.Status = clusterStatus },
+		func(got client.Object) bool {
+			g := got.(*infrav1.LibvirtCluster)
+			return g.Spec.Network.CIDR == "192.168.150.0/24" && g.Spec.LoadBalancer.MemoryMiB == 512 &&
+				g.Status.Initialization.IsProvisioned() && g.Status.FailureDomains[0].Name == "host-a" &&
+				g.Status.LoadBalancer.Backends[0].State == infrav1.BackendDraining && g.Status.Network.Managed
+		})
+
+	machineTemplate := &infrav1.LibvirtMachineTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "roundtrip", Namespace: namespace},
+		Spec: infrav1.LibvirtMachineTemplateSpec{Template: infrav1.LibvirtMachineTemplateResource{
+			ObjectMeta: clusterv1.ObjectMeta{Labels: map[string]string{"role": "worker"}},
+			Spec:       validMachine("unused").Spec,
+		}},
+	}
+	roundTrip(ctx, t, machineTemplate, &infrav1.LibvirtMachineTemplate{}, nil, func(got client.Object) bool {
+		g := got.(*infrav1.LibvirtMachineTemplate)
+		return g.Spec.Template.ObjectMeta.Labels["role"] == "worker" && g.Spec.Template.Spec.MemoryMiB == 1024
+	})
+
+	clusterTemplate := &infrav1.LibvirtClusterTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "roundtrip", Namespace: namespace},
+		Spec: infrav1.LibvirtClusterTemplateSpec{Template: infrav1.LibvirtClusterTemplateResource{
+			Spec: validCluster("unused").Spec,
+		}},
+	}
+	roundTrip(ctx, t, clusterTemplate, &infrav1.LibvirtClusterTemplate{}, nil, func(got client.Object) bool {
+		g := got.(*infrav1.LibvirtClusterTemplate)
+		return g.Spec.Template.Spec.FailureDomains[0].Name == "host-a"
+	})
+}
+
+// roundTrip creates obj, optionally sets its status through the status
+// subresource, reads it back into into and checks it with same.
+func roundTrip(ctx context.Context, t *testing.T, obj, into client.Object, setStatus func(), same func(client.Object) bool) {
+	t.Helper()
+	if err := env.Client.Create(ctx, obj); err != nil {
+		t.Fatalf("create %T: %v", obj, err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+	if setStatus != nil {
+		setStatus()
+		if err := env.Client.Status().Update(ctx, obj); err != nil {
+			t.Fatalf("status update %T: %v", obj, err)
+		}
+	}
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(obj), into); err != nil {
+		t.Fatalf("get %T: %v", obj, err)
+	}
+	if !same(into) {
+		t.Errorf("%T did not round-trip: got %+v", obj, into)
+	}
+}
+
+// TestInvalidObjectsAreRejected sends bad input straight to the API server
+// and checks each is refused with the offending field or rule named.
+func TestInvalidObjectsAreRejected(t *testing.T) {
+	requireEnv(t)
+	machine := func(mutate func(*infrav1.LibvirtMachine)) client.Object {
+		m := validMachine("invalid")
+		mutate(m)
+		return m
+	}
+	cluster := func(mutate func(*infrav1.LibvirtCluster)) client.Object {
+		c := validCluster("invalid")
+		mutate(c)
+		return c
+	}
+	tests := []struct {
+		name string
+		obj  client.Object
+		want string // a fragment of the API server's message naming the field or rule
+	}{
+		{"zero CPUs", machine(func(m *infrav1.LibvirtMachine) { m.Spec.CPUs = -1 }), "spec.cpus"},
+		{"too little memory", machine(func(m *infrav1.LibvirtMachine) { m.Spec.MemoryMiB = 64 }), "spec.memoryMiB"},
+		{"negative disk", machine(func(m *infrav1.LibvirtMachine) { m.Spec.DiskSizeGiB = -5 }), "spec.diskSizeGiB"},
+		{"md5 checksum", machine(func(m *infrav1.LibvirtMachine) { m.Spec.Image.Checksum = "md5:d41d8cd98f00b204e9800998ecf8427e" }), "spec.image.checksum"},
+		{"short sha256", machine(func(m *infrav1.LibvirtMachine) { m.Spec.Image.Checksum = "sha256:abc" }), "spec.image.checksum"},
+		{"ftp url", machine(func(m *infrav1.LibvirtMachine) { m.Spec.Image.URL = "ftp://images.example/x.qcow2" }), "spec.image.url"},
+		{"url without checksum", machine(func(m *infrav1.LibvirtMachine) { m.Spec.Image.Checksum = "" }), "checksum is required when url is set"},
+		{"volume and url", machine(func(m *infrav1.LibvirtMachine) { m.Spec.Image.Volume = &infrav1.VolumeReference{Name: "base"} }), "exactly one of volume and url"},
+		{"no image", machine(func(m *infrav1.LibvirtMachine) { m.Spec.Image = infrav1.ImageSource{} }), "exactly one of volume and url"},
+		{"volume name with slash", machine(func(m *infrav1.LibvirtMachine) {
+			m.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: "../etc/passwd"}}
+		}), "spec.image.volume.name"},
+		{"unknown domain type", machine(func(m *infrav1.LibvirtMachine) { m.Spec.DomainType = "xen" }), "spec.domainType"},
+		{"unknown cpu mode", machine(func(m *infrav1.LibvirtMachine) { m.Spec.CPUMode = "custom" }), "spec.cpuMode"},
+		{"host-passthrough under TCG", machine(func(m *infrav1.LibvirtMachine) { m.Spec.CPUMode = infrav1.CPUModeHostPassthrough }), "host-passthrough needs domainType kvm"},
+		{"tiny TCG cache", machine(func(m *infrav1.LibvirtMachine) { m.Spec.TCGTranslationCacheMiB = 1 }), "spec.tcgTranslationCacheMiB"},
+		{"foreign providerID", machine(func(m *infrav1.LibvirtMachine) { m.Spec.ProviderID = "aws:///i-0123" }), "spec.providerID"},
+		{"network name and bridge", machine(func(m *infrav1.LibvirtMachine) { m.Spec.Network.Name = "default" }), "at most one of name and bridge"},
+		{"bridge name too long", machine(func(m *infrav1.LibvirtMachine) { m.Spec.Network.Bridge = "bridge-name-over-15" }), "spec.network.bridge"},
+		{"cidr not a cidr", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.Network.CIDR = "192.168.150.0" }), "cidr must be an IPv4 CIDR"},
+		{"cidr IPv6", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.Network.CIDR = "fd00::/64" }), "cidr must be an IPv4 CIDR"},
+		{"cidr too small", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.Network.CIDR = "192.168.150.0/30" }), "between /16 and /28"},
+		{"cidr host bits", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.Network.CIDR = "192.168.150.1/24" }), "no host bits set"},
+		{"network name and cidr", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.Network.Name = "default" }), "at most one of name, bridge and cidr"},
+		{"unknown load balancer", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.LoadBalancer.Type = "Nginx" }), "spec.loadBalancer.type"},
+		{"image without HAProxy", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.LoadBalancer.Type = infrav1.LoadBalancerNone }), "loadBalancer.image applies only to type HAProxy"},
+		{"load balancer with no memory", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.LoadBalancer.MemoryMiB = 16 }), "spec.loadBalancer.memoryMiB"},
+		{"endpoint port out of range", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.ControlPlaneEndpoint.Port = 70000 }), "spec.controlPlaneEndpoint.port"},
+		{"relative pool path", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.StoragePool.Path = "var/lib/pool" }), "spec.storagePool.path"},
+		{"failure domain name", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.FailureDomains[0].Name = "Host_A" }), "spec.failureDomains[0].name"},
+		{"duplicate failure domains", cluster(func(c *infrav1.LibvirtCluster) {
+			c.Spec.FailureDomains = append(c.Spec.FailureDomains, c.Spec.FailureDomains[0])
+		}), "spec.failureDomains[1]"},
+		{"providerID in a template", &infrav1.LibvirtMachineTemplate{
+			ObjectMeta: metav1.ObjectMeta{Name: "invalid", Namespace: namespace},
+			Spec: infrav1.LibvirtMachineTemplateSpec{Template: infrav1.LibvirtMachineTemplateResource{Spec: func() infrav1.LibvirtMachineSpec {
+				s := validMachine("x").Spec
+				s.ProviderID = "libvirt:///3c2b5f1e-8a7d-4c3b-9e1f-0a1b2c3d4e5f"
+				return s
+			}()}},
+		}, "providerID must not be set in a template"},
+		{"bad cidr in a cluster template", &infrav1.LibvirtClusterTemplate{
+			ObjectMeta: metav1.ObjectMeta{Name: "invalid", Namespace: namespace},
+			Spec: infrav1.LibvirtClusterTemplateSpec{Template: infrav1.LibvirtClusterTemplateResource{Spec: infrav1.LibvirtClusterSpec{
+				Network: infrav1.ClusterNetwork{CIDR: "10.0.0.0/8"},
+			}}},
+		}, "spec.template.spec.network.cidr"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := env.Client.Create(context.Background(), tt.obj)
+			if err == nil {
+				_ = env.Client.Delete(context.Background(), tt.obj)
+				t.Fatalf("the API server accepted an invalid object")
+			}
+			if !apierrors.IsInvalid(err) {
+				t.Fatalf("want an Invalid error, got %v", err)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error does not name %q:\n%v", tt.want, err)
+			}
+		})
+	}
+}
+
+// TestProviderIDIsImmutable checks that a set providerID cannot change:
+// Cluster API matches Nodes by it.
+func TestProviderIDIsImmutable(t *testing.T) {
+	requireEnv(t)
+	ctx := context.Background()
+	m := validMachine("immutable")
+	m.Spec.ProviderID = "libvirt:///3c2b5f1e-8a7d-4c3b-9e1f-0a1b2c3d4e5f"
+	if err := env.Client.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), m) })
+	m.Spec.ProviderID = "libvirt:///00000000-0000-4000-8000-000000000000"
+	err := env.Client.Update(ctx, m)
+	if err == nil || !strings.Contains(err.Error(), "providerID is immutable") {
+		t.Fatalf("changing providerID: want immutability error, got %v", err)
+	}
+}
+
+// TestKubectlApplyRefusesInvalidMachine does what a user does: kubectl apply
+// of a bad manifest, against the real API server.
+func TestKubectlApplyRefusesInvalidMachine(t *testing.T) {
+	requireEnv(t)
+	tests := []struct {
+		name, spec, want string
+	}{
+		{"zero CPUs", "cpus: 0\n  image: {volume: {name: base.qcow2}}", "spec.cpus"},
+		{"bad checksum", "image: {url: https://images.example/x.qcow2, checksum: 'sha256:nothex'}", "spec.image.checksum"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			manifest := "apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1\nkind: LibvirtMachine\nmetadata:\n  name: kubectl-invalid\n  namespace: default\nspec:\n  " + tt.spec + "\n"
+			cmd := exec.Command(testenv.KubectlPath(), "--kubeconfig", env.Kubeconfig, "apply", "-f", "-")
+			cmd.Stdin = strings.NewReader(manifest)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("kubectl apply accepted the manifest:\n%s", out)
+			}
+			if !strings.Contains(string(out), tt.want) || !strings.Contains(string(out), "Invalid value") {
+				t.Errorf("kubectl output does not name %q:\n%s", tt.want, out)
+			}
+		})
+	}
+}

@@ -1,0 +1,310 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+)
+
+// ClusterFinalizer lets the cluster controller remove the network and the
+// load-balancer VM before the LibvirtCluster is gone.
+const ClusterFinalizer = "libvirtcluster.infrastructure.cluster.x-k8s.io"
+
+// LoadBalancerType chooses what serves the control-plane endpoint.
+// +kubebuilder:validation:Enum=HAProxy;None
+type LoadBalancerType string
+
+const (
+	// LoadBalancerHAProxy runs an HAProxy VM on the cluster network whose
+	// reserved address becomes the control-plane endpoint; the default.
+	LoadBalancerHAProxy LoadBalancerType = "HAProxy"
+	// LoadBalancerNone leaves the endpoint to the user (kube-vip, an
+	// external load balancer): spec.controlPlaneEndpoint must be set.
+	LoadBalancerNone LoadBalancerType = "None"
+)
+
+// Default values the cluster controller applies to zero fields.
+const (
+	// DefaultAPIServerPort is the control-plane endpoint port when none is given.
+	DefaultAPIServerPort = 6443
+	// DefaultStoragePoolName is the pool holding base images and volumes when none is given.
+	DefaultStoragePoolName = "capi-libvirt"
+	// DefaultStoragePoolPath is the directory backing DefaultStoragePoolName.
+	DefaultStoragePoolPath = "/var/lib/libvirt/capi-libvirt"
+	// DefaultLoadBalancerCPUs is the vCPU count of the HAProxy VM.
+	DefaultLoadBalancerCPUs = 1
+	// DefaultLoadBalancerMemoryMiB is the memory of the HAProxy VM.
+	DefaultLoadBalancerMemoryMiB = 512
+)
+
+// LibvirtClusterSpec is the desired state of a LibvirtCluster.
+// +kubebuilder:validation:XValidation:rule="!has(self.loadBalancer) || !has(self.loadBalancer.type) || self.loadBalancer.type != 'None' || !has(self.loadBalancer.image)",message="loadBalancer.image applies only to type HAProxy"
+type LibvirtClusterSpec struct {
+	// controlPlaneEndpoint is where the cluster's API server is reached.
+	// With the HAProxy load balancer the provider sets it to the VM's
+	// reserved address; with type None the user sets it.
+	// +optional
+	ControlPlaneEndpoint clusterv1.APIEndpoint `json:"controlPlaneEndpoint,omitempty,omitzero"`
+
+	// network is where the cluster's machines are plugged. Empty means the
+	// provider creates a NAT network with DHCP for this cluster.
+	// +optional
+	Network ClusterNetwork `json:"network,omitempty,omitzero"`
+
+	// loadBalancer serves the control-plane endpoint.
+	// +optional
+	LoadBalancer LoadBalancer `json:"loadBalancer,omitempty,omitzero"`
+
+	// storagePool holds the cluster's volumes: base images (shared by all
+	// clusters using the pool), overlays and cloud-init seeds.
+	// +optional
+	StoragePool StoragePool `json:"storagePool,omitempty,omitzero"`
+
+	// failureDomains the cluster's machines may be placed in. Each is a
+	// libvirt host; today every failure domain maps to the manager's
+	// libvirt URI. Empty means one failure domain named after that host.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=32
+	FailureDomains []FailureDomainSpec `json:"failureDomains,omitempty"`
+}
+
+// ClusterNetwork is the network of a cluster: an existing libvirt network,
+// an existing host bridge, or (when neither is set) a NAT network the
+// provider creates, optionally with a given CIDR.
+// +kubebuilder:validation:XValidation:rule="[has(self.name), has(self.bridge), has(self.cidr)].filter(x, x).size() <= 1",message="at most one of name, bridge and cidr may be set"
+type ClusterNetwork struct {
+	// name of an existing libvirt network to use. The provider never
+	// deletes it; it only adds and removes DHCP host entries of its machines.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name,omitempty"`
+
+	// bridge is an existing Linux bridge on the host (e.g. br0 on a
+	// homelab LAN). Machines get addresses from the LAN's DHCP server and
+	// the provider reads them through the guest agent.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9_.-]{1,15}$`
+	Bridge string `json:"bridge,omitempty"`
+
+	// cidr of the NAT network the provider creates, e.g. 192.168.150.0/24.
+	// Empty means the provider picks a free /24 that overlaps no host
+	// address, host route or other libvirt network.
+	// +optional
+	// +kubebuilder:validation:MaxLength=18
+	// +kubebuilder:validation:XValidation:rule="isCIDR(self) && cidr(self).ip().family() == 4",message="cidr must be an IPv4 CIDR such as 192.168.150.0/24"
+	// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || (cidr(self).prefixLength() >= 16 && cidr(self).prefixLength() <= 28)",message="cidr prefix length must be between /16 and /28"
+	// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || cidr(self).masked() == cidr(self)",message="cidr must have no host bits set (e.g. 192.168.150.0/24, not 192.168.150.1/24)"
+	CIDR string `json:"cidr,omitempty"`
+}
+
+// LoadBalancer configures what serves the control-plane endpoint.
+// +kubebuilder:validation:XValidation:rule="!(has(self.domainType) && self.domainType == 'qemu' && has(self.cpuMode) && self.cpuMode == 'host-passthrough')",message="cpuMode host-passthrough needs domainType kvm; use maximum with qemu"
+type LoadBalancer struct {
+	// type is HAProxy (a VM the provider runs) or None (the user brings
+	// the endpoint, e.g. kube-vip).
+	// +optional
+	// +kubebuilder:default=HAProxy
+	Type LoadBalancerType `json:"type,omitempty"`
+
+	// image is the base image of the HAProxy VM; it must contain haproxy,
+	// cloud-init and qemu-guest-agent (see images/).
+	// +optional
+	Image *ImageSource `json:"image,omitempty"`
+
+	// The HAProxy VM's hardware; defaults to 1 vCPU and 512 MiB.
+	VirtualHardware `json:",inline"`
+}
+
+// StoragePool is a libvirt directory pool the provider ensures exists.
+type StoragePool struct {
+	// name of the pool; defaults to capi-libvirt.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9_.-]+$`
+	Name string `json:"name,omitempty"`
+
+	// path of the pool's directory on the libvirt host; defaults to
+	// /var/lib/libvirt/capi-libvirt. Used only when the pool is created.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:Pattern=`^/`
+	Path string `json:"path,omitempty"`
+}
+
+// FailureDomainSpec declares a failure domain of the cluster.
+type FailureDomainSpec struct {
+	// name of the failure domain, as Machines refer to it.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// controlPlane tells whether control-plane machines may be placed here.
+	// +optional
+	ControlPlane *bool `json:"controlPlane,omitempty"`
+
+	// attributes are free-form and copied to the Cluster's failure domain.
+	// +optional
+	Attributes map[string]string `json:"attributes,omitempty"`
+}
+
+// LibvirtClusterStatus is the observed state of a LibvirtCluster.
+type LibvirtClusterStatus struct {
+	// conditions: Ready summarises NetworkReady and LoadBalancerReady;
+	// Paused follows Cluster API's pause.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=32
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// initialization reports when the cluster infrastructure is provisioned:
+	// the network exists and the control-plane endpoint accepts connections.
+	// +optional
+	Initialization Initialization `json:"initialization,omitempty,omitzero"`
+
+	// ready mirrors initialization.provisioned for readers of the v1beta1 contract.
+	// +optional
+	Ready bool `json:"ready,omitempty"`
+
+	// failureDomains the cluster's machines may use.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=32
+	FailureDomains []clusterv1.FailureDomain `json:"failureDomains,omitempty"`
+
+	// network shows the network the cluster's machines are plugged into.
+	// +optional
+	Network *NetworkStatus `json:"network,omitempty"`
+
+	// loadBalancer shows the HAProxy VM and the backends it serves.
+	// +optional
+	LoadBalancer *LoadBalancerStatus `json:"loadBalancer,omitempty"`
+
+	// failureReason is set when the cluster infrastructure failed in a way
+	// that needs a person (v1beta1 contract field).
+	// +optional
+	FailureReason *string `json:"failureReason,omitempty"`
+
+	// failureMessage explains failureReason.
+	// +optional
+	FailureMessage *string `json:"failureMessage,omitempty"`
+}
+
+// NetworkStatus shows a cluster's network.
+type NetworkStatus struct {
+	// name of the libvirt network; empty for a host bridge.
+	// +optional
+	Name string `json:"name,omitempty"`
+	// bridge is the Linux bridge the machines' NICs are plugged into.
+	// +optional
+	Bridge string `json:"bridge,omitempty"`
+	// cidr of the network, when the provider knows it.
+	// +optional
+	CIDR string `json:"cidr,omitempty"`
+	// managed is true when the provider created the network and will delete
+	// it with the cluster.
+	// +optional
+	Managed bool `json:"managed,omitempty"`
+}
+
+// LoadBalancerStatus shows the HAProxy VM.
+type LoadBalancerStatus struct {
+	// domain shows the HAProxy VM.
+	// +optional
+	Domain *DomainStatus `json:"domain,omitempty"`
+	// address is the VM's reserved address, the control-plane endpoint host.
+	// +optional
+	Address string `json:"address,omitempty"`
+	// backends HAProxy currently forwards to.
+	// +optional
+	// +listType=map
+	// +listMapKey=machine
+	Backends []LoadBalancerBackend `json:"backends,omitempty"`
+	// configHash identifies the configuration HAProxy last loaded; the
+	// controller reloads HAProxy only when the rendered configuration differs.
+	// +optional
+	ConfigHash string `json:"configHash,omitempty"`
+	// lastReloadTime is when HAProxy last loaded a new configuration.
+	// +optional
+	LastReloadTime *metav1.Time `json:"lastReloadTime,omitempty"`
+}
+
+// BackendState tells whether HAProxy sends new connections to a backend.
+// +kubebuilder:validation:Enum=Active;Draining
+type BackendState string
+
+const (
+	// BackendActive receives new connections while its health check passes.
+	BackendActive BackendState = "Active"
+	// BackendDraining receives no new connections: its Machine is being deleted.
+	BackendDraining BackendState = "Draining"
+)
+
+// LoadBalancerBackend is one control-plane machine behind the endpoint.
+type LoadBalancerBackend struct {
+	// machine is the name of the control-plane Machine.
+	// +required
+	Machine string `json:"machine"`
+	// address is the machine's address HAProxy connects to.
+	// +optional
+	Address string `json:"address,omitempty"`
+	// state is Active or Draining.
+	// +optional
+	State BackendState `json:"state,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:path=libvirtclusters,scope=Namespaced,categories=cluster-api
+// +kubebuilder:storageversion
+// +kubebuilder:metadata:labels="cluster.x-k8s.io/v1beta2=v1alpha1"
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Cluster",type="string",JSONPath=".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']",description="Cluster to which this LibvirtCluster belongs"
+// +kubebuilder:printcolumn:name="Provisioned",type="boolean",JSONPath=".status.initialization.provisioned",description="Cluster infrastructure is provisioned"
+// +kubebuilder:printcolumn:name="Endpoint",type="string",JSONPath=".spec.controlPlaneEndpoint.host",description="Control-plane endpoint host"
+// +kubebuilder:printcolumn:name="Network",type="string",JSONPath=".status.network.name",description="libvirt network of the cluster"
+// +kubebuilder:printcolumn:name="CIDR",type="string",JSONPath=".status.network.cidr",priority=1
+// +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
+
+// LibvirtCluster is the infrastructure of one Cluster API cluster on a
+// libvirt host: its network and the VM serving its control-plane endpoint.
+type LibvirtCluster struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired state.
+	// +optional
+	Spec LibvirtClusterSpec `json:"spec,omitempty,omitzero"`
+	// status is the observed state.
+	// +optional
+	Status LibvirtClusterStatus `json:"status,omitempty,omitzero"`
+}
+
+// GetConditions returns the conditions, for Cluster API's condition utilities.
+func (c *LibvirtCluster) GetConditions() []metav1.Condition { return c.Status.Conditions }
+
+// SetConditions replaces the conditions, for Cluster API's condition utilities.
+func (c *LibvirtCluster) SetConditions(conditions []metav1.Condition) {
+	c.Status.Conditions = conditions
+}
+
+// +kubebuilder:object:root=true
+
+// LibvirtClusterList is a list of LibvirtClusters.
+type LibvirtClusterList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	// items are the LibvirtClusters.
+	Items []LibvirtCluster `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&LibvirtCluster{}, &LibvirtClusterList{})
+}

@@ -1,0 +1,171 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+)
+
+// MachineFinalizer lets the machine controller remove the VM and its
+// volumes before the LibvirtMachine is gone.
+const MachineFinalizer = "libvirtmachine.infrastructure.cluster.x-k8s.io"
+
+// ProviderIDPrefix starts every providerID this provider sets; the domain
+// UUID follows. Node and Machine agree on it without a cloud controller
+// because the kubelet reads the same UUID from cloud-init's instance-id.
+const ProviderIDPrefix = "libvirt:///"
+
+// Default values the machine controller applies to zero fields.
+const (
+	// DefaultMachineCPUs is the vCPU count of a machine.
+	DefaultMachineCPUs = 2
+	// DefaultMachineMemoryMiB is the memory of a machine.
+	DefaultMachineMemoryMiB = 2048
+	// DefaultDiskSizeGiB is the root disk size of a machine; a base image
+	// with a larger virtual size wins.
+	DefaultDiskSizeGiB = 20
+)
+
+// LibvirtMachineSpec is the desired state of a LibvirtMachine.
+// +kubebuilder:validation:XValidation:rule="!(has(self.domainType) && self.domainType == 'qemu' && has(self.cpuMode) && self.cpuMode == 'host-passthrough')",message="cpuMode host-passthrough needs domainType kvm; use maximum with qemu"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.providerID) || (has(self.providerID) && self.providerID == oldSelf.providerID)",message="providerID is immutable once set"
+type LibvirtMachineSpec struct {
+	// providerID is libvirt:///<domain UUID>, set by the provider once the
+	// domain is defined.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:Pattern=`^libvirt:///[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`
+	ProviderID string `json:"providerID,omitempty"`
+
+	// image is the base image of the machine's root disk, which is a qcow2
+	// overlay on it.
+	// +required
+	Image ImageSource `json:"image"`
+
+	// The machine's hardware; defaults to 2 vCPUs and 2048 MiB with kvm.
+	VirtualHardware `json:",inline"`
+
+	// diskSizeGiB is the size of the root disk; a base image whose virtual
+	// size is larger keeps its size. Defaults to 20.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65536
+	DiskSizeGiB int32 `json:"diskSizeGiB,omitempty"`
+
+	// network overrides the cluster's network for this machine.
+	// +optional
+	Network *NetworkAttachment `json:"network,omitempty"`
+}
+
+// LibvirtMachineStatus is the observed state of a LibvirtMachine.
+type LibvirtMachineStatus struct {
+	// conditions: Ready summarises the provisioning steps; each step has
+	// its own condition with a reason.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=32
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// initialization reports when the machine's infrastructure is
+	// provisioned: the domain runs and has an address.
+	// +optional
+	Initialization Initialization `json:"initialization,omitempty,omitzero"`
+
+	// ready mirrors initialization.provisioned for readers of the v1beta1 contract.
+	// +optional
+	Ready bool `json:"ready,omitempty"`
+
+	// addresses of the machine: its InternalIP first, then its Hostname.
+	// +optional
+	// +kubebuilder:validation:MaxItems=32
+	Addresses []clusterv1.MachineAddress `json:"addresses,omitempty"`
+
+	// failureDomain the machine was placed in.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	FailureDomain string `json:"failureDomain,omitempty"`
+
+	// domain shows the libvirt domain backing the machine.
+	// +optional
+	Domain *DomainStatus `json:"domain,omitempty"`
+
+	// failureReason is set when the machine cannot be recovered (its domain
+	// vanished or was replaced outside the provider, or crashed and cannot
+	// restart), so that a MachineHealthCheck replaces it.
+	// +optional
+	FailureReason *string `json:"failureReason,omitempty"`
+
+	// failureMessage explains failureReason.
+	// +optional
+	FailureMessage *string `json:"failureMessage,omitempty"`
+}
+
+// DomainStatus shows a libvirt domain the provider manages.
+type DomainStatus struct {
+	// name of the domain on its host.
+	// +optional
+	Name string `json:"name,omitempty"`
+	// uuid the provider chose for the domain; providerID carries it.
+	// +optional
+	UUID string `json:"uuid,omitempty"`
+	// mac address of the domain's NIC, chosen by the provider.
+	// +optional
+	MAC string `json:"mac,omitempty"`
+	// state as libvirt reports it: running, shutoff, crashed, paused, ...
+	// +optional
+	State string `json:"state,omitempty"`
+	// host is the libvirt host (its hostname) running the domain.
+	// +optional
+	Host string `json:"host,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:path=libvirtmachines,scope=Namespaced,categories=cluster-api
+// +kubebuilder:storageversion
+// +kubebuilder:metadata:labels="cluster.x-k8s.io/v1beta2=v1alpha1"
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="Cluster",type="string",JSONPath=".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']",description="Cluster to which this LibvirtMachine belongs"
+// +kubebuilder:printcolumn:name="State",type="string",JSONPath=".status.domain.state",description="libvirt domain state"
+// +kubebuilder:printcolumn:name="Address",type="string",JSONPath=".status.addresses[0].address",description="Primary address"
+// +kubebuilder:printcolumn:name="ProviderID",type="string",JSONPath=".spec.providerID",description="Provider ID (libvirt:///<domain UUID>)"
+// +kubebuilder:printcolumn:name="Provisioned",type="boolean",JSONPath=".status.initialization.provisioned",priority=1
+// +kubebuilder:printcolumn:name="Machine",type="string",JSONPath=".metadata.ownerReferences[?(@.kind==\"Machine\")].name",priority=1
+// +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
+
+// LibvirtMachine is the infrastructure of one Cluster API Machine: a libvirt
+// domain booting a qcow2 overlay of a base image with a NoCloud seed.
+type LibvirtMachine struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired state.
+	// +optional
+	Spec LibvirtMachineSpec `json:"spec,omitempty,omitzero"`
+	// status is the observed state.
+	// +optional
+	Status LibvirtMachineStatus `json:"status,omitempty,omitzero"`
+}
+
+// GetConditions returns the conditions, for Cluster API's condition utilities.
+func (m *LibvirtMachine) GetConditions() []metav1.Condition { return m.Status.Conditions }
+
+// SetConditions replaces the conditions, for Cluster API's condition utilities.
+func (m *LibvirtMachine) SetConditions(conditions []metav1.Condition) {
+	m.Status.Conditions = conditions
+}
+
+// +kubebuilder:object:root=true
+
+// LibvirtMachineList is a list of LibvirtMachines.
+type LibvirtMachineList struct {
+	metav1.TypeMeta `json:",inline"`
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+	// items are the LibvirtMachines.
+	Items []LibvirtMachine `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&LibvirtMachine{}, &LibvirtMachineList{})
+}

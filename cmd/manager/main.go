@@ -1,0 +1,46 @@
+// Command manager runs the libvirt infrastructure provider's controllers
+// against the Kubernetes cluster in the current kubeconfig.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/spf13/pflag"
+	cliflag "k8s.io/component-base/cli/flag"
+	"k8s.io/component-base/logs"
+	logsv1 "k8s.io/component-base/logs/api/v1"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+)
+
+func main() {
+	var opts manager.Options
+	logOptions := logs.NewOptions()
+	opts.AddFlags(pflag.CommandLine)
+	logsv1.AddFlags(logOptions, pflag.CommandLine)
+	pflag.CommandLine.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)
+	pflag.CommandLine.AddGoFlagSet(flag.CommandLine)
+	pflag.Parse()
+
+	if err := logsv1.ValidateAndApply(logOptions, nil); err != nil {
+		fmt.Fprintf(os.Stderr, "invalid logging flags: %v\n", err)
+		os.Exit(1)
+	}
+	ctrl.SetLogger(klog.Background())
+	log := ctrl.Log.WithName("setup")
+
+	mgr, err := manager.New(ctrl.GetConfigOrDie(), opts)
+	if err != nil {
+		log.Error(err, "Unable to create the manager")
+		os.Exit(1)
+	}
+	log.Info("Starting manager", "libvirtURI", opts.LibvirtURI, "namespace", opts.WatchNamespace)
+	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
+		log.Error(err, "Manager stopped with an error")
+		os.Exit(1)
+	}
+}

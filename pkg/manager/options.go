@@ -1,0 +1,92 @@
+// Package manager builds the provider's controller-runtime manager from
+// command-line options, so that the manager binary, the embedded management
+// plane and the integration tests all run the same wiring.
+package manager
+
+import (
+	"time"
+
+	"github.com/spf13/pflag"
+	"sigs.k8s.io/cluster-api/util/flags"
+)
+
+// DefaultLibvirtURI is the libvirt connection used when none is given.
+const DefaultLibvirtURI = "qemu:///system"
+
+// Options are the manager's settings; AddFlags binds them to flags.
+type Options struct {
+	// LibvirtURI is the libvirt host the controllers manage (qemu:///system,
+	// qemu+ssh://user@host/system, qemu+tls://host/system).
+	LibvirtURI string
+	// WatchNamespace limits the manager to one namespace; empty watches all.
+	WatchNamespace string
+	// WatchFilterValue limits reconciliation to objects whose
+	// cluster.x-k8s.io/watch-filter label has this value.
+	WatchFilterValue string
+
+	// LeaderElect enables leader election so that only one replica reconciles.
+	LeaderElect bool
+	// LeaderElectionID names the Lease object used for leader election.
+	LeaderElectionID string
+	// LeaderElectionNamespace holds the Lease; empty uses the in-cluster namespace.
+	LeaderElectionNamespace string
+	// LeaseDuration, RenewDeadline and RetryPeriod tune leader election.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+
+	// HealthAddr serves /healthz and /readyz.
+	HealthAddr string
+	// ProfilerAddr serves pprof when set.
+	ProfilerAddr string
+	// Diagnostics holds Cluster API's metrics and TLS flags.
+	Diagnostics flags.ManagerOptions
+
+	// ClusterConcurrency and MachineConcurrency are how many objects of
+	// each kind are reconciled at once.
+	ClusterConcurrency, MachineConcurrency int
+	// SyncPeriod is the minimum interval at which every object is reconciled again.
+	SyncPeriod time.Duration
+
+	// WebhookPort and WebhookCertDir configure the webhook server.
+	WebhookPort int
+	// WebhookCertDir holds tls.crt and tls.key for the webhook server.
+	WebhookCertDir string
+}
+
+// AddFlags binds every option to a flag named as Cluster API providers name
+// them, so that users of CAPD, CAPA or CAPZ find the same switches.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&o.LibvirtURI, "libvirt-uri", DefaultLibvirtURI,
+		"libvirt connection URI of the host that runs the machines (qemu:///system, qemu+ssh://user@host/system, qemu+tls://host/system).")
+	fs.StringVar(&o.WatchNamespace, "namespace", "",
+		"Namespace that the controller watches to reconcile objects. If unspecified, the controller watches all namespaces.")
+	fs.StringVar(&o.WatchFilterValue, "watch-filter", "",
+		"Label value that the controller watches to reconcile objects: only objects with the label cluster.x-k8s.io/watch-filter set to it are reconciled.")
+
+	fs.BoolVar(&o.LeaderElect, "leader-elect", false,
+		"Enable leader election for the controller manager, ensuring there is only one active controller manager.")
+	fs.StringVar(&o.LeaderElectionID, "leader-elect-id", "controller-leader-election-capl",
+		"Name of the Lease used for leader election.")
+	fs.StringVar(&o.LeaderElectionNamespace, "leader-elect-namespace", "",
+		"Namespace of the leader election Lease; defaults to the namespace the manager runs in.")
+	fs.DurationVar(&o.LeaseDuration, "leader-elect-lease-duration", 15*time.Second,
+		"Interval at which non-leader candidates will wait to force acquire leadership.")
+	fs.DurationVar(&o.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second,
+		"Duration that the leading controller manager will retry refreshing leadership before giving up.")
+	fs.DurationVar(&o.RetryPeriod, "leader-elect-retry-period", 2*time.Second,
+		"Duration the LeaderElector clients should wait between tries of actions.")
+
+	fs.StringVar(&o.HealthAddr, "health-addr", ":9440", "The address the health endpoint binds to.")
+	fs.StringVar(&o.ProfilerAddr, "profiler-address", "", "Bind address to expose the pprof profiler (e.g. localhost:6060).")
+	flags.AddManagerOptions(fs, &o.Diagnostics)
+
+	fs.IntVar(&o.ClusterConcurrency, "libvirtcluster-concurrency", 10,
+		"Number of LibvirtClusters to process simultaneously.")
+	fs.IntVar(&o.MachineConcurrency, "libvirtmachine-concurrency", 10,
+		"Number of LibvirtMachines to process simultaneously.")
+	fs.DurationVar(&o.SyncPeriod, "sync-period", 10*time.Minute,
+		"The minimum interval at which watched resources are reconciled (e.g. 15m).")
+
+	fs.IntVar(&o.WebhookPort, "webhook-port", 9443, "Webhook server port.")
+	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs/",
+		"Directory holding the webhook server's tls.crt and tls.key.")
+}
