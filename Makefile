@@ -11,7 +11,7 @@ export GOTOOLCHAIN := local
 
 CONTROLLER_GEN_VERSION := v0.23.0
 CONTROLLER_GEN := $(BIN)/controller-gen
-KUSTOMIZE_VERSION := v5.8.3
+KUSTOMIZE_VERSION := v5.8.1
 KUSTOMIZE := $(BIN)/kustomize
 
 # Where the test images are built and cached between runs (outside the
@@ -36,6 +36,10 @@ help: ## Show this help.
 .PHONY: prepare-host
 prepare-host: ## Install packages and start libvirtd on this Debian/Ubuntu host (root).
 	hack/prepare-host.sh
+
+.PHONY: run
+run: ## Run the manager against the management cluster of the current kubeconfig.
+	go run ./cmd/manager --libvirt-uri=$(LIBVIRT_URI) --health-addr=127.0.0.1:9440 --diagnostics-address=127.0.0.1:8443
 
 .PHONY: build
 build: ## Build the manager binary into bin/.
@@ -72,11 +76,12 @@ generate: $(CONTROLLER_GEN) ## Generate deepcopy code, CRDs and RBAC.
 	$(CONTROLLER_GEN) rbac:roleName=manager-role paths=./pkg/controllers/... output:rbac:artifacts:config=config/rbac
 
 .PHONY: verify
-verify: generate ## Fail when generated files are stale, code is not gofmt'ed, or go vet complains.
+verify: generate $(KUSTOMIZE) ## Fail when generated files are stale, code is not gofmt'ed, go vet complains or config/ does not build.
 	@git diff --exit-code -- api config || { echo "generated files are stale: run make generate and commit" >&2; exit 1; }
 	@test -z "$$(git status --porcelain -- api config)" || { git status --porcelain -- api config; echo "untracked generated files: run make generate and commit" >&2; exit 1; }
 	@out=$$(gofmt -l $$(git ls-files '*.go')); test -z "$$out" || { echo "not gofmt'ed: $$out" >&2; exit 1; }
 	go vet ./...
+	$(KUSTOMIZE) build config/default >/dev/null
 
 $(CONTROLLER_GEN):
 	GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
