@@ -278,14 +278,14 @@ func (c *Client) forgetOwner(uuid string) *Owner {
 // domainOwner reads our metadata element from a domain; (nil, nil) when
 // the domain carries none.
 func domainOwner(dom *libvirt.Domain) (*Owner, error) {
-	md, err := dom.GetMetadata(libvirt.DOMAIN_METADATA_ELEMENT, OwnerNamespace, libvirt.DOMAIN_AFFECT_CONFIG)
+	md, err := dom.GetMetadata(libvirt.DOMAIN_METADATA_ELEMENT, OwnerNamespace, libvirt.DOMAIN_AFFECT_CURRENT)
 	if IsNotFound(err) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	o, err := ParseOwner(md)
+	o, err := parseOwnerElement(md)
 	if IsNotFound(err) {
 		return nil, nil
 	}

@@ -42,17 +42,26 @@ type Owner struct {
 // libvirt keys metadata elements by namespace, so other tools' metadata in
 // the same <metadata> block is left alone.
 type ownerXML struct {
-	XMLName   xml.Name `xml:"https://capi-libvirt.dev/xmlns/owner/v1 owner"`
-	Kind      string   `xml:"kind"`
-	Namespace string   `xml:"namespace"`
-	Name      string   `xml:"name"`
-	UID       string   `xml:"uid"`
-	Cluster   string   `xml:"cluster"`
+	XMLName xml.Name `xml:"https://capi-libvirt.dev/xmlns/owner/v1 owner"`
+	ownerFields
+}
+
+// ownerFields are the children of the owner element.
+type ownerFields struct {
+	Kind      string `xml:"kind"`
+	Namespace string `xml:"namespace"`
+	Name      string `xml:"name"`
+	UID       string `xml:"uid"`
+	Cluster   string `xml:"cluster"`
+}
+
+func (f ownerFields) owner() *Owner {
+	return &Owner{Kind: f.Kind, Namespace: f.Namespace, Name: f.Name, UID: f.UID, Cluster: f.Cluster}
 }
 
 // MetadataXML renders the owner element that goes into <metadata>.
 func (o Owner) MetadataXML() (string, error) {
-	b, err := xml.Marshal(ownerXML{Kind: o.Kind, Namespace: o.Namespace, Name: o.Name, UID: o.UID, Cluster: o.Cluster})
+	b, err := xml.Marshal(ownerXML{ownerFields: ownerFields{Kind: o.Kind, Namespace: o.Namespace, Name: o.Name, UID: o.UID, Cluster: o.Cluster}})
 	if err != nil {
 		return "", fmt.Errorf("marshalling owner: %w", err)
 	}
@@ -80,6 +89,23 @@ func ParseOwner(metadata string) (*Owner, error) {
 		if err := dec.DecodeElement(&ox, &se); err != nil {
 			return nil, fmt.Errorf("parsing owner metadata: %w", err)
 		}
-		return &Owner{Kind: ox.Kind, Namespace: ox.Namespace, Name: ox.Name, UID: ox.UID, Cluster: ox.Cluster}, nil
+		return ox.owner(), nil
 	}
+}
+
+// parseOwnerElement decodes the element virDomainGetMetadata returns for
+// OwnerNamespace: libvirt has already selected it by namespace and hands it
+// back with the namespace stripped.
+func parseOwnerElement(elem string) (*Owner, error) {
+	var ox struct {
+		XMLName xml.Name
+		ownerFields
+	}
+	if err := xml.Unmarshal([]byte(elem), &ox); err != nil {
+		return nil, fmt.Errorf("parsing owner metadata: %w", err)
+	}
+	if ox.XMLName.Local != "owner" {
+		return nil, fmt.Errorf("owner metadata: unexpected element <%s>: %w", ox.XMLName.Local, ErrNotFound)
+	}
+	return ox.owner(), nil
 }

@@ -52,3 +52,17 @@ func TestParseOwner(t *testing.T) {
 		t.Errorf("malformed XML: want a parse error, got %v", err)
 	}
 }
+
+func TestParseOwnerElement(t *testing.T) {
+	// What virDomainGetMetadata returns: our element, namespace stripped.
+	got, err := parseOwnerElement("<owner>\n  <kind>K</kind>\n  <namespace>n</namespace>\n  <name>x</name>\n  <uid>u</uid>\n  <cluster>c</cluster>\n</owner>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Owner{Kind: "K", Namespace: "n", Name: "x", UID: "u", Cluster: "c"}); *got != want {
+		t.Errorf("got %+v, want %+v", *got, want)
+	}
+	if _, err := parseOwnerElement("<other/>"); !IsNotFound(err) {
+		t.Errorf("other element: want not found, got %v", err)
+	}
+}

@@ -29,5 +29,3 @@ func (c *Client) GuestInterfaces(ctx context.Context, domain string) ([]GuestInt
 	return nil, errNotImplemented
 }
 
-// ListOwned is being implemented.
-func (c *Client) ListOwned(ctx context.Context) ([]OwnedObject, error) { return nil, errNotImplemented }
