@@ -72,11 +72,7 @@ type DomainInfo struct {
 // withDomain looks up a domain by name and frees it after fn.
 func withDomain(conn *libvirt.Connect, name string, fn func(*libvirt.Domain) error) error {
 	dom, err := conn.LookupDomainByName(name)
-	if err != nil {
-		return fmt.Errorf("domain %s: %w", name, err)
-	}
-	defer dom.Free()
-	return fn(dom)
+	return use(dom, err, "domain "+name, fn)
 }
 
 // EnsureDomain defines the domain with spec's UUID, or returns the existing
@@ -163,12 +159,8 @@ func describeDomain(dom *libvirt.Domain) (DomainInfo, error) {
 	if err != nil {
 		return DomainInfo{}, err
 	}
-	doc, err := dom.GetXMLDesc(0)
+	d, err := decodeXML[libvirtxml.Domain](dom.GetXMLDesc(0))
 	if err != nil {
-		return DomainInfo{}, err
-	}
-	var d libvirtxml.Domain
-	if err := d.Unmarshal(doc); err != nil {
 		return DomainInfo{}, err
 	}
 	info := DomainInfo{Name: d.Name, UUID: strings.ToLower(d.UUID)}

@@ -15,7 +15,7 @@ import (
 
 // lifecycleSpec is a tiny TCG domain on an empty overlay: it boots nothing,
 // which is all a lifecycle test needs.
-func (e storageEnv) lifecycleSpec(t *testing.T) virt.DomainSpec {
+func (e storageEnv) lifecycleSpec(t testing.TB) virt.DomainSpec {
 	t.Helper()
 	ctx := testCtx(t)
 	base := e.importBase(t, e.pool+"-base", 64*mib)
@@ -54,7 +54,14 @@ func (e storageEnv) lifecycleSpec(t *testing.T) virt.DomainSpec {
 // waitEvent returns the first event of kind for uuid, failing t after 30s.
 func waitEvent(t *testing.T, events <-chan virt.Event, kind virt.EventKind, id string) virt.Event {
 	t.Helper()
-	timeout := time.After(30 * time.Second)
+	return waitEventWithin(t, events, kind, id, 30*time.Second)
+}
+
+// waitEventWithin returns the first event of kind for uuid, failing t after
+// wait.
+func waitEventWithin(t *testing.T, events <-chan virt.Event, kind virt.EventKind, id string, wait time.Duration) virt.Event {
+	t.Helper()
+	timeout := time.After(wait)
 	for {
 		select {
 		case ev, ok := <-events:
@@ -65,7 +72,7 @@ func waitEvent(t *testing.T, events <-chan virt.Event, kind virt.EventKind, id s
 				return ev
 			}
 		case <-timeout:
-			t.Fatalf("no %s event for %s within 30s", kind, id)
+			t.Fatalf("no %s event for %s within %v", kind, id, wait)
 		}
 	}
 }

@@ -51,32 +51,43 @@ func (c *Client) ListOwned(ctx context.Context) ([]OwnedObject, error) {
 	return out, err
 }
 
+// collect applies owned to each listed object until the first error and
+// frees every object, also those after an error.
+func collect[T any](objs []T, free func(*T) error, owned func(*T) ([]OwnedObject, error)) ([]OwnedObject, error) {
+	var out []OwnedObject
+	var firstErr error
+	for i := range objs {
+		if firstErr == nil {
+			got, err := owned(&objs[i])
+			switch {
+			case IsNotFound(err): // vanished while listing
+			case err != nil:
+				firstErr = err
+			default:
+				out = append(out, got...)
+			}
+		}
+		_ = free(&objs[i])
+	}
+	return out, firstErr
+}
+
 func ownedDomains(conn *libvirt.Connect) ([]OwnedObject, error) {
 	doms, err := conn.ListAllDomains(0)
 	if err != nil {
 		return nil, fmt.Errorf("listing domains: %w", err)
 	}
-	var out []OwnedObject
-	var firstErr error
-	for i := range doms {
-		d := &doms[i]
-		if firstErr == nil {
-			name, err := d.GetName()
-			var o *Owner
-			if err == nil {
-				o, err = domainOwner(d)
-			}
-			switch {
-			case IsNotFound(err):
-			case err != nil:
-				firstErr = err
-			case o != nil:
-				out = append(out, OwnedObject{Kind: OwnedDomain, Name: name, Owner: o})
-			}
+	return collect(doms, (*libvirt.Domain).Free, func(d *libvirt.Domain) ([]OwnedObject, error) {
+		name, err := d.GetName()
+		if err != nil {
+			return nil, err
 		}
-		_ = d.Free()
-	}
-	return out, firstErr
+		o, err := domainOwner(d)
+		if err != nil || o == nil {
+			return nil, err
+		}
+		return []OwnedObject{{Kind: OwnedDomain, Name: name, Owner: o}}, nil
+	})
 }
 
 // ownedNetworks reads the owner from the network XML: libvirt 9.0 stores
@@ -86,32 +97,18 @@ func ownedNetworks(conn *libvirt.Connect) ([]OwnedObject, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing networks: %w", err)
 	}
-	var out []OwnedObject
-	var firstErr error
-	for i := range nets {
-		n := &nets[i]
-		if firstErr == nil {
-			o, name, err := networkOwner(n)
-			switch {
-			case IsNotFound(err):
-			case err != nil:
-				firstErr = err
-			case o != nil:
-				out = append(out, OwnedObject{Kind: OwnedNetwork, Name: name, Owner: o})
-			}
+	return collect(nets, (*libvirt.Network).Free, func(n *libvirt.Network) ([]OwnedObject, error) {
+		o, name, err := networkOwner(n)
+		if err != nil || o == nil {
+			return nil, err
 		}
-		_ = n.Free()
-	}
-	return out, firstErr
+		return []OwnedObject{{Kind: OwnedNetwork, Name: name, Owner: o}}, nil
+	})
 }
 
 func networkOwner(n *libvirt.Network) (*Owner, string, error) {
-	doc, err := n.GetXMLDesc(libvirt.NETWORK_XML_INACTIVE)
+	nx, err := decodeXML[libvirtxml.Network](n.GetXMLDesc(libvirt.NETWORK_XML_INACTIVE))
 	if err != nil {
-		return nil, "", err
-	}
-	var nx libvirtxml.Network
-	if err := nx.Unmarshal(doc); err != nil {
 		return nil, "", err
 	}
 	if nx.Metadata == nil {
@@ -129,20 +126,7 @@ func ownedVolumes(conn *libvirt.Connect) ([]OwnedObject, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing pools: %w", err)
 	}
-	var out []OwnedObject
-	var firstErr error
-	for i := range pools {
-		p := &pools[i]
-		if firstErr == nil {
-			objs, err := prefixedVolumes(p)
-			if err != nil && !IsNotFound(err) {
-				firstErr = err
-			}
-			out = append(out, objs...)
-		}
-		_ = p.Free()
-	}
-	return out, firstErr
+	return collect(pools, (*libvirt.StoragePool).Free, prefixedVolumes)
 }
 
 func prefixedVolumes(p *libvirt.StoragePool) ([]OwnedObject, error) {

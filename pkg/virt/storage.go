@@ -135,12 +135,8 @@ func (c *Client) EnsurePool(ctx context.Context, spec PoolSpec) error {
 }
 
 func checkPoolPath(pool *libvirt.StoragePool, spec PoolSpec) error {
-	doc, err := pool.GetXMLDesc(libvirt.STORAGE_XML_INACTIVE)
+	px, err := decodeXML[libvirtxml.StoragePool](pool.GetXMLDesc(libvirt.STORAGE_XML_INACTIVE))
 	if err != nil {
-		return err
-	}
-	var px libvirtxml.StoragePool
-	if err := px.Unmarshal(doc); err != nil {
 		return err
 	}
 	if px.Type != "dir" || px.Target == nil || filepath.Clean(px.Target.Path) != filepath.Clean(spec.Path) {
@@ -194,24 +190,42 @@ func refreshPool(ctx context.Context, pool *libvirt.StoragePool) error {
 	}
 }
 
+// use runs fn on a freshly looked-up libvirt object and frees it after;
+// a lookup error is returned naming what was looked up.
+func use[P interface{ Free() error }](obj P, err error, what string, fn func(P) error) error {
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	defer obj.Free()
+	return fn(obj)
+}
+
+// decodeXML parses the XML description a libvirt getter returned into a
+// libvirtxml document.
+func decodeXML[T any, P interface {
+	*T
+	Unmarshal(string) error
+}](doc string, err error) (*T, error) {
+	if err != nil {
+		return nil, err
+	}
+	v := P(new(T))
+	if err := v.Unmarshal(doc); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
 // withPool looks up a pool and frees it after fn.
 func withPool(conn *libvirt.Connect, name string, fn func(*libvirt.StoragePool) error) error {
 	pool, err := conn.LookupStoragePoolByName(name)
-	if err != nil {
-		return fmt.Errorf("pool %s: %w", name, err)
-	}
-	defer pool.Free()
-	return fn(pool)
+	return use(pool, err, "pool "+name, fn)
 }
 
 // withVolume looks up a volume and frees it after fn.
 func withVolume(pool *libvirt.StoragePool, name string, fn func(*libvirt.StorageVol) error) error {
 	vol, err := pool.LookupStorageVolByName(name)
-	if err != nil {
-		return fmt.Errorf("volume %s: %w", name, err)
-	}
-	defer vol.Free()
-	return fn(vol)
+	return use(vol, err, "volume "+name, fn)
 }
 
 // volumeExists tells whether pool holds a volume called name.
@@ -230,12 +244,8 @@ func deleteVolume(pool *libvirt.StoragePool, name string) error {
 
 // describeVolume reads a volume's path, sizes and format from its XML.
 func describeVolume(poolName string, vol *libvirt.StorageVol) (VolumeInfo, error) {
-	doc, err := vol.GetXMLDesc(0)
+	vx, err := decodeXML[libvirtxml.StorageVolume](vol.GetXMLDesc(0))
 	if err != nil {
-		return VolumeInfo{}, err
-	}
-	var vx libvirtxml.StorageVolume
-	if err := vx.Unmarshal(doc); err != nil {
 		return VolumeInfo{}, err
 	}
 	info := VolumeInfo{Pool: poolName, Name: vx.Name}
@@ -408,12 +418,8 @@ func ensureRawVolume(p *libvirt.StoragePool, name string, size uint64, mode stri
 }
 
 func rawVolumeMatches(vol *libvirt.StorageVol, size uint64, mode string) (bool, error) {
-	doc, err := vol.GetXMLDesc(0)
+	vx, err := decodeXML[libvirtxml.StorageVolume](vol.GetXMLDesc(0))
 	if err != nil {
-		return false, err
-	}
-	var vx libvirtxml.StorageVolume
-	if err := vx.Unmarshal(doc); err != nil {
 		return false, err
 	}
 	gotMode := ""

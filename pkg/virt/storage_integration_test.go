@@ -36,7 +36,7 @@ type storageEnv struct {
 	pool string
 }
 
-func newStorageEnv(t *testing.T) storageEnv {
+func newStorageEnv(t testing.TB) storageEnv {
 	t.Helper()
 	uri := testlibvirt.URI(t)
 	c := testlibvirt.Client(t, uri)
@@ -44,7 +44,12 @@ func newStorageEnv(t *testing.T) storageEnv {
 }
 
 func testCtx(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	return testCtxWithin(t, 2*time.Minute)
+}
+
+// testCtxWithin is a context that ends after d or with t.
+func testCtxWithin(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -94,7 +99,7 @@ func fileSHA(t testing.TB, path string) string {
 	return sha256Hex(b)
 }
 
-func (e storageEnv) volName(t *testing.T, suffix string) string {
+func (e storageEnv) volName(_ testing.TB, suffix string) string {
 	return e.pool + "-" + suffix
 }
 
