@@ -307,6 +307,13 @@ const undefineFlags = libvirt.DOMAIN_UNDEFINE_NVRAM | libvirt.DOMAIN_UNDEFINE_MA
 func (c *Client) DeleteDomain(ctx context.Context, name string) error {
 	return ignoreNotFound(c.withConn(ctx, func(conn *libvirt.Connect) error {
 		return withDomain(conn, name, func(dom *libvirt.Domain) error {
+			// The undefined event can only name the owner if it is known
+			// before the metadata disappears with the definition.
+			if uuid, err := dom.GetUUIDString(); err == nil {
+				if o, err := domainOwner(dom); err == nil {
+					c.rememberOwner(uuid, o)
+				}
+			}
 			if err := destroyDomain(dom); err != nil {
 				return fmt.Errorf("destroying %s: %w", name, err)
 			}

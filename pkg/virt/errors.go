@@ -64,6 +64,7 @@ type ChecksumError struct {
 	Actual   string
 }
 
+// Error names the source and both digests.
 func (e *ChecksumError) Error() string {
 	return fmt.Sprintf("%s: sha256 %s, expected %s", e.Source, e.Actual, e.Expected)
 }
@@ -78,6 +79,7 @@ type DomainReplacedError struct {
 	ActualUUID   string
 }
 
+// Error names the domain and both UUIDs.
 func (e *DomainReplacedError) Error() string {
 	return fmt.Sprintf("domain %s has UUID %s, expected %s: replaced outside the provider",
 		e.Name, e.ActualUUID, e.ExpectedUUID)
@@ -94,6 +96,7 @@ type DomainStartError struct {
 	cause   error
 }
 
+// Error carries libvirt's message verbatim.
 func (e *DomainStartError) Error() string {
 	return fmt.Sprintf("domain %s failed to start: %s", e.Name, e.Message)
 }

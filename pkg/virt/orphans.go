@@ -107,7 +107,7 @@ func ownedNetworks(conn *libvirt.Connect) ([]OwnedObject, error) {
 }
 
 func networkOwner(n *libvirt.Network) (*Owner, string, error) {
-	nx, err := decodeXML[libvirtxml.Network](n.GetXMLDesc(libvirt.NETWORK_XML_INACTIVE))
+	nx, err := decodeXML[libvirtxml.Network](n.GetXMLDesc(0))
 	if err != nil {
 		return nil, "", err
 	}

@@ -1,0 +1,132 @@
+package virt
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+// The test:///default driver runs in-process: these tests need no libvirtd
+// yet exercise the connection, event and metadata plumbing for real.
+const testURI = "test:///default"
+
+func dialTest(t *testing.T) *Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := Dial(ctx, testURI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func nextEvent(t *testing.T, events <-chan Event, kind EventKind) Event {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				t.Fatalf("events closed while waiting for %s", kind)
+			}
+			if ev.Kind == kind {
+				return ev
+			}
+		case <-timeout:
+			t.Fatalf("no %s event", kind)
+		}
+	}
+}
+
+func TestClientEventsAndOwnerWithTestDriver(t *testing.T) {
+	c := dialTest(t)
+	ctx := context.Background()
+	events := c.Subscribe(ctx)
+	spec := baseSpec()
+	spec.Type, spec.CPUMode, spec.DisabledCPUFeatures = DomainTypeQEMU, CPUModeMaximum, nil
+	spec.SeedISOPath, spec.Network, spec.ConsoleLogPath = "", "", ""
+
+	info, err := c.EnsureDomain(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Owner == nil || *info.Owner != spec.Owner || info.State != "shutoff" {
+		t.Fatalf("defined: %+v", info)
+	}
+	if err := c.StartDomain(ctx, spec.Name); err != nil {
+		t.Fatal(err)
+	}
+	started := nextEvent(t, events, EventDomainStarted)
+	if started.Domain != spec.Name || started.Owner == nil || *started.Owner != spec.Owner {
+		t.Errorf("started event %+v", started)
+	}
+
+	// The owner comes from the domain's metadata, not only from the cache
+	// EnsureDomain filled.
+	c.forgetOwner(info.UUID)
+	objs, err := c.ListOwned(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(objs) != 1 || objs[0].Kind != OwnedDomain || objs[0].Owner == nil || *objs[0].Owner != spec.Owner {
+		t.Errorf("ListOwned = %+v", objs)
+	}
+
+	if err := c.DeleteDomain(ctx, spec.Name); err != nil {
+		t.Fatal(err)
+	}
+	if ev := nextEvent(t, events, EventDomainUndefined); ev.Owner == nil || *ev.Owner != spec.Owner {
+		t.Errorf("undefined event %+v", ev)
+	}
+	if err := c.DeleteDomain(ctx, spec.Name); err != nil {
+		t.Errorf("second delete: %v", err)
+	}
+}
+
+func TestClientClose(t *testing.T) {
+	c := dialTest(t)
+	events := c.Subscribe(context.Background())
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, open := <-events; open {
+		t.Error("subscription still open after Close")
+	}
+	if _, err := c.DomainInfo(context.Background(), "x"); !errors.Is(err, ErrClosed) {
+		t.Errorf("call after Close: want ErrClosed, got %v", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}
+
+func TestSubscribeEndsWithContext(t *testing.T) {
+	c := dialTest(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	events := c.Subscribe(ctx)
+	cancel()
+	select {
+	case _, open := <-events:
+		if open {
+			t.Error("got an event instead of the channel closing")
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("subscription not closed after its context ended")
+	}
+}
+
+func TestDialGivesUpWithinBudget(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	begin := time.Now()
+	_, err := Dial(ctx, "qemu+unix:///system?socket=/nonexistent/libvirt-sock", WithReconnectBudget(300*time.Millisecond))
+	if err == nil {
+		t.Fatal("Dial to a missing socket succeeded")
+	}
+	if d := time.Since(begin); d > 3*time.Second {
+		t.Errorf("Dial took %v despite a 300ms budget", d)
+	}
+}
