@@ -396,3 +396,45 @@ func volumeXMLMode(t *testing.T, uri, pool, name string) string {
 	}
 	return vx.Target.Permissions.Mode
 }
+
+// TestPoolFull imports into a pool on a 1 MiB tmpfs: the upload hits
+// ENOSPC, which must surface as ErrPoolFull and leave no volume behind.
+func TestPoolFull(t *testing.T) {
+	uri := testlibvirt.URI(t)
+	c := testlibvirt.Client(t, uri)
+	ctx := testCtx(t)
+	name := testlibvirt.Name(t)
+	path := filepath.Join(testlibvirt.PoolRoot, name)
+	if err := os.Mkdir(path, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(path) })
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m", "capltest", path).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs here: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", path).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", path, err, out)
+		}
+	})
+	t.Cleanup(func() {
+		if err := testlibvirt.DestroyPool(uri, name); err != nil {
+			t.Errorf("cleaning up pool %s: %v", name, err)
+		}
+	})
+	if err := c.EnsurePool(ctx, virt.PoolSpec{Name: name, Path: path}); err != nil {
+		t.Fatal(err)
+	}
+	src, sum := randomFile(t, 3*int(mib))
+	vol := name + "-big"
+	_, err := c.ImportImage(ctx, virt.ImageImport{Pool: name, Volume: vol, Source: src, SHA256: sum})
+	if !errors.Is(err, virt.ErrPoolFull) {
+		t.Fatalf("want ErrPoolFull, got %v", err)
+	}
+	t.Logf("full pool: %v", err)
+	for _, v := range []string{vol, vol + ".partial"} {
+		if _, err := c.VolumeInfo(ctx, name, v); !virt.IsNotFound(err) {
+			t.Errorf("volume %s: want not found, got %v", v, err)
+		}
+	}
+}
