@@ -29,6 +29,14 @@ if (( ${#missing[@]} )); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
+# Without udev, /dev/kvm stays 0600 root:root; libvirt then finds KVM unusable
+# for its QEMU user while its cached capabilities say KVM exists, and re-probes
+# QEMU on every lookup (a domain define took minutes). Apply Debian's udev rule.
+if [[ -c /dev/kvm ]] && getent group kvm >/dev/null; then
+  chgrp kvm /dev/kvm
+  chmod 0660 /dev/kvm
+fi
+
 running() { pgrep -x "$1" >/dev/null; }
 
 # Without systemd as PID 1 nobody starts the daemons for us.
