@@ -99,6 +99,9 @@ type Client struct {
 	ownersMu sync.Mutex
 	owners   map[string]*Owner // domain UUID → owner, for events of undefined domains
 
+	leasesOnce sync.Once
+	leases     *leaseWatcher // created on the first WatchLease; stops with ctx
+
 	ctx    context.Context // canceled by Close; background work stops with it
 	cancel context.CancelFunc
 	wg     sync.WaitGroup

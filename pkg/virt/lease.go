@@ -199,29 +199,20 @@ func (w *leaseWatcher) dropLocked(network string) {
 	delete(w.nets, network)
 }
 
-// leaseWatchers holds each Client's watcher. Client belongs to the
-// connection code; keeping the watcher beside it here keeps the lease logic
-// in one file. An entry is removed when its client closes.
-var leaseWatchers sync.Map // *Client → *leaseWatcher
-
 // leaseWatcher returns the client's watcher, creating it on first use.
 func (c *Client) leaseWatcher() *leaseWatcher {
-	if w, ok := leaseWatchers.Load(c); ok {
-		return w.(*leaseWatcher)
-	}
-	fetch := func(ctx context.Context, network string) ([]dhcpLease, error) {
-		var leases []dhcpLease
-		err := c.withNetwork(ctx, network, func(_ *libvirt.Connect, net *libvirt.Network) (err error) {
-			leases, err = networkLeases(net)
-			return err
-		})
-		return leases, err
-	}
-	w, loaded := leaseWatchers.LoadOrStore(c, newLeaseWatcher(leasePollInterval, fetch, c.publish, c.background))
-	if !loaded {
-		context.AfterFunc(c.ctx, func() { leaseWatchers.Delete(c) })
-	}
-	return w.(*leaseWatcher)
+	c.leasesOnce.Do(func() {
+		fetch := func(ctx context.Context, network string) ([]dhcpLease, error) {
+			var leases []dhcpLease
+			err := c.withNetwork(ctx, network, func(_ *libvirt.Connect, net *libvirt.Network) (err error) {
+				leases, err = networkLeases(net)
+				return err
+			})
+			return leases, err
+		}
+		c.leases = newLeaseWatcher(leasePollInterval, fetch, c.publish, c.background)
+	})
+	return c.leases
 }
 
 // WatchLease registers interest in mac's lease on network (see
