@@ -1,0 +1,350 @@
+#!/usr/bin/env bash
+# Builds the provider's offline Debian 12 (bookworm) qcow2 images:
+#   capl-debian-12.qcow2          cloud image: cloud-init (NoCloud), qemu-guest-agent
+#   capl-debian-12-haproxy.qcow2  the same plus haproxy (control-plane load balancer)
+#
+# Usage (as root): images/build.sh [--base-only|--haproxy-only] [--force]
+#
+# Environment:
+#   CAPL_IMAGE_DIR     output directory (default /var/cache/capi-libvirt/images)
+#   CAPL_DEB_CACHE     .deb cache shared by builds (default $CAPL_IMAGE_DIR/debs)
+#   SOURCE_DATE_EPOCH  timestamp for mmdebstrap (default: pinned below)
+#   CAPL_MIRROR, CAPL_SECURITY_MIRROR
+#                      Debian archive URIs (default: read from /etc/apt)
+#
+# An image is rebuilt only when its recipe hash changes: this script, customize.sh,
+# the package lists, suite, mirrors and the mmdebstrap/GRUB versions. The hash is
+# the first line of <image>.manifest, written after the image has been renamed
+# into place; an image without a matching manifest is never reused.
+# Prints the image paths on stdout, one per line; logs go to stderr.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+exec 3>&1 1>&2 # stdout is for the image paths only
+
+log() { printf '%s images: %s\n' "$(date +%T)" "$*" >&2; }
+die() {
+  log "error: $*"
+  exit 1
+}
+
+usage() {
+  sed -n '2,20s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+}
+
+want_base=1 want_haproxy=1 force=0
+while (($#)); do
+  case $1 in
+  --base-only) want_haproxy=0 ;;
+  --haproxy-only) want_base=0 ;;
+  --force) force=1 ;;
+  -h | --help)
+    usage
+    exit 0
+    ;;
+  *)
+    usage
+    die "unknown argument: $1"
+    ;;
+  esac
+  shift
+done
+((want_base || want_haproxy)) || die "--base-only and --haproxy-only exclude each other"
+
+[[ $(id -u) -eq 0 ]] || die "run as root (mmdebstrap root mode, loop devices, mounts)"
+for tool in mmdebstrap sfdisk losetup partx mkfs.ext4 grub-install qemu-img flock sha256sum; do
+  command -v "$tool" >/dev/null || die "missing $tool; run hack/prepare-host.sh"
+done
+[[ -d /usr/lib/grub/i386-pc ]] || die "missing GRUB's i386-pc modules (package grub-pc-bin)"
+
+suite=bookworm
+disk_size=2G
+image_dir=${CAPL_IMAGE_DIR:-/var/cache/capi-libvirt/images}
+deb_cache=${CAPL_DEB_CACHE:-$image_dir/debs}
+# Pinned so that two builds of the same recipe and mirror content agree.
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1735689600} # 2025-01-01T00:00:00Z
+
+# --- Debian mirrors, read from the host's apt configuration ----------------------
+apt_uris() { # URIs of enabled "deb" entries, one-line and deb822 style
+  local f
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+    [[ -f $f ]] || continue
+    awk '$1 == "deb" { i = 2; if ($i ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ } print $i }' "$f"
+  done
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [[ -f $f ]] || continue
+    awk 'function flush() {
+           if (types ~ /(^| )deb( |$)/ && enabled != "no") { n = split(uris, u, " "); for (j = 1; j <= n; j++) print u[j] }
+           types = ""; uris = ""; enabled = ""
+         }
+         /^[ \t]*#/ { next }
+         /^[ \t]*$/ { flush(); next }
+         tolower($1) == "types:" { sub(/^[^:]*:[ \t]*/, ""); types = $0 }
+         tolower($1) == "uris:" { sub(/^[^:]*:[ \t]*/, ""); uris = $0 }
+         tolower($1) == "enabled:" { enabled = tolower($2) }
+         END { flush() }' "$f"
+  done
+}
+uris=$(apt_uris)
+mirror=${CAPL_MIRROR:-$(grep -E '/debian/?$' <<<"$uris" | head -n1 || true)}
+security=${CAPL_SECURITY_MIRROR:-$(grep -E '/debian-security/?$' <<<"$uris" | head -n1 || true)}
+[[ -n $mirror ]] || die "no Debian mirror (URI ending in /debian) in /etc/apt; set CAPL_MIRROR"
+mirror=${mirror%/} security=${security%/}
+sources=("deb $mirror $suite main" "deb $mirror $suite-updates main")
+if [[ -n $security ]]; then
+  sources+=("deb $security $suite-security main")
+else
+  log "warning: no Debian security mirror (URI ending in /debian-security) in /etc/apt; building without $suite-security"
+fi
+
+# --- work directory, lock, cleanup on every exit path ------------------------------
+mkdir -p "$image_dir" "$deb_cache"
+exec 9>"$image_dir/.build.lock"
+if ! flock -n 9; then
+  log "waiting for another images/build.sh ($image_dir/.build.lock)"
+  flock 9
+fi
+
+mounts_under() { # mount points below $1, deepest first
+  awk -v d="$1/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r
+}
+release_dir() { # unmount, detach loop devices of and delete a work directory
+  local dir=$1 m dev back
+  while read -r m; do
+    [[ -n $m ]] || continue
+    umount "$m" 2>/dev/null || umount -l "$m" || true
+  done < <(mounts_under "$dir")
+  while read -r dev back; do
+    [[ -n $dev && $back == "$dir/"* ]] || continue
+    partx -d "$dev" 2>/dev/null || true
+    losetup -d "$dev" || true
+  done < <(losetup -l -n -O NAME,BACK-FILE 2>/dev/null)
+  if [[ -n $(mounts_under "$dir") ]]; then
+    log "warning: $dir still has mounts; not deleting it"
+    return 0
+  fi
+  rm -rf --one-file-system "$dir"
+}
+
+# Leftovers of a build that was killed (SIGKILL, power loss); we hold the lock.
+rm -f "$deb_cache"/.*.part
+for stale in "$image_dir"/.work.*; do
+  [[ -d $stale ]] || continue
+  log "removing leftovers of an interrupted build: $stale"
+  release_dir "$stale"
+done
+
+work=$(mktemp -d "$image_dir/.work.XXXXXX")
+chmod 0755 "$work" # apt's _apt user downloads into the chroot
+child=
+run() { # a long command, in the background so that signals reach our traps at once
+  "$@" &
+  child=$!
+  wait "$child"
+  child=
+}
+cleanup() {
+  local rc=$?
+  set +e
+  if [[ -n $child ]]; then # interrupted: let mmdebstrap undo its own mounts first
+    kill -TERM "$child" 2>/dev/null
+    wait "$child" 2>/dev/null
+  fi
+  release_dir "$work"
+  ((rc == 0)) || log "failed (exit $rc); nothing half-built was kept"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM HUP
+mkdir -p "$work/tmp"
+export TMPDIR=$work/tmp # mmdebstrap and friends: nothing in /tmp
+
+# grub-install finds a partition's start sector through "udevadm info --query
+# path"; hosts without udev (containers, CI sandboxes) get this stand-in that
+# resolves the sysfs path from the device number.
+if ! command -v udevadm >/dev/null; then
+  mkdir -p "$work/bin"
+  cat >"$work/bin/udevadm" <<'EOF'
+#!/bin/sh
+[ "$1 $2 $3 $4" = "info --query path --name" ] && [ -b "$5" ] || exit 1
+mm=$(stat -L -c '%t %T' "$5") || exit 1
+set -- $mm
+p=$(readlink -f "/sys/dev/block/$((0x$1)):$((0x$2))") || exit 1
+echo "${p#/sys}"
+EOF
+  chmod 0755 "$work/bin/udevadm"
+  export PATH="$work/bin:$PATH"
+fi
+
+# --- recipe -------------------------------------------------------------------------
+packages() { # package names from list files
+  sed -e 's/#.*//' "$@" | tr -s ' \t' '\n\n' | sed '/^$/d'
+}
+
+recipe_hash() { # $1 variant, $2.. package lists
+  local variant=$1
+  shift
+  {
+    echo "variant $variant suite $suite disk $disk_size"
+    printf 'source %s\n' "${sources[@]}"
+    echo "mmdebstrap $(dpkg-query -W -f='${Version}' mmdebstrap 2>/dev/null || mmdebstrap --version)"
+    echo "grub $(dpkg-query -W -f='${Version}' grub-pc-bin 2>/dev/null || grub-install --version)"
+    for f in "$here/build.sh" "$here/customize.sh" "$@"; do
+      echo "file ${f##*/}"
+      cat "$f"
+    done
+  } | sha256sum | cut -d' ' -f1
+}
+
+uuid_from() { # a stable RFC 4122 (version 4 layout) UUID from a hex string
+  local h=$1
+  printf '%s-%s-4%s-%x%s-%s\n' "${h:0:8}" "${h:8:4}" "${h:13:3}" \
+    $(((0x${h:16:1} & 0x3) | 0x8)) "${h:17:3}" "${h:20:12}"
+}
+
+mkfs_features=()
+if grep -q orphan_file /etc/mke2fs.conf 2>/dev/null; then
+  # newer e2fsprogs default; GRUB 2.06 and bookworm's e2fsck predate it
+  mkfs_features=(-O '^orphan_file,^metadata_csum_seed')
+fi
+
+build() { # $1 image name, $2 variant, $3.. package lists
+  local name=$1 variant=$2
+  shift 2
+  local lists=("$@")
+  local out="$image_dir/$name.qcow2" manifest="$image_dir/$name.manifest"
+  local key start
+  key=$(recipe_hash "$variant" "${lists[@]}")
+  if ((!force)) && [[ -f $out && -f $manifest ]] &&
+    [[ $(head -n1 "$manifest") == "recipe-sha256 $key" ]]; then
+    log "$name: up to date (recipe ${key:0:12})"
+    return 0
+  fi
+  start=$SECONDS
+  log "$name: building (recipe ${key:0:12}, mirror $mirror, SOURCE_DATE_EPOCH $SOURCE_DATE_EPOCH)"
+  rm -f "$manifest" # from here on the old image is no longer trusted
+
+  local rootfs="$work/$name.rootfs" raw="$work/$name.raw" mnt="$work/$name.mnt"
+  local uuid
+  uuid=$(uuid_from "$key")
+  local include
+  include=$(packages "${lists[@]}" | paste -sd, -)
+
+  # 1. root file system, .debs from and back into the cache
+  CAPL_HOOK="$here/customize.sh" CAPL_DEB_CACHE="$deb_cache" \
+    CAPL_ROOT_UUID="$uuid" CAPL_VARIANT="$variant" CAPL_RECIPE_HASH="$key" \
+    CAPL_SOURCE_DATE_EPOCH="$SOURCE_DATE_EPOCH" \
+    run mmdebstrap --mode=root --variant=minbase --format=directory \
+    --include="$include" \
+    --aptopt='Acquire::Retries "3"' \
+    --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --dpkgopt='path-include=/usr/share/locale/locale.alias' \
+    --dpkgopt='path-exclude=/usr/share/doc/*' \
+    --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+    --dpkgopt='path-exclude=/usr/share/info/*' \
+    --skip=essential/unlink \
+    --setup-hook='mkdir -p "$1/var/cache/apt/archives/partial" &&
+      for f in "$CAPL_DEB_CACHE"/*.deb; do
+        [ -e "$f" ] || continue
+        ln "$f" "$1/var/cache/apt/archives/" 2>/dev/null || cp "$f" "$1/var/cache/apt/archives/"
+      done' \
+    --essential-hook='"$CAPL_HOOK" "$1"' \
+    --customize-hook='"$CAPL_HOOK" "$1"' \
+    --customize-hook='for f in "$1"/var/cache/apt/archives/*.deb; do
+        [ -e "$f" ] || continue
+        b=${f##*/}
+        [ -e "$CAPL_DEB_CACHE/$b" ] && continue
+        cp "$f" "$CAPL_DEB_CACHE/.$b.part" && mv "$CAPL_DEB_CACHE/.$b.part" "$CAPL_DEB_CACHE/$b"
+      done' \
+    "$suite" "$rootfs" "${sources[@]}"
+  log "$name: root file system ready after $((SECONDS - start)) s ($(du -sh --one-file-system "$rootfs" | cut -f1))"
+
+  local kernel=/vmlinuz initrd=/initrd.img kver
+  kver=$(ls "$rootfs/lib/modules")
+  [[ -e $rootfs/vmlinuz && -e $rootfs/initrd.img ]] || {
+    kernel=/boot/vmlinuz-$kver
+    initrd=/boot/initrd.img-$kver
+  }
+
+  # 2. MBR disk with one ext4 partition, identified by UUID
+  truncate -s "$disk_size" "$raw"
+  sfdisk --quiet "$raw" <<EOF
+label: dos
+label-id: 0x${key:32:8}
+start=2048, type=83, bootable
+EOF
+  local loopdev part i
+  loopdev=$(losetup --find --show --partscan "$raw")
+  part=${loopdev}p1
+  # This kernel lacks msdos partition scanning: add the partition by hand.
+  if [[ ! -b $part ]]; then
+    log "$name: no partition scan on $loopdev; adding $part with partx"
+    partx -a "$loopdev" 2>/dev/null || true
+  fi
+  for i in $(seq 50); do
+    [[ -b $part ]] && break
+    sleep 0.1
+  done
+  [[ -b $part ]] || die "$name: partition $part did not appear"
+  mkfs.ext4 -q -F -L capl-root -U "$uuid" "${mkfs_features[@]}" "$part"
+  mkdir -p "$mnt"
+  mount "$part" "$mnt"
+  cp -a "$rootfs/." "$mnt/"
+  rm -rf --one-file-system "$rootfs"
+
+  # 3. GRUB in the MBR gap, serial console, no menu
+  # GRUB cannot map loop partitions to BIOS drives without a device map.
+  mkdir -p "$mnt/boot/grub"
+  echo "(hd0) $loopdev" >"$mnt/boot/grub/device.map"
+  grub-install --target=i386-pc --boot-directory="$mnt/boot" --no-floppy \
+    --modules='part_msdos ext2' --locales= --fonts= --themes= "$loopdev" 2>&1 | sed 's/^/grub-install: /' >&2
+  rm -f "$mnt/boot/grub/device.map"
+  cat >"$mnt/boot/grub/grub.cfg" <<EOF
+# capl image $name; written by images/build.sh (no grub package in the guest)
+set default=0
+set timeout=0
+set timeout_style=hidden
+serial --unit=0 --speed=115200 --word=8 --parity=no --stop=1
+terminal_input serial console
+terminal_output serial console
+insmod part_msdos
+insmod ext2
+search --no-floppy --fs-uuid --set=root $uuid
+menuentry 'Debian GNU/Linux 12 ($name)' {
+	linux $kernel root=UUID=$uuid ro console=tty0 console=ttyS0,115200n8 mitigations=off
+	initrd $initrd
+}
+EOF
+  dpkg-query --admindir="$mnt/var/lib/dpkg" -W -f='${Package} ${Version}\n' >"$work/$name.packages"
+  sync -f "$mnt"
+  umount "$mnt"
+  partx -d "$loopdev" 2>/dev/null || true
+  losetup -d "$loopdev"
+
+  # 4. compressed qcow2, renamed into place; the manifest last
+  qemu-img convert -q -c -O qcow2 -o compat=1.1 "$raw" "$work/$name.qcow2"
+  rm -f "$raw"
+  chmod 0644 "$work/$name.qcow2"
+  mv -f "$work/$name.qcow2" "$out"
+  {
+    echo "recipe-sha256 $key"
+    echo "# $name: Debian $suite, $(du -h --apparent-size "$out" | cut -f1) qcow2, $disk_size virtual, root UUID $uuid"
+    echo "# kernel $kver; mirror $mirror; SOURCE_DATE_EPOCH $SOURCE_DATE_EPOCH"
+    cat "$work/$name.packages"
+  } >"$work/$name.manifest"
+  mv -f "$work/$name.manifest" "$manifest"
+  log "$name: built in $((SECONDS - start)) s: $out ($(du -h --apparent-size "$out" | cut -f1))"
+}
+
+outputs=()
+if ((want_base)); then
+  build capl-debian-12 base "$here/packages-base.txt"
+  outputs+=("$image_dir/capl-debian-12.qcow2")
+fi
+if ((want_haproxy)); then
+  build capl-debian-12-haproxy haproxy "$here/packages-base.txt" "$here/packages-haproxy.txt"
+  outputs+=("$image_dir/capl-debian-12-haproxy.qcow2")
+fi
+printf '%s\n' "${outputs[@]}" >&3
