@@ -26,6 +26,16 @@ const (
 	// AddressReservedCondition tells whether the machine's IP is reserved
 	// for its MAC in the network's DHCP server.
 	AddressReservedCondition = "AddressReserved"
+	// AddressConflictReason: the address or MAC cannot be reserved because
+	// another host entry or a lease holds it; the message names the holder.
+	AddressConflictReason = "AddressConflict"
+	// ReservationNotSupportedReason (status True): the machine is on a host
+	// bridge or a network whose DHCP libvirt does not serve, so there is
+	// nothing to reserve; its address comes from the guest agent.
+	ReservationNotSupportedReason = "ReservationNotSupported"
+	// WaitingForNetworkReason: the LibvirtCluster has not reported its
+	// network yet, or the named network does not exist or is not active.
+	WaitingForNetworkReason = "WaitingForNetwork"
 
 	// DiskReadyCondition tells whether the root overlay volume exists.
 	DiskReadyCondition = "DiskReady"
@@ -43,6 +53,9 @@ const (
 	WaitingForBootstrapDataReason = "WaitingForBootstrapData"
 	// UnsupportedBootstrapFormatReason: the Secret's format is not cloud-config.
 	UnsupportedBootstrapFormatReason = "UnsupportedBootstrapFormat"
+	// BootstrapSecretNotFoundReason: the Secret named by
+	// Machine.spec.bootstrap.dataSecretName does not exist or has no value.
+	BootstrapSecretNotFoundReason = "BootstrapSecretNotFound"
 
 	// DomainReadyCondition tells whether the libvirt domain runs.
 	DomainReadyCondition = "DomainReady"
@@ -54,8 +67,12 @@ const (
 	// DomainMissingReason: the provisioned domain vanished or was replaced.
 	DomainMissingReason = "DomainMissing"
 	// HardwareDriftReason: the domain's CPUs or memory differ from the spec;
-	// the provider reports this and never recreates the VM to fix it.
+	// the provider reports this and never recreates the VM to fix it. The
+	// condition stays True: the domain runs.
 	HardwareDriftReason = "HardwareDrift"
+	// DomainPausedReason: libvirt paused the domain, e.g. on an I/O error
+	// such as a full storage pool; the message carries libvirt's reason.
+	DomainPausedReason = "DomainPaused"
 
 	// AddressAssignedCondition tells whether the guest has its address.
 	AddressAssignedCondition = "AddressAssigned"
@@ -69,6 +86,9 @@ const (
 	WaitingForBootstrapReason = "WaitingForBootstrap"
 	// BootstrapFailedReason: cloud-init reported a failure.
 	BootstrapFailedReason = "BootstrapFailed"
+	// GuestAgentUnavailableReason: the sentinel file cannot be read because
+	// the guest agent does not answer (yet); the message says why.
+	GuestAgentUnavailableReason = "GuestAgentUnavailable"
 )
 
 // Reasons shared by both kinds.

@@ -3,47 +3,263 @@ package controllers
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util"
+	"sigs.k8s.io/cluster-api/util/paused"
 	"sigs.k8s.io/cluster-api/util/predicates"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/address"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/disk"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/hostevents"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
+
+// LoadBalancerDeregisterer takes a control-plane machine out of the
+// cluster's load balancer before its domain is shut down. The LibvirtCluster
+// controller provides it; nil means there is no load balancer to leave.
+type LoadBalancerDeregisterer interface {
+	// DeregisterMachine returns nil once the load balancer sends no new
+	// connections to the machine; a services.RequeueError to wait.
+	DeregisterMachine(ctx context.Context, s *scope.MachineScope) error
+}
 
 // LibvirtMachineReconciler turns a LibvirtMachine into a running libvirt domain.
 type LibvirtMachineReconciler struct {
 	Client client.Client
+	// Host is the libvirt host of every failure domain (one host today).
+	Host virt.Host
+	// HostName names Host in status.domain.host.
+	HostName string
+	Recorder record.EventRecorder
 	// WatchFilterValue limits reconciliation to objects labelled with it.
 	WatchFilterValue string
+	// ShutdownTimeout bounds the graceful shutdown on delete.
+	ShutdownTimeout time.Duration
+	// LoadBalancer, when set, deregisters control-plane machines on delete.
+	LoadBalancer LoadBalancerDeregisterer
+
+	events *hostevents.Source
 }
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=libvirtmachines;libvirtmachines/status;libvirtmachines/finalizers,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=libvirtmachinetemplates,verbs=get;list;watch
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=libvirtclusters,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines;machines/status;clusters;clusters/status,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // Reconcile brings one LibvirtMachine closer to its desired state.
-func (r *LibvirtMachineReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	machine := &infrav1.LibvirtMachine{}
-	if err := r.Client.Get(ctx, req.NamespacedName, machine); err != nil {
-		if apierrors.IsNotFound(err) {
-			return ctrl.Result{}, nil
-		}
+func (r *LibvirtMachineReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ ctrl.Result, reterr error) {
+	log := ctrl.LoggerFrom(ctx)
+	lm := &infrav1.LibvirtMachine{}
+	if err := r.Client.Get(ctx, req.NamespacedName, lm); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	deleting := !lm.DeletionTimestamp.IsZero()
+	if deleting && !controllerutil.ContainsFinalizer(lm, infrav1.MachineFinalizer) {
+		return ctrl.Result{}, nil
+	}
+	// Deletion goes ahead without Machine, Cluster or LibvirtCluster:
+	// every name it needs derives from the LibvirtMachine itself.
+	machine, err := util.GetOwnerMachine(ctx, r.Client, lm.ObjectMeta)
+	if err != nil && !(deleting && apierrors.IsNotFound(err)) {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if machine == nil && !deleting {
+		log.V(4).Info("Waiting for the Machine controller to set the owner reference")
+		return ctrl.Result{}, nil
+	}
+	cluster, err := r.cluster(ctx, lm, machine)
+	switch {
+	case err == nil, deleting && apierrors.IsNotFound(err):
+	case apierrors.IsNotFound(err) || errors.Is(err, util.ErrNoCluster):
+		log.V(4).Info("Cluster not found", "err", err.Error())
+		return ctrl.Result{}, nil
+	default:
 		return ctrl.Result{}, err
+	}
+	if isPaused, requeue, err := paused.EnsurePausedCondition(ctx, r.Client, cluster, lm); err != nil || isPaused || requeue {
+		return ctrl.Result{}, err
+	}
+	libvirtCluster, err := r.libvirtCluster(ctx, cluster)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	s, err := scope.NewMachineScope(scope.MachineScopeParams{
+		Client: r.Client, Cluster: cluster, Machine: machine, LibvirtCluster: libvirtCluster,
+		LibvirtMachine: lm, Host: r.Host, HostName: r.HostName, Recorder: r.Recorder,
+	})
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	defer func() {
+		if err := s.Close(ctx); err != nil && reterr == nil {
+			reterr = err
+		}
+	}()
+	if deleting {
+		return r.reconcileDelete(ctx, s)
+	}
+	return r.reconcileNormal(ctx, s)
+}
+
+// reconcileNormal provisions the machine, one idempotent step per condition.
+func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope.MachineScope) (ctrl.Result, error) {
+	if s.HasFailed() {
+		return ctrl.Result{}, nil // terminal: left for a MachineHealthCheck to replace
+	}
+	if controllerutil.AddFinalizer(s.LibvirtMachine, infrav1.MachineFinalizer) {
+		// Persisted before anything exists in libvirt.
+		if err := s.PatchObject(ctx); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if !s.ClusterInfrastructureProvisioned() {
+		s.MarkWaiting(infrav1.WaitingForClusterInfrastructureReason, "Waiting for the cluster infrastructure to be provisioned")
+		return ctrl.Result{}, nil
+	}
+	if s.BootstrapDataSecretName() == nil {
+		s.MarkWaiting(infrav1.WaitingForBootstrapDataReason, "Waiting for the bootstrap provider to set spec.bootstrap.dataSecretName")
+		return ctrl.Result{}, nil
+	}
+	// Placement: every failure domain is the one host today.
+	s.SetFailureDomain(s.FailureDomain())
+	s.ClearWaiting(infrav1.WaitingForClusterInfrastructureReason, infrav1.WaitingForBootstrapDataReason)
+	g := guest.New(s, r.events)
+	steps := []struct {
+		name string
+		run  func(context.Context) error
+	}{
+		{"address", address.New(s).Reconcile},
+		{"disk", disk.New(s).Reconcile},
+		{"seed", seed.New(s).Reconcile},
+		{"domain", domain.New(s, r.ShutdownTimeout).Reconcile},
+		{"addresses", g.ReconcileAddresses},
+		{"provisioned", func(context.Context) error { s.SetProvisioned(); return nil }},
+		{"bootstrap", g.ReconcileBootstrap},
+	}
+	log := ctrl.LoggerFrom(ctx)
+	for _, step := range steps {
+		start := time.Now()
+		err := step.run(ctx)
+		log.V(4).Info("Step", "step", step.name, "took", time.Since(start).String(), "outcome", fmt.Sprint(err))
+		if err != nil {
+			return r.outcome(s, err)
+		}
 	}
 	return ctrl.Result{}, nil
 }
 
-// SetupWithManager registers the reconciler with the manager.
-func (r *LibvirtMachineReconciler) SetupWithManager(mgr ctrl.Manager, options controller.Options) error {
+// reconcileDelete removes everything in reverse order of creation.
+func (r *LibvirtMachineReconciler) reconcileDelete(ctx context.Context, s *scope.MachineScope) (ctrl.Result, error) {
+	s.MarkFalse(infrav1.DomainReadyCondition, infrav1.DeletingReason, "Deleting the machine")
+	if r.LoadBalancer != nil && s.IsControlPlane() {
+		if err := r.LoadBalancer.DeregisterMachine(ctx, s); err != nil {
+			return r.outcome(s, err)
+		}
+	}
+	for _, svc := range []services.Service{
+		domain.New(s, r.ShutdownTimeout),
+		seed.New(s),
+		disk.New(s),
+		address.New(s),
+	} {
+		if err := svc.Delete(ctx); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	controllerutil.RemoveFinalizer(s.LibvirtMachine, infrav1.MachineFinalizer)
+	return ctrl.Result{}, nil
+}
+
+// outcome turns a step's error into the reconcile result: waits requeue
+// without an error, terminal failures are recorded and not retried.
+func (r *LibvirtMachineReconciler) outcome(s *scope.MachineScope, err error) (ctrl.Result, error) {
+	if rq, ok := services.AsRequeue(err); ok {
+		return ctrl.Result{RequeueAfter: rq.After}, nil
+	}
+	if te, ok := services.AsTerminal(err); ok {
+		s.SetFailure(te.FailureReason, te.Message)
+		return ctrl.Result{}, nil
+	}
+	return ctrl.Result{}, err
+}
+
+// cluster finds the machine's Cluster from the Machine, or from the
+// LibvirtMachine's label when the Machine is gone.
+func (r *LibvirtMachineReconciler) cluster(ctx context.Context, lm *infrav1.LibvirtMachine, m *clusterv1.Machine) (*clusterv1.Cluster, error) {
+	if m != nil {
+		return util.GetClusterFromMetadata(ctx, r.Client, m.ObjectMeta)
+	}
+	if name := lm.Labels[clusterv1.ClusterNameLabel]; name != "" {
+		return util.GetClusterByName(ctx, r.Client, lm.Namespace, name)
+	}
+	return nil, apierrors.NewNotFound(clusterv1.GroupVersion.WithResource("clusters").GroupResource(), "")
+}
+
+// libvirtCluster returns the Cluster's LibvirtCluster; nil when there is
+// none (deletion does without it).
+func (r *LibvirtMachineReconciler) libvirtCluster(ctx context.Context, c *clusterv1.Cluster) (*infrav1.LibvirtCluster, error) {
+	if c == nil || !c.Spec.InfrastructureRef.IsDefined() {
+		return nil, nil
+	}
+	lc := &infrav1.LibvirtCluster{}
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: c.Spec.InfrastructureRef.Name}, lc)
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading LibvirtCluster: %w", err)
+	}
+	return lc, nil
+}
+
+// SetupWithManager registers the reconciler, its watches and the libvirt
+// event source with the manager.
+func (r *LibvirtMachineReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
+	if r.Host == nil {
+		return errors.New("LibvirtMachineReconciler needs a libvirt host")
+	}
+	if err := hostevents.IndexMAC(ctx, mgr.GetFieldIndexer()); err != nil {
+		return fmt.Errorf("indexing LibvirtMachines by MAC: %w", err)
+	}
+	r.events = hostevents.New(r.Host, mgr.GetClient(), r.WatchFilterValue)
+	if err := mgr.Add(r.events); err != nil {
+		return err
+	}
+	clusterToMachines, err := util.ClusterToTypedObjectsMapper(mgr.GetClient(), &infrav1.LibvirtMachineList{}, mgr.GetScheme())
+	if err != nil {
+		return err
+	}
+	log := mgr.GetLogger().WithName("libvirtmachine")
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&infrav1.LibvirtMachine{}).
 		WithOptions(options).
-		WithEventFilter(predicates.ResourceNotPausedAndHasFilterLabel(mgr.GetScheme(), mgr.GetLogger(), r.WatchFilterValue)).
+		WithEventFilter(predicates.ResourceHasFilterLabel(mgr.GetScheme(), log, r.WatchFilterValue)).
+		Watches(&clusterv1.Machine{},
+			handler.EnqueueRequestsFromMapFunc(util.MachineToInfrastructureMapFunc(infrav1.GroupVersion.WithKind("LibvirtMachine")))).
+		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(clusterToMachines),
+			builder.WithPredicates(predicates.ClusterPausedTransitionsOrInfrastructureProvisioned(mgr.GetScheme(), log))).
+		WatchesRawSource(r.events.Source()).
 		Complete(r)
 }

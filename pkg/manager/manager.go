@@ -1,14 +1,22 @@
 package manager
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"net/url"
+	"os"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
@@ -18,6 +26,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/controllers"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // NewScheme returns a scheme holding every kind the provider reads or writes.
@@ -35,9 +44,54 @@ func NewScheme() (*runtime.Scheme, error) {
 	return scheme, nil
 }
 
-// New builds a manager with the provider's controllers registered; the
-// caller starts it.
+// Wiring is what New derives from Options beyond the manager itself; tests
+// inject their own (e.g. a Host wrapping the real one to simulate crashes).
+type Wiring struct {
+	// Host is the libvirt host the machine controller manages.
+	Host virt.Host
+	// HostName names Host in status.domain.host.
+	HostName string
+	// MachineShutdownTimeout bounds a machine's graceful shutdown on
+	// delete; zero means the controller's default.
+	MachineShutdownTimeout time.Duration
+	// SkipControllerNameValidation lets one process build the manager more
+	// than once (tests restart it); controller names must otherwise be unique.
+	SkipControllerNameValidation bool
+}
+
+// New builds a manager with the provider's controllers registered: it dials
+// opts.LibvirtURI and closes that connection when the manager stops. The
+// caller starts the manager.
 func New(restConfig *rest.Config, opts Options) (ctrl.Manager, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	host, err := virt.Dial(ctx, opts.LibvirtURI)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to libvirt at %s: %w", opts.LibvirtURI, err)
+	}
+	mgr, err := NewWithWiring(restConfig, opts, Wiring{Host: host, HostName: HostNameFromURI(opts.LibvirtURI)})
+	if err == nil {
+		err = mgr.Add(closer{host})
+	}
+	if err != nil {
+		_ = host.Close()
+		return nil, err
+	}
+	return mgr, nil
+}
+
+// closer closes the libvirt connection when the manager stops, on every
+// replica (it does not wait for leader election).
+type closer struct{ c *virt.Client }
+
+func (c closer) Start(ctx context.Context) error { <-ctx.Done(); return c.c.Close() }
+func (c closer) NeedLeaderElection() bool        { return false }
+
+// NewWithWiring builds a manager on an existing libvirt Host.
+func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manager, error) {
+	if w.Host == nil {
+		return nil, errors.New("no libvirt host")
+	}
 	scheme, err := NewScheme()
 	if err != nil {
 		return nil, err
@@ -67,6 +121,12 @@ func New(restConfig *rest.Config, opts Options) (ctrl.Manager, error) {
 			DefaultNamespaces: namespaces,
 			SyncPeriod:        &opts.SyncPeriod,
 		},
+		Client: client.Options{
+			// Bootstrap Secrets are read when needed, not cached: caching
+			// would hold every Secret of the management cluster.
+			Cache: &client.CacheOptions{DisableFor: []client.Object{&corev1.Secret{}}},
+		},
+		Controller: config.Controller{SkipNameValidation: &w.SkipControllerNameValidation},
 		WebhookServer: webhook.NewServer(webhook.Options{
 			Port:    opts.WebhookPort,
 			CertDir: opts.WebhookCertDir,
@@ -85,8 +145,12 @@ func New(restConfig *rest.Config, opts Options) (ctrl.Manager, error) {
 	}
 	if err := (&controllers.LibvirtMachineReconciler{
 		Client:           mgr.GetClient(),
+		Host:             w.Host,
+		HostName:         w.HostName,
+		Recorder:         mgr.GetEventRecorderFor("libvirtmachine-controller"), //nolint:staticcheck // Cluster API's utilities take a record.EventRecorder.
 		WatchFilterValue: opts.WatchFilterValue,
-	}).SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: opts.MachineConcurrency}); err != nil {
+		ShutdownTimeout:  w.MachineShutdownTimeout,
+	}).SetupWithManager(context.Background(), mgr, controller.Options{MaxConcurrentReconciles: opts.MachineConcurrency}); err != nil {
 		return nil, fmt.Errorf("setting up the LibvirtMachine controller: %w", err)
 	}
 
@@ -97,4 +161,16 @@ func New(restConfig *rest.Config, opts Options) (ctrl.Manager, error) {
 		return nil, err
 	}
 	return mgr, nil
+}
+
+// HostNameFromURI names the libvirt host of uri: the host part of a remote
+// URI, this machine's hostname for a local one.
+func HostNameFromURI(uri string) string {
+	if u, err := url.Parse(uri); err == nil && u.Hostname() != "" {
+		return u.Hostname()
+	}
+	if h, err := os.Hostname(); err == nil {
+		return h
+	}
+	return "localhost"
 }

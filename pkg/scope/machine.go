@@ -1,0 +1,468 @@
+// Package scope holds what one reconcile of a LibvirtMachine works on: the
+// Kubernetes objects, the libvirt host, every name derived for the
+// machine's libvirt objects, and the patch that persists the outcome.
+package scope
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/patch"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// Annotations record where a machine's libvirt objects were placed, so that
+// deletion finds the pool and network even when the LibvirtCluster is gone.
+const (
+	// PoolAnnotation names the storage pool of the machine's volumes.
+	PoolAnnotation = "libvirt.infrastructure.cluster.x-k8s.io/pool"
+	// NetworkAnnotation is "network:<name>" or "bridge:<bridge>".
+	NetworkAnnotation = "libvirt.infrastructure.cluster.x-k8s.io/network"
+)
+
+// Terminal failure reasons, as Cluster API's MachineStatusError names them.
+const (
+	// FailureReasonUpdate: the machine's infrastructure changed or broke
+	// after it was provisioned (domain vanished, replaced, cannot restart).
+	FailureReasonUpdate = "UpdateError"
+	// FailureReasonCreate: the machine's infrastructure cannot be created.
+	FailureReasonCreate = "CreateError"
+)
+
+// StepConditions are the conditions of the provisioning steps, in order;
+// Ready summarises them.
+var StepConditions = []string{
+	infrav1.AddressReservedCondition,
+	infrav1.DiskReadyCondition,
+	infrav1.BootstrapDataReadyCondition,
+	infrav1.DomainReadyCondition,
+	infrav1.AddressAssignedCondition,
+	infrav1.BootstrapSucceededCondition,
+}
+
+// ownedConditions are the conditions the patch helper lets this controller
+// win on conflict.
+var ownedConditions = append([]string{clusterv1.ReadyCondition, clusterv1.PausedCondition}, StepConditions...)
+
+// MachineScopeParams are the inputs of NewMachineScope. Cluster, Machine
+// and LibvirtCluster may be nil while the LibvirtMachine is deleted.
+type MachineScopeParams struct {
+	Client         client.Client
+	Cluster        *clusterv1.Cluster
+	Machine        *clusterv1.Machine
+	LibvirtCluster *infrav1.LibvirtCluster
+	LibvirtMachine *infrav1.LibvirtMachine
+	// Host is the libvirt host of the machine's failure domain.
+	Host virt.Host
+	// HostName names Host in status.domain.host.
+	HostName string
+	Recorder record.EventRecorder
+}
+
+// MachineScope is one reconcile of one LibvirtMachine.
+type MachineScope struct {
+	Client         client.Client
+	Cluster        *clusterv1.Cluster
+	Machine        *clusterv1.Machine
+	LibvirtCluster *infrav1.LibvirtCluster
+	LibvirtMachine *infrav1.LibvirtMachine
+	Host           virt.Host
+	HostName       string
+
+	recorder    record.EventRecorder
+	patchHelper *patch.Helper
+}
+
+// NewMachineScope builds the scope and snapshots the LibvirtMachine for
+// the patch Close sends.
+func NewMachineScope(p MachineScopeParams) (*MachineScope, error) {
+	if p.Client == nil || p.LibvirtMachine == nil || p.Host == nil {
+		return nil, errors.New("machine scope needs a client, a LibvirtMachine and a host")
+	}
+	helper, err := patch.NewHelper(p.LibvirtMachine, p.Client)
+	if err != nil {
+		return nil, fmt.Errorf("creating patch helper: %w", err)
+	}
+	rec := p.Recorder
+	if rec == nil {
+		rec = &record.FakeRecorder{}
+	}
+	return &MachineScope{
+		Client: p.Client, Cluster: p.Cluster, Machine: p.Machine, LibvirtCluster: p.LibvirtCluster,
+		LibvirtMachine: p.LibvirtMachine, Host: p.Host, HostName: p.HostName,
+		recorder: rec, patchHelper: helper,
+	}, nil
+}
+
+// Name and Namespace of the LibvirtMachine.
+func (s *MachineScope) Name() string      { return s.LibvirtMachine.Name }
+func (s *MachineScope) Namespace() string { return s.LibvirtMachine.Namespace }
+
+// DomainName is the libvirt domain's name (see DomainName).
+func (s *MachineScope) DomainName() string { return DomainName(s.Namespace(), s.Name()) }
+
+// OverlayVolume is the name of the root disk volume.
+func (s *MachineScope) OverlayVolume() string { return OverlayVolumeName(s.DomainName()) }
+
+// SeedVolume is the name of the NoCloud seed volume.
+func (s *MachineScope) SeedVolume() string { return SeedVolumeName(s.DomainName()) }
+
+// DomainUUID is the provider-chosen UUID of the domain.
+func (s *MachineScope) DomainUUID() string { return DomainUUID(string(s.LibvirtMachine.UID)) }
+
+// ProviderID is what spec.providerID is (or will be) set to.
+func (s *MachineScope) ProviderID() string { return infrav1.ProviderIDPrefix + s.DomainUUID() }
+
+// Hostname is the guest's hostname and so its Node name: the Machine's name.
+func (s *MachineScope) Hostname() string {
+	if s.Machine != nil {
+		return s.Machine.Name
+	}
+	return s.Name()
+}
+
+// ClusterName is the Cluster API cluster the machine belongs to.
+func (s *MachineScope) ClusterName() string {
+	if s.Machine != nil && s.Machine.Spec.ClusterName != "" {
+		return s.Machine.Spec.ClusterName
+	}
+	return s.LibvirtMachine.Labels[clusterv1.ClusterNameLabel]
+}
+
+// Owner is recorded in the domain's metadata; libvirt events carry it back.
+func (s *MachineScope) Owner() virt.Owner {
+	return virt.Owner{
+		Kind: "LibvirtMachine", Namespace: s.Namespace(), Name: s.Name(),
+		UID: string(s.LibvirtMachine.UID), Cluster: s.ClusterName(),
+	}
+}
+
+// FailureDomain is where the Machine asks to be placed; empty for none.
+// Today every failure domain is the manager's one libvirt host (Host).
+func (s *MachineScope) FailureDomain() string {
+	if s.Machine == nil {
+		return s.LibvirtMachine.Status.FailureDomain
+	}
+	return s.Machine.Spec.FailureDomain
+}
+
+// BootstrapDataSecretName is the Machine's bootstrap Secret, nil until the
+// bootstrap provider sets it.
+func (s *MachineScope) BootstrapDataSecretName() *string {
+	if s.Machine == nil {
+		return nil
+	}
+	return s.Machine.Spec.Bootstrap.DataSecretName
+}
+
+// IsControlPlane tells whether the machine is a control-plane machine.
+func (s *MachineScope) IsControlPlane() bool {
+	_, ok := s.LibvirtMachine.Labels[clusterv1.MachineControlPlaneLabel]
+	if s.Machine != nil {
+		_, ok = s.Machine.Labels[clusterv1.MachineControlPlaneLabel]
+	}
+	return ok
+}
+
+// ClusterInfrastructureProvisioned tells whether the Cluster reports its
+// infrastructure provisioned.
+func (s *MachineScope) ClusterInfrastructureProvisioned() bool {
+	return s.Cluster != nil && ptr.Deref(s.Cluster.Status.Initialization.InfrastructureProvisioned, false)
+}
+
+// Pool is the storage pool of the machine's volumes: the one recorded on
+// the LibvirtMachine, else the LibvirtCluster's, else the default. Path is
+// empty when the pool must already exist (a named pool without a path, or
+// a recorded pool that is no longer the cluster's).
+func (s *MachineScope) Pool() virt.PoolSpec {
+	spec := virt.PoolSpec{Name: infrav1.DefaultStoragePoolName, Path: infrav1.DefaultStoragePoolPath}
+	if s.LibvirtCluster != nil {
+		p := s.LibvirtCluster.Spec.StoragePool
+		if p.Name != "" {
+			spec = virt.PoolSpec{Name: p.Name}
+		}
+		if p.Path != "" {
+			spec.Path = p.Path
+		}
+	}
+	if recorded := s.LibvirtMachine.Annotations[PoolAnnotation]; recorded != "" && recorded != spec.Name {
+		spec = virt.PoolSpec{Name: recorded}
+	}
+	return spec
+}
+
+// NetworkRef is the network a machine's NIC joins: a libvirt network
+// (Name) or a host bridge (Bridge).
+type NetworkRef struct {
+	Name   string
+	Bridge string
+}
+
+// IsZero tells whether no network is known.
+func (n NetworkRef) IsZero() bool { return n.Name == "" && n.Bridge == "" }
+
+func (n NetworkRef) String() string {
+	if n.Name != "" {
+		return "network:" + n.Name
+	}
+	if n.Bridge != "" {
+		return "bridge:" + n.Bridge
+	}
+	return ""
+}
+
+func parseNetworkRef(s string) NetworkRef {
+	if v, ok := strings.CutPrefix(s, "network:"); ok {
+		return NetworkRef{Name: v}
+	}
+	if v, ok := strings.CutPrefix(s, "bridge:"); ok {
+		return NetworkRef{Bridge: v}
+	}
+	return NetworkRef{}
+}
+
+// Network is the machine's network: the one recorded on the LibvirtMachine
+// once something was created on it, else spec.network, else the
+// LibvirtCluster's status.network. Zero when none is known yet.
+func (s *MachineScope) Network() NetworkRef {
+	if recorded := parseNetworkRef(s.LibvirtMachine.Annotations[NetworkAnnotation]); !recorded.IsZero() {
+		return recorded
+	}
+	if o := s.LibvirtMachine.Spec.Network; o != nil && (o.Name != "" || o.Bridge != "") {
+		return NetworkRef{Name: o.Name, Bridge: o.Bridge}
+	}
+	if s.LibvirtCluster != nil && s.LibvirtCluster.Status.Network != nil {
+		n := s.LibvirtCluster.Status.Network
+		if n.Name != "" {
+			return NetworkRef{Name: n.Name}
+		}
+		return NetworkRef{Bridge: n.Bridge}
+	}
+	return NetworkRef{}
+}
+
+// RecordPlacement writes pool and network into annotations (once), before
+// anything is created there; PatchObject persists them.
+func (s *MachineScope) RecordPlacement() {
+	a := s.LibvirtMachine.Annotations
+	if a == nil {
+		a = map[string]string{}
+	}
+	if a[PoolAnnotation] == "" {
+		a[PoolAnnotation] = s.Pool().Name
+	}
+	if a[NetworkAnnotation] == "" {
+		if n := s.Network(); !n.IsZero() {
+			a[NetworkAnnotation] = n.String()
+		}
+	}
+	s.LibvirtMachine.Annotations = a
+}
+
+// Hardware is the machine's virtual hardware with defaults applied.
+func (s *MachineScope) Hardware() infrav1.VirtualHardware {
+	hw := s.LibvirtMachine.Spec.VirtualHardware
+	if hw.CPUs == 0 {
+		hw.CPUs = infrav1.DefaultMachineCPUs
+	}
+	if hw.MemoryMiB == 0 {
+		hw.MemoryMiB = infrav1.DefaultMachineMemoryMiB
+	}
+	if hw.DomainType == "" {
+		hw.DomainType = infrav1.DomainTypeKVM
+	}
+	if hw.CPUMode == "" {
+		hw.CPUMode = infrav1.CPUModeHostPassthrough
+		if hw.DomainType == infrav1.DomainTypeQEMU {
+			hw.CPUMode = infrav1.CPUModeMaximum
+		}
+	}
+	if hw.DomainType != infrav1.DomainTypeQEMU {
+		hw.TCGTranslationCacheMiB = 0
+	}
+	return hw
+}
+
+// DiskSizeBytes is the requested root disk size.
+func (s *MachineScope) DiskSizeBytes() uint64 {
+	gib := s.LibvirtMachine.Spec.DiskSizeGiB
+	if gib == 0 {
+		gib = infrav1.DefaultDiskSizeGiB
+	}
+	return uint64(gib) << 30
+}
+
+// MAC is the NIC's MAC once chosen (status.domain.mac), else "".
+func (s *MachineScope) MAC() string {
+	if d := s.LibvirtMachine.Status.Domain; d != nil {
+		return d.MAC
+	}
+	return ""
+}
+
+// domainStatus returns status.domain, creating it with the derived
+// identity filled in.
+func (s *MachineScope) domainStatus() *infrav1.DomainStatus {
+	st := &s.LibvirtMachine.Status
+	if st.Domain == nil {
+		st.Domain = &infrav1.DomainStatus{}
+	}
+	st.Domain.Name = s.DomainName()
+	st.Domain.UUID = s.DomainUUID()
+	st.Domain.Host = s.HostName
+	return st.Domain
+}
+
+// SetMAC records the chosen MAC in status.domain.
+func (s *MachineScope) SetMAC(mac string) { s.domainStatus().MAC = strings.ToLower(mac) }
+
+// SetDomainState records libvirt's state of the domain.
+func (s *MachineScope) SetDomainState(state string) { s.domainStatus().State = state }
+
+// SetProviderID sets spec.providerID (immutable once set).
+func (s *MachineScope) SetProviderID() { s.LibvirtMachine.Spec.ProviderID = s.ProviderID() }
+
+// SetAddresses replaces status.addresses: the InternalIPs, then the Hostname.
+func (s *MachineScope) SetAddresses(ips []string) {
+	out := make([]clusterv1.MachineAddress, 0, len(ips)+1)
+	for _, ip := range ips {
+		out = append(out, clusterv1.MachineAddress{Type: clusterv1.MachineInternalIP, Address: ip})
+	}
+	out = append(out, clusterv1.MachineAddress{Type: clusterv1.MachineHostName, Address: s.Hostname()})
+	s.LibvirtMachine.Status.Addresses = out
+}
+
+// SetFailureDomain records where the machine was placed.
+func (s *MachineScope) SetFailureDomain(fd string) { s.LibvirtMachine.Status.FailureDomain = fd }
+
+// IsProvisioned tells whether the machine was ever reported provisioned.
+func (s *MachineScope) IsProvisioned() bool {
+	return s.LibvirtMachine.Status.Initialization.IsProvisioned()
+}
+
+// SetProvisioned reports the machine provisioned, in both contract forms;
+// it is never reset.
+func (s *MachineScope) SetProvisioned() {
+	if !s.IsProvisioned() {
+		s.Event(corev1.EventTypeNormal, "Provisioned", "Machine infrastructure is provisioned")
+	}
+	s.LibvirtMachine.Status.Initialization.Provisioned = ptr.To(true)
+	s.LibvirtMachine.Status.Ready = true
+}
+
+// HasFailed tells whether a terminal failure was recorded.
+func (s *MachineScope) HasFailed() bool {
+	st := s.LibvirtMachine.Status
+	return st.FailureReason != nil || st.FailureMessage != nil
+}
+
+// SetFailure records a terminal failure; the machine is then left alone
+// until deleted, so that a MachineHealthCheck can replace it.
+func (s *MachineScope) SetFailure(reason, message string) {
+	s.LibvirtMachine.Status.FailureReason = ptr.To(reason)
+	s.LibvirtMachine.Status.FailureMessage = ptr.To(message)
+	s.Event(corev1.EventTypeWarning, "TerminalFailure", message)
+}
+
+// SetCondition sets a condition. A transition to True, or to a reason
+// that means something is wrong, is also recorded as an event (Normal or
+// Warning); moving between waiting reasons is not. Messages must never
+// contain bootstrap data.
+func (s *MachineScope) SetCondition(condType string, status metav1.ConditionStatus, reason, message string) {
+	old := conditions.Get(s.LibvirtMachine, condType)
+	conditions.Set(s.LibvirtMachine, metav1.Condition{Type: condType, Status: status, Reason: reason, Message: message})
+	if old != nil && old.Status == status && old.Reason == reason {
+		return
+	}
+	text := fmt.Sprintf("%s is %s", condType, status)
+	if message != "" {
+		text += ": " + message
+	}
+	switch {
+	case status == metav1.ConditionTrue && (old == nil || old.Status != metav1.ConditionTrue):
+		s.Event(corev1.EventTypeNormal, reason, text)
+	case status == metav1.ConditionFalse && !isProgressReason(reason):
+		s.Event(corev1.EventTypeWarning, reason, text)
+	}
+}
+
+// MarkTrue sets condType True with reason.
+func (s *MachineScope) MarkTrue(condType, reason, message string) {
+	s.SetCondition(condType, metav1.ConditionTrue, reason, message)
+}
+
+// MarkFalse sets condType False with reason.
+func (s *MachineScope) MarkFalse(condType, reason, format string, args ...any) {
+	s.SetCondition(condType, metav1.ConditionFalse, reason, fmt.Sprintf(format, args...))
+}
+
+// MarkWaiting sets every step condition that is not True to False with
+// reason: the machine waits for something outside the provider.
+func (s *MachineScope) MarkWaiting(reason, message string) {
+	for _, t := range StepConditions {
+		if !conditions.IsTrue(s.LibvirtMachine, t) {
+			s.SetCondition(t, metav1.ConditionFalse, reason, message)
+		}
+	}
+}
+
+// ClearWaiting replaces the given waiting reasons, once their wait is
+// over, on step conditions not reached yet: they then say that they wait
+// for the steps before them, not for something that already arrived.
+func (s *MachineScope) ClearWaiting(reasons ...string) {
+	for _, t := range StepConditions {
+		c := conditions.Get(s.LibvirtMachine, t)
+		if c == nil || c.Status == metav1.ConditionTrue {
+			continue
+		}
+		for _, r := range reasons {
+			if c.Reason == r {
+				s.SetCondition(t, metav1.ConditionFalse, infrav1.ProvisioningReason, "Waiting for the earlier steps")
+				break
+			}
+		}
+	}
+}
+
+// isProgressReason tells the reasons of a False condition that mean
+// "under way" rather than "something is wrong".
+func isProgressReason(reason string) bool {
+	return strings.HasPrefix(reason, "Waiting") || reason == infrav1.ProvisioningReason || reason == infrav1.DeletingReason
+}
+
+// Event records an event on the LibvirtMachine.
+func (s *MachineScope) Event(eventType, reason, message string) {
+	s.recorder.Event(s.LibvirtMachine, eventType, reason, message)
+}
+
+// PatchObject persists the LibvirtMachine now: before creating something
+// in libvirt whose identity must survive a crash (finalizer, MAC, placement).
+func (s *MachineScope) PatchObject(ctx context.Context) error {
+	return s.patchHelper.Patch(ctx, s.LibvirtMachine, patch.WithOwnedConditions{Conditions: ownedConditions})
+}
+
+// Close computes the Ready summary and persists the LibvirtMachine. A
+// LibvirtMachine that is gone (its finalizer was just removed) is success.
+func (s *MachineScope) Close(ctx context.Context) error {
+	if err := conditions.SetSummaryCondition(s.LibvirtMachine, s.LibvirtMachine, clusterv1.ReadyCondition,
+		conditions.ForConditionTypes(StepConditions)); err != nil {
+		return fmt.Errorf("summarising conditions: %w", err)
+	}
+	if err := s.PatchObject(ctx); err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return nil
+}

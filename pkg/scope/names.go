@@ -1,0 +1,92 @@
+package scope
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"net"
+	"strconv"
+
+	"github.com/google/uuid"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// Every name the provider gives a machine's libvirt objects is derived here,
+// from the LibvirtMachine's namespace, name and UID alone, so that deletion
+// finds them even when the Machine, Cluster or LibvirtCluster are gone.
+
+const (
+	// maxPlainDomainName bounds names built without a hash. A longer one is
+	// cut to hashedDomainNameLen characters ending in a hash, so the two kinds
+	// never coincide (their lengths differ). Both leave room within a
+	// 255-byte file name for the suffixes libvirt and we append
+	// ("-console.log", ".log", volumeSuffix…).
+	maxPlainDomainName  = 199
+	hashedDomainNameLen = 200
+	// overlaySuffix and seedSuffix end the machine's volume names.
+	overlaySuffix = "-root.qcow2"
+	seedSuffix    = "-seed.iso"
+	// imagePrefix starts the names of base images imported from a URL. It
+	// has no '.', which every domain-derived name has, so a base image can
+	// never share a name with a machine's volume.
+	imagePrefix = virt.NamePrefix + "image-sha256-"
+)
+
+// domainUUIDSpace is the UUIDv5 namespace of domain UUIDs; the name is the
+// LibvirtMachine's UID.
+var domainUUIDSpace = uuid.MustParse("6b3c5f0e-2a9d-4c1e-9f3b-8d0a7e51c2a4")
+
+// DomainName is the libvirt domain of the LibvirtMachine namespace/name:
+// "capl-<namespace>.<name>". Kubernetes namespaces cannot contain '.', so
+// the first '.' separates the two and names of different namespaces never
+// collide. Names too long for file names on the libvirt host are cut and
+// end in a hash of namespace/name. Kubernetes names use only [a-z0-9.-],
+// which libvirt and file systems accept.
+func DomainName(namespace, name string) string {
+	n := virt.NamePrefix + namespace + "." + name
+	if len(n) <= maxPlainDomainName {
+		return n
+	}
+	sum := sha256.Sum256([]byte(namespace + "/" + name))
+	tag := "-" + hex.EncodeToString(sum[:8])
+	return n[:hashedDomainNameLen-len(tag)] + tag
+}
+
+// OverlayVolumeName is the machine's root disk volume.
+func OverlayVolumeName(domain string) string { return domain + overlaySuffix }
+
+// SeedVolumeName is the machine's NoCloud seed ISO volume.
+func SeedVolumeName(domain string) string { return domain + seedSuffix }
+
+// ImageVolumeName is the pool volume a base image with this sha256 (hex) is
+// imported into: content-addressed, so machines and clusters share it and a
+// changed image never reuses a stale volume.
+func ImageVolumeName(sha256Hex string) string {
+	if len(sha256Hex) > 32 {
+		sha256Hex = sha256Hex[:32]
+	}
+	return imagePrefix + sha256Hex
+}
+
+// DomainUUID is the domain UUID of the LibvirtMachine with this UID: a
+// UUIDv5, so a controller that crashes between defining the domain and
+// recording it chooses the same UUID again and finds its own domain.
+func DomainUUID(uid string) string {
+	return uuid.NewSHA1(domainUUIDSpace, []byte(uid)).String()
+}
+
+// MACCandidates are the MACs a machine with this UID may use, in order of
+// preference: the first is netalloc.MACFromSeed(uid); the others are only
+// tried when another host entry on the network already uses an earlier one.
+func MACCandidates(uid string, n int) []net.HardwareAddr {
+	out := make([]net.HardwareAddr, 0, n)
+	for i := range n {
+		seed := uid
+		if i > 0 {
+			seed = uid + "/" + strconv.Itoa(i)
+		}
+		out = append(out, netalloc.MACFromSeed(seed))
+	}
+	return out
+}

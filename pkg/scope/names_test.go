@@ -1,0 +1,102 @@
+package scope
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
+)
+
+func TestDomainName(t *testing.T) {
+	if got := DomainName("default", "worker-0"); got != "capl-default.worker-0" {
+		t.Errorf("DomainName = %q", got)
+	}
+	// Namespaces have no '.', so the first '.' splits them from the name:
+	// these pairs would collide with a '-' or '/' joiner, not with '.'.
+	pairs := [][2]string{{"a-b", "c"}, {"a", "b-c"}, {"a", "b.c"}, {"ab", "c"}}
+	seen := map[string][2]string{}
+	for _, p := range pairs {
+		n := DomainName(p[0], p[1])
+		if other, ok := seen[n]; ok {
+			t.Errorf("%v and %v both map to %q", p, other, n)
+		}
+		seen[n] = p
+	}
+}
+
+func TestDomainNameLong(t *testing.T) {
+	ns := strings.Repeat("n", 63)
+	long1 := strings.Repeat("m", 253)
+	long2 := strings.Repeat("m", 252) + "x"
+	a, b := DomainName(ns, long1), DomainName(ns, long2)
+	if a == b {
+		t.Fatalf("long names collide: %q", a)
+	}
+	for _, n := range []string{a, b} {
+		if len(n) != hashedDomainNameLen {
+			t.Errorf("len(%q) = %d, want %d", n, len(n), hashedDomainNameLen)
+		}
+		// The longest file libvirt or we derive from it must fit 255 bytes.
+		for _, f := range []string{n + "-console.log", OverlayVolumeName(n), SeedVolumeName(n), n + ".log"} {
+			if len(f) > 255 {
+				t.Errorf("file name %q is %d bytes", f, len(f))
+			}
+		}
+	}
+	if DomainName(ns, long1) != a {
+		t.Error("DomainName is not deterministic")
+	}
+	// A plain name is never as long as a hashed one.
+	plain := DomainName("n", strings.Repeat("m", maxPlainDomainName-len("capl-n.")))
+	if len(plain) != maxPlainDomainName || strings.Contains(plain[len(plain)-17:], "-") {
+		t.Errorf("plain name %q (%d) was hashed", plain, len(plain))
+	}
+}
+
+func TestVolumeNamesAreDisjoint(t *testing.T) {
+	d := DomainName("ns", "m")
+	names := []string{OverlayVolumeName(d), SeedVolumeName(d), ImageVolumeName(strings.Repeat("ab", 32))}
+	for i := range names {
+		if !strings.HasPrefix(names[i], "capl-") {
+			t.Errorf("%q lacks the capl- prefix orphan listing relies on", names[i])
+		}
+		for j := range i {
+			if names[i] == names[j] {
+				t.Errorf("duplicate name %q", names[i])
+			}
+		}
+	}
+	if strings.Contains(ImageVolumeName(strings.Repeat("ab", 32)), ".") {
+		t.Error("image volume names must not contain '.', which every machine volume has")
+	}
+}
+
+func TestDomainUUID(t *testing.T) {
+	a := DomainUUID("8a2e5a48-7f1c-4a1f-9a3b-0c1d2e3f4a5b")
+	if a != DomainUUID("8a2e5a48-7f1c-4a1f-9a3b-0c1d2e3f4a5b") {
+		t.Error("DomainUUID is not deterministic")
+	}
+	if a == DomainUUID("8a2e5a48-7f1c-4a1f-9a3b-0c1d2e3f4a5c") {
+		t.Error("different UIDs give the same UUID")
+	}
+	u, err := uuid.Parse(a)
+	if err != nil || u.Version() != 5 || a != strings.ToLower(a) {
+		t.Errorf("DomainUUID = %q (%v), want a lower-case UUIDv5", a, err)
+	}
+}
+
+func TestMACCandidates(t *testing.T) {
+	c := MACCandidates("uid", 8)
+	if c[0].String() != netalloc.MACFromSeed("uid").String() {
+		t.Errorf("first candidate %s is not MACFromSeed(uid)", c[0])
+	}
+	seen := map[string]bool{}
+	for _, m := range c {
+		if seen[m.String()] || !strings.HasPrefix(m.String(), "52:54:00:") {
+			t.Errorf("bad or duplicate candidate %s", m)
+		}
+		seen[m.String()] = true
+	}
+}

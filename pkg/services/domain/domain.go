@@ -1,0 +1,191 @@
+// Package domain defines and starts the machine's libvirt domain, watches
+// over it once provisioned, and shuts it down and removes it on delete.
+package domain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// DefaultShutdownTimeout bounds the graceful shutdown on delete before
+// the domain is destroyed.
+const DefaultShutdownTimeout = 30 * time.Second
+
+// Service owns the DomainReady condition.
+type Service struct {
+	scope           *scope.MachineScope
+	shutdownTimeout time.Duration
+}
+
+var _ services.Service = (*Service)(nil)
+
+// New returns the domain service of s; a zero shutdownTimeout means
+// DefaultShutdownTimeout.
+func New(s *scope.MachineScope, shutdownTimeout time.Duration) *Service {
+	if shutdownTimeout <= 0 {
+		shutdownTimeout = DefaultShutdownTimeout
+	}
+	return &Service{scope: s, shutdownTimeout: shutdownTimeout}
+}
+
+// Reconcile makes the domain exist with the provider-chosen UUID and run.
+// Before provisioning, a missing domain is defined and a stopped one
+// started. After provisioning, a missing or replaced domain, or one that
+// stopped and cannot be started again, is a terminal failure: recreating
+// it would silently give the Machine a fresh, unbootstrapped disk.
+func (svc *Service) Reconcile(ctx context.Context) error {
+	s := svc.scope
+	info, err := s.Host.DomainInfo(ctx, s.DomainName())
+	switch {
+	case virt.IsNotFound(err) && s.IsProvisioned():
+		return svc.terminal(infrav1.DomainMissingReason, "Domain %s vanished after the machine was provisioned", s.DomainName())
+	case virt.IsNotFound(err):
+		if info, err = svc.define(ctx); err != nil {
+			return err
+		}
+	case err != nil:
+		s.MarkFalse(infrav1.DomainReadyCondition, infrav1.LibvirtErrorReason, "Reading domain %s: %v", s.DomainName(), err)
+		return err
+	}
+	if !strings.EqualFold(info.UUID, s.DomainUUID()) {
+		return svc.replaced(&virt.DomainReplacedError{Name: s.DomainName(), ExpectedUUID: s.DomainUUID(), ActualUUID: info.UUID})
+	}
+	s.SetProviderID()
+	s.SetDomainState(info.State)
+	switch info.State {
+	case "running":
+	case "paused":
+		s.MarkFalse(infrav1.DomainReadyCondition, infrav1.DomainPausedReason, "Domain %s is paused (%s)", s.DomainName(), info.Reason)
+		return services.Requeue(time.Minute, "domain paused")
+	case "shutdown":
+		s.MarkFalse(infrav1.DomainReadyCondition, infrav1.DomainCrashedReason, "Domain %s is shutting down", s.DomainName())
+		return services.Requeue(0, "domain shutting down")
+	default: // shutoff, crashed, pmsuspended…
+		if err := svc.start(ctx, info); err != nil {
+			return err
+		}
+		s.SetDomainState("running")
+	}
+	svc.reportHardware(info)
+	return nil
+}
+
+// define creates the domain on the overlay and seed volumes.
+func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
+	s := svc.scope
+	pool := s.Pool().Name
+	disk, err := s.Host.VolumeInfo(ctx, pool, s.OverlayVolume())
+	if err != nil {
+		return virt.DomainInfo{}, fmt.Errorf("looking up the root disk: %w", err)
+	}
+	seed, err := s.Host.VolumeInfo(ctx, pool, s.SeedVolume())
+	if err != nil {
+		return virt.DomainInfo{}, fmt.Errorf("looking up the seed: %w", err)
+	}
+	hw := s.Hardware()
+	network := s.Network()
+	info, err := s.Host.EnsureDomain(ctx, virt.DomainSpec{
+		Name: s.DomainName(), UUID: s.DomainUUID(), Owner: s.Owner(),
+		Type: string(hw.DomainType), CPUMode: string(hw.CPUMode),
+		VCPUs: uint(hw.CPUs), MemoryMiB: uint64(hw.MemoryMiB), TCGCacheMiB: uint64(hw.TCGTranslationCacheMiB),
+		DiskPath: disk.Path, DiskFormat: disk.Format, SeedISOPath: seed.Path,
+		Network: network.Name, Bridge: network.Bridge, MAC: s.MAC(),
+		ConsoleLogPath: virt.DefaultConsoleLogPath(s.DomainName()),
+	})
+	if errors.Is(err, virt.ErrDomainReplaced) {
+		return virt.DomainInfo{}, svc.replaced(err)
+	}
+	if err != nil {
+		s.MarkFalse(infrav1.DomainReadyCondition, infrav1.LibvirtErrorReason, "Defining domain %s: %v", s.DomainName(), err)
+		return virt.DomainInfo{}, err
+	}
+	s.Event("Normal", "DomainDefined", fmt.Sprintf("Defined domain %s with UUID %s", info.Name, info.UUID))
+	return info, nil
+}
+
+// start starts a defined, stopped domain. After provisioning, a domain
+// that cannot start again is a terminal failure.
+func (svc *Service) start(ctx context.Context, info virt.DomainInfo) error {
+	s := svc.scope
+	err := s.Host.StartDomain(ctx, s.DomainName())
+	var startErr *virt.DomainStartError
+	switch {
+	case err == nil:
+		if s.IsProvisioned() {
+			s.Event("Warning", "DomainRestarted", fmt.Sprintf("Domain %s was %s (%s) and was started again", s.DomainName(), info.State, info.Reason))
+		} else {
+			s.Event("Normal", "DomainStarted", fmt.Sprintf("Started domain %s", s.DomainName()))
+		}
+		return nil
+	case errors.As(err, &startErr) && s.IsProvisioned():
+		return svc.terminal(infrav1.DomainCrashedReason, "Domain %s was %s (%s) and cannot be started again: %s",
+			s.DomainName(), info.State, info.Reason, startErr.Message)
+	case errors.As(err, &startErr):
+		s.MarkFalse(infrav1.DomainReadyCondition, infrav1.DomainFailedToStartReason, "%s", startErr.Message)
+		return err
+	default:
+		s.MarkFalse(infrav1.DomainReadyCondition, infrav1.LibvirtErrorReason, "Starting domain %s: %v", s.DomainName(), err)
+		return err
+	}
+}
+
+// replaced handles a domain of our name with a foreign UUID.
+func (svc *Service) replaced(err error) error {
+	if svc.scope.IsProvisioned() {
+		return svc.terminal(infrav1.DomainMissingReason, "%v", err)
+	}
+	svc.scope.MarkFalse(infrav1.DomainReadyCondition, infrav1.DomainMissingReason, "%v", err)
+	return err
+}
+
+func (svc *Service) terminal(reason, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	svc.scope.MarkFalse(infrav1.DomainReadyCondition, reason, "%s", msg)
+	return &services.TerminalError{FailureReason: scope.FailureReasonUpdate, Message: msg}
+}
+
+// reportHardware sets DomainReady True, saying so when CPUs or memory
+// differ from the spec. The VM is never recreated to fix that: its disk
+// holds a bootstrapped node.
+func (svc *Service) reportHardware(info virt.DomainInfo) {
+	s := svc.scope
+	hw := s.Hardware()
+	if info.VCPUs != uint(hw.CPUs) || info.MemoryMiB != uint64(hw.MemoryMiB) {
+		s.MarkTrue(infrav1.DomainReadyCondition, infrav1.HardwareDriftReason, fmt.Sprintf(
+			"Domain runs with %d vCPUs and %d MiB, the spec asks for %d and %d; replace the Machine to apply the spec",
+			info.VCPUs, info.MemoryMiB, hw.CPUs, hw.MemoryMiB))
+		return
+	}
+	s.MarkTrue(infrav1.DomainReadyCondition, infrav1.ReadyReason, "")
+}
+
+// Delete shuts the domain down (bounded), then destroys and undefines it.
+// A domain of our name with another UUID is not ours and is left alone.
+func (svc *Service) Delete(ctx context.Context) error {
+	s := svc.scope
+	info, err := s.Host.DomainInfo(ctx, s.DomainName())
+	switch {
+	case virt.IsNotFound(err):
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading domain %s: %w", s.DomainName(), err)
+	case !strings.EqualFold(info.UUID, s.DomainUUID()):
+		s.Event("Warning", "DomainNotOwned", fmt.Sprintf("Domain %s has UUID %s, not %s: leaving it alone", s.DomainName(), info.UUID, s.DomainUUID()))
+		return nil
+	}
+	if err := s.Host.ShutdownDomain(ctx, s.DomainName(), svc.shutdownTimeout); err != nil && !virt.IsNotFound(err) {
+		return fmt.Errorf("shutting down domain %s: %w", s.DomainName(), err)
+	}
+	if err := s.Host.DeleteDomain(ctx, s.DomainName()); err != nil && !virt.IsNotFound(err) {
+		return fmt.Errorf("deleting domain %s: %w", s.DomainName(), err)
+	}
+	return nil
+}
