@@ -25,7 +25,9 @@ LIBVIRT_URI ?= qemu:///system
 TEST_ENV = KUBEBUILDER_ASSETS="$$(hack/envtest.sh)" \
 	CAPL_TEST_LIBVIRT_URI=$(LIBVIRT_URI) \
 	CAPL_TEST_IMAGE=$(TEST_IMAGE)
-GO_TEST_FLAGS ?= -count=1 -timeout=40m
+# -p 1: packages share one libvirtd, and reconnect tests restart it; a restart
+# must not break another package's calls mid-test.
+GO_TEST_FLAGS ?= -count=1 -p 1 -timeout=40m
 
 ##@ Main
 

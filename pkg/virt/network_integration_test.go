@@ -63,14 +63,21 @@ func (e networkEnv) cleanupNetwork(t *testing.T, name string) {
 	t.Cleanup(func() {
 		net, err := e.conn.LookupNetworkByName(name)
 		if err != nil {
+			if !virt.IsNotFound(err) {
+				t.Errorf("cleanup: looking up network %s: %v", name, err)
+			}
 			return
 		}
 		defer net.Free()
 		if active, _ := net.IsActive(); active {
-			_ = net.Destroy()
+			if err := net.Destroy(); err != nil {
+				t.Errorf("cleanup: destroying network %s: %v", name, err)
+			}
 		}
 		if persistent, _ := net.IsPersistent(); persistent {
-			_ = net.Undefine()
+			if err := net.Undefine(); err != nil {
+				t.Errorf("cleanup: undefining network %s: %v", name, err)
+			}
 		}
 	})
 }
