@@ -95,11 +95,12 @@ var setLoggerOnce sync.Once
 func newHarness(t *testing.T) *harness {
 	t.Helper()
 	h := &harness{t: t, ctx: context.Background(), uri: testlibvirt.URI(t), image: testlibvirt.Image(t), logs: &syncBuffer{}}
-	h.logPath = filepath.Join(os.TempDir(), "capl-libvirtmachine-test.log")
-	logFile, err := os.Create(h.logPath)
+	// Kept after the run (outside t.TempDir) for post-mortems.
+	logFile, err := os.CreateTemp("", "capl-libvirtmachine-test-*.log")
 	if err != nil {
 		t.Fatal(err)
 	}
+	h.logPath = logFile.Name()
 	t.Cleanup(func() { logFile.Close() })
 	setLoggerOnce.Do(func() {
 		// Down to V(7), so the leak check sees debug lines too. From V(8) on
@@ -221,7 +222,10 @@ func (h *harness) stopProvider() {
 func (h *harness) createCluster(name string, provisioned bool) {
 	h.t.Helper()
 	lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: name,
-		Labels: map[string]string{clusterv1.ClusterNameLabel: name}}}
+		Labels: map[string]string{clusterv1.ClusterNameLabel: name},
+		// The test plays the cluster's infrastructure manager, so the
+		// LibvirtCluster controller leaves it alone.
+		Annotations: map[string]string{clusterv1.ManagedByAnnotation: "capl-machine-test"}}}
 	lc.Spec.StoragePool = infrav1.StoragePool{Name: h.pool, Path: h.poolPath}
 	must(h.t, h.c.Create(h.ctx, lc))
 	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: name}}
@@ -517,6 +521,20 @@ func (h *harness) assertNoSecretLeaks() {
 		}
 	}
 	h.t.Logf("checked %d events and %d bytes of logs for bootstrap data", len(events.Items), len(h.logs.String()))
+
+	// Transitions were recorded as events.
+	seen := map[string]bool{}
+	for _, ev := range events.Items {
+		if ev.InvolvedObject.Kind == "LibvirtMachine" {
+			seen[ev.Reason] = true
+		}
+	}
+	for _, reason := range []string{"DomainDefined", "DomainStarted", "Provisioned", "TerminalFailure",
+		infrav1.ImageNotFoundReason, infrav1.UnsupportedBootstrapFormatReason, infrav1.DomainMissingReason} {
+		if !seen[reason] {
+			h.t.Errorf("no %s event on any LibvirtMachine", reason)
+		}
+	}
 }
 
 // cleanupMachines deletes every Machine left by a failed test, then

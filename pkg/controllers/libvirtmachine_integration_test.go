@@ -42,6 +42,7 @@ func TestLibvirtMachine(t *testing.T) {
 	t.Run("WaitsForClusterInfrastructureAndBootstrapData", func(t *testing.T) { h.t = t; testWaits(h) })
 	t.Run("PauseAndUnpause", func(t *testing.T) { h.t = t; testPause(h, clusterA) })
 	t.Run("MissingBaseImage", func(t *testing.T) { h.t = t; testMissingImage(h, clusterA) })
+	t.Run("DeleteAfterLibvirtClusterGone", func(t *testing.T) { h.t = t; testLibvirtClusterGone(h) })
 	t.Run("RestartBetweenEveryCreateStep", func(t *testing.T) { h.t = t; testRestarts(h, clusterA) })
 	t.Run("BadBootstrapFormat", func(t *testing.T) { h.t = t; testBadFormat(h, clusterA) })
 	t.Run("DeleteDuringCreation", func(t *testing.T) { h.t = t; testDeleteDuringCreation(h, clusterA) })
@@ -140,6 +141,27 @@ func testMissingImage(h *harness, cluster string) {
 	}
 	h.deleteMachine("noimg", time.Minute)
 	h.assertClean("noimg", lm.Status.Domain.MAC)
+}
+
+// testLibvirtClusterGone: a machine whose LibvirtCluster was deleted still
+// cleans up, from what the LibvirtMachine itself recorded (pool, network,
+// MAC).
+func testLibvirtClusterGone(h *harness) {
+	clusterC := testlibvirt.Name(h.t)
+	h.createCluster(clusterC, true)
+	missing := &infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: "capltest-no-such-image"}}
+	h.createMachine("orph", machineOpts{cluster: clusterC, withData: true, image: missing})
+	lm := h.waitCondition("orph", infrav1.DiskReadyCondition, metav1.ConditionFalse, infrav1.ImageNotFoundReason, time.Minute)
+	if _, ok := h.reservation(lm.Status.Domain.MAC); !ok {
+		h.t.Fatal("no reservation to clean up")
+	}
+	must(h.t, h.c.Delete(h.ctx, &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: clusterC}}))
+	h.waitFor("LibvirtCluster gone", time.Minute, func() (bool, string) {
+		err := h.c.Get(h.ctx, client.ObjectKey{Namespace: h.ns, Name: clusterC}, &infrav1.LibvirtCluster{})
+		return err != nil, fmt.Sprint(err)
+	})
+	h.deleteMachine("orph", time.Minute)
+	h.assertClean("orph", lm.Status.Domain.MAC)
 }
 
 // testRestarts kills the manager right after each create step succeeded in
@@ -290,8 +312,8 @@ func testLibvirtdRestart(h *harness, cluster string) {
 	})
 	h.createMachine("lvd", machineOpts{cluster: cluster, withData: true})
 	h.waitCondition("lvd", infrav1.DomainReadyCondition, metav1.ConditionTrue, infrav1.ReadyReason, 3*time.Minute)
-	lm := h.waitCondition("lvd", infrav1.AddressAssignedCondition, metav1.ConditionTrue, infrav1.ReadyReason, 6*time.Minute)
-	if ip, ok := h.leaseIP(lm.Status.Domain.MAC); !ok || lm.Status.Addresses[0].Address != ip.String() {
+	lm := h.waitAddress("lvd", 6*time.Minute)
+	if ip, ok := h.leaseIP(lm.Status.Domain.MAC); !ok || internalIP(lm) != ip.String() {
 		h.t.Errorf("addresses %v, lease %s", lm.Status.Addresses, ip)
 	}
 	h.deleteMachine("lvd", 2*time.Minute)
@@ -354,7 +376,7 @@ func testBootedMachines(h *harness, cluster string) {
 					leased[n] = now
 				}
 			}
-			if _, ok := addressed[n]; !ok && conditions.IsTrue(lm, infrav1.AddressAssignedCondition) {
+			if _, ok := addressed[n]; !ok && internalIP(lm) != "" {
 				addressed[n] = now
 			}
 		}
@@ -472,6 +494,29 @@ func happyPath(h *harness, name string) {
 	if _, err := h.host.GuestReadFile(h.ctx, d.Name, guest.SentinelPath); err != nil {
 		h.t.Errorf("sentinel: %v", err)
 	}
+}
+
+// waitAddress waits until status.addresses holds an InternalIP. (The patch
+// helper writes conditions before the rest of status, so AddressAssigned
+// can be seen True a moment before the address itself.)
+func (h *harness) waitAddress(name string, timeout time.Duration) *infrav1.LibvirtMachine {
+	h.t.Helper()
+	var lm *infrav1.LibvirtMachine
+	h.waitFor(name+" to have an address", timeout, func() (bool, string) {
+		lm = h.lm(name)
+		c := conditions.Get(lm, infrav1.AddressAssignedCondition)
+		return internalIP(lm) != "", fmt.Sprintf("%+v", c)
+	})
+	return lm
+}
+
+func internalIP(lm *infrav1.LibvirtMachine) string {
+	for _, a := range lm.Status.Addresses {
+		if a.Type == clusterv1.MachineInternalIP {
+			return a.Address
+		}
+	}
+	return ""
 }
 
 func (h *harness) reservation(mac string) (virt.Reservation, bool) {

@@ -518,3 +518,33 @@ func TestCloseSummarisesAndPatches(t *testing.T) {
 	}
 	wantCondition(t, stored, infrav1.BootstrapDataReadyCondition, metav1.ConditionTrue, infrav1.ReadyReason)
 }
+
+func TestConditionTransitionsRecordEvents(t *testing.T) {
+	f := newFixture(t)
+	s := f.scope()
+	drain := func() []string {
+		var out []string
+		for {
+			select {
+			case ev := <-f.recorder.Events:
+				out = append(out, ev)
+			default:
+				return out
+			}
+		}
+	}
+	s.MarkWaiting(infrav1.WaitingForBootstrapDataReason, "waiting")
+	if evs := drain(); len(evs) != 0 {
+		t.Errorf("waiting recorded events: %v", evs)
+	}
+	s.MarkTrue(infrav1.DiskReadyCondition, infrav1.ReadyReason, "")
+	s.MarkTrue(infrav1.DiskReadyCondition, infrav1.ReadyReason, "")
+	if evs := drain(); len(evs) != 1 || !strings.HasPrefix(evs[0], "Normal Ready DiskReady is True") {
+		t.Errorf("events %v, want one Normal event for the transition to True", evs)
+	}
+	s.MarkFalse(infrav1.DiskReadyCondition, infrav1.PoolFullReason, "full")
+	s.MarkFalse(infrav1.DiskReadyCondition, infrav1.PoolFullReason, "still full")
+	if evs := drain(); len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning PoolFull") {
+		t.Errorf("events %v, want one Warning", evs)
+	}
+}
