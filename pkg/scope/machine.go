@@ -188,7 +188,20 @@ func (s *MachineScope) ClusterInfrastructureProvisioned() bool {
 // empty when the pool must already exist (a named pool without a path, or
 // a recorded pool that is no longer the cluster's).
 func (s *MachineScope) Pool() virt.PoolSpec {
-	return recordedPool(ClusterPool(s.LibvirtCluster), s.LibvirtMachine.Annotations)
+	spec := virt.PoolSpec{Name: infrav1.DefaultStoragePoolName, Path: infrav1.DefaultStoragePoolPath}
+	if s.LibvirtCluster != nil {
+		p := s.LibvirtCluster.Spec.StoragePool
+		if p.Name != "" {
+			spec = virt.PoolSpec{Name: p.Name}
+		}
+		if p.Path != "" {
+			spec.Path = p.Path
+		}
+	}
+	if recorded := s.LibvirtMachine.Annotations[PoolAnnotation]; recorded != "" && recorded != spec.Name {
+		spec = virt.PoolSpec{Name: recorded}
+	}
+	return spec
 }
 
 // NetworkRef is the network a machine's NIC joins: a libvirt network
@@ -261,7 +274,26 @@ func (s *MachineScope) RecordPlacement() {
 
 // Hardware is the machine's virtual hardware with defaults applied.
 func (s *MachineScope) Hardware() infrav1.VirtualHardware {
-	return defaultHardware(s.LibvirtMachine.Spec.VirtualHardware, infrav1.DefaultMachineCPUs, infrav1.DefaultMachineMemoryMiB)
+	hw := s.LibvirtMachine.Spec.VirtualHardware
+	if hw.CPUs == 0 {
+		hw.CPUs = infrav1.DefaultMachineCPUs
+	}
+	if hw.MemoryMiB == 0 {
+		hw.MemoryMiB = infrav1.DefaultMachineMemoryMiB
+	}
+	if hw.DomainType == "" {
+		hw.DomainType = infrav1.DomainTypeKVM
+	}
+	if hw.CPUMode == "" {
+		hw.CPUMode = infrav1.CPUModeHostPassthrough
+		if hw.DomainType == infrav1.DomainTypeQEMU {
+			hw.CPUMode = infrav1.CPUModeMaximum
+		}
+	}
+	if hw.DomainType != infrav1.DomainTypeQEMU {
+		hw.TCGTranslationCacheMiB = 0
+	}
+	return hw
 }
 
 // DiskSizeBytes is the requested root disk size.
@@ -350,7 +382,25 @@ func (s *MachineScope) SetFailure(reason, message string) {
 // Warning); moving between waiting reasons is not. Messages must never
 // contain bootstrap data.
 func (s *MachineScope) SetCondition(condType string, status metav1.ConditionStatus, reason, message string) {
-	setCondition(s.recorder, s.LibvirtMachine, condType, status, reason, message)
+	var old *metav1.Condition
+	if c := conditions.Get(s.LibvirtMachine, condType); c != nil {
+		prev := *c // Get points into the slice that Set updates in place
+		old = &prev
+	}
+	conditions.Set(s.LibvirtMachine, metav1.Condition{Type: condType, Status: status, Reason: reason, Message: message})
+	if old != nil && old.Status == status && old.Reason == reason {
+		return
+	}
+	text := fmt.Sprintf("%s is %s", condType, status)
+	if message != "" {
+		text += ": " + message
+	}
+	switch {
+	case status == metav1.ConditionTrue && (old == nil || old.Status != metav1.ConditionTrue):
+		s.Event(corev1.EventTypeNormal, reason, text)
+	case status == metav1.ConditionFalse && !isProgressReason(reason):
+		s.Event(corev1.EventTypeWarning, reason, text)
+	}
 }
 
 // MarkTrue sets condType True with reason.
@@ -389,6 +439,12 @@ func (s *MachineScope) ClearWaiting(reasons ...string) {
 			}
 		}
 	}
+}
+
+// isProgressReason tells the reasons of a False condition that mean
+// "under way" rather than "something is wrong".
+func isProgressReason(reason string) bool {
+	return strings.HasPrefix(reason, "Waiting") || reason == infrav1.ProvisioningReason || reason == infrav1.DeletingReason
 }
 
 // Event records an event on the LibvirtMachine.
