@@ -50,7 +50,7 @@ build: ## Build the manager binary into bin/.
 ##@ Test
 
 .PHONY: test
-test: envtest images ## Unit and integration tests (envtest + real libvirtd).
+test: envtest images clusterctl ## Unit and integration tests (envtest + real libvirtd).
 	$(TEST_ENV) go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-unit
@@ -72,10 +72,11 @@ images: ## Build the offline test images (cached in $(CAPL_IMAGE_DIR)).
 ##@ Generate and verify
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Generate deepcopy code, CRDs and RBAC.
+generate: $(CONTROLLER_GEN) ## Generate deepcopy code, CRDs, RBAC and webhook configurations.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	$(CONTROLLER_GEN) rbac:roleName=manager-role paths=./pkg/controllers/... output:rbac:artifacts:config=config/rbac
+	$(CONTROLLER_GEN) webhook paths=./pkg/webhooks/... output:webhook:artifacts:config=config/webhook
 
 .PHONY: verify
 verify: generate $(KUSTOMIZE) ## Fail when generated files are stale, code is not gofmt'ed, go vet complains or config/ does not build.
@@ -84,6 +85,45 @@ verify: generate $(KUSTOMIZE) ## Fail when generated files are stale, code is no
 	@out=$$(gofmt -l $$(git ls-files '*.go')); test -z "$$out" || { echo "not gofmt'ed: $$out" >&2; exit 1; }
 	go vet ./...
 	$(KUSTOMIZE) build config/default >/dev/null
+
+##@ Release
+
+# The version clusterctl sees in out/ and in the local override; it must be
+# in a release series of metadata.yaml.
+RELEASE_VERSION ?= v0.1.0
+# The manager image the release manifests run (docker-build tags it).
+IMG ?= ghcr.io/capi-libvirt/cluster-api-provider-libvirt:$(RELEASE_VERSION)
+RELEASE_DIR ?= $(ROOT)/out
+# clusterctl's configuration directory (XDG), where overrides live.
+CLUSTERCTL_CONFIG_DIR ?= $(HOME)/.config/cluster-api
+CLUSTERCTL := $(BIN)/clusterctl
+# Cluster API release of hack/tools/clusterctl (same as go.mod's).
+CLUSTERCTL_VERSION := $(shell awk '{for (i = 1; i < NF; i++) if ($$i == "sigs.k8s.io/cluster-api") print $$(i+1)}' hack/tools/clusterctl/go.mod)
+
+.PHONY: release-manifests
+release-manifests: $(KUSTOMIZE) ## Write infrastructure-components.yaml (image $(IMG)), metadata.yaml and the templates to $(RELEASE_DIR).
+	rm -rf $(RELEASE_DIR) && mkdir -p $(RELEASE_DIR)/.kustomize
+	printf 'resources:\n- %s\n' "$$(realpath --relative-to=$(RELEASE_DIR)/.kustomize $(ROOT)/config/default)" > $(RELEASE_DIR)/.kustomize/kustomization.yaml
+	cd $(RELEASE_DIR)/.kustomize && $(KUSTOMIZE) edit set image controller=$(IMG)
+	$(KUSTOMIZE) build $(RELEASE_DIR)/.kustomize > $(RELEASE_DIR)/infrastructure-components.yaml
+	rm -rf $(RELEASE_DIR)/.kustomize
+	cp metadata.yaml templates/*.yaml $(RELEASE_DIR)/
+
+.PHONY: clusterctl-override
+clusterctl-override: release-manifests ## Install $(RELEASE_DIR) as clusterctl's local override of infrastructure-libvirt $(RELEASE_VERSION) and register the provider.
+	hack/clusterctl-override.sh $(RELEASE_DIR) $(RELEASE_VERSION) $(CLUSTERCTL_CONFIG_DIR)
+
+.PHONY: docker-build
+docker-build: ## Build the manager image $(IMG) (needs a Docker engine).
+	docker build -t $(IMG) .
+
+.PHONY: clusterctl
+clusterctl: $(CLUSTERCTL) ## Build clusterctl $(CLUSTERCTL_VERSION) from the Go module proxy into bin/.
+
+$(CLUSTERCTL):
+	cd hack/tools/clusterctl && GOFLAGS="-mod=mod -buildvcs=false" go build -trimpath \
+		-ldflags "-s -w -X sigs.k8s.io/cluster-api/version.gitVersion=$(CLUSTERCTL_VERSION) -X sigs.k8s.io/cluster-api/version.gitTreeState=clean" \
+		-o $(CLUSTERCTL) sigs.k8s.io/cluster-api/cmd/clusterctl
 
 $(CONTROLLER_GEN):
 	GOBIN=$(BIN) go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)

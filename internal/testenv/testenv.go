@@ -37,8 +37,9 @@ type Environment struct {
 // silently. `make test` sets it.
 var ErrNoAssets = errors.New("KUBEBUILDER_ASSETS is unset: run the tests through `make test`, or point it at the output of hack/envtest.sh")
 
-// Start runs kube-apiserver and etcd and installs the CRDs. Stop it with Stop.
-func Start() (*Environment, error) {
+// Start runs kube-apiserver and etcd and installs the CRDs, changed by
+// opts (see options.go). Stop it with Stop.
+func Start(opts ...Option) (*Environment, error) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		return nil, ErrNoAssets
 	}
@@ -61,6 +62,11 @@ func Start() (*Environment, error) {
 			Paths:              []string{filepath.Join(root, "config", "crd", "bases"), capiCRDs},
 			ErrorIfPathMissing: true,
 		},
+	}
+	for _, opt := range opts {
+		if err := opt(env); err != nil {
+			return nil, err
+		}
 	}
 	cfg, err := env.Start()
 	if err != nil {

@@ -27,6 +27,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/controllers"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/webhooks"
 )
 
 // NewScheme returns a scheme holding every kind the provider reads or writes.
@@ -152,6 +153,10 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 		ShutdownTimeout:  w.MachineShutdownTimeout,
 	}).SetupWithManager(context.Background(), mgr, controller.Options{MaxConcurrentReconciles: opts.MachineConcurrency}); err != nil {
 		return nil, fmt.Errorf("setting up the LibvirtMachine controller: %w", err)
+	}
+
+	if err := webhooks.SetupWithManager(mgr, webhooks.Options{Volumes: w.Host, Reader: mgr.GetClient()}); err != nil {
+		return nil, fmt.Errorf("setting up the webhooks: %w", err)
 	}
 
 	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {

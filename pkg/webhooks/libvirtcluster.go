@@ -1,0 +1,174 @@
+package webhooks
+
+import (
+	"context"
+	"net/netip"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
+)
+
+// +kubebuilder:webhook:verbs=create;update,path=/mutate-infrastructure-cluster-x-k8s-io-v1alpha1-libvirtcluster,mutating=true,failurePolicy=fail,matchPolicy=Equivalent,groups=infrastructure.cluster.x-k8s.io,resources=libvirtclusters,versions=v1alpha1,name=default.libvirtcluster.infrastructure.cluster.x-k8s.io,sideEffects=None,admissionReviewVersions=v1
+// +kubebuilder:webhook:verbs=create;update,path=/validate-infrastructure-cluster-x-k8s-io-v1alpha1-libvirtcluster,mutating=false,failurePolicy=fail,matchPolicy=Equivalent,groups=infrastructure.cluster.x-k8s.io,resources=libvirtclusters,versions=v1alpha1,name=validation.libvirtcluster.infrastructure.cluster.x-k8s.io,sideEffects=None,admissionReviewVersions=v1
+// +kubebuilder:webhook:verbs=create;update,path=/mutate-infrastructure-cluster-x-k8s-io-v1alpha1-libvirtclustertemplate,mutating=true,failurePolicy=fail,matchPolicy=Equivalent,groups=infrastructure.cluster.x-k8s.io,resources=libvirtclustertemplates,versions=v1alpha1,name=default.libvirtclustertemplate.infrastructure.cluster.x-k8s.io,sideEffects=None,admissionReviewVersions=v1
+// +kubebuilder:webhook:verbs=create;update,path=/validate-infrastructure-cluster-x-k8s-io-v1alpha1-libvirtclustertemplate,mutating=false,failurePolicy=fail,matchPolicy=Equivalent,groups=infrastructure.cluster.x-k8s.io,resources=libvirtclustertemplates,versions=v1alpha1,name=validation.libvirtclustertemplate.infrastructure.cluster.x-k8s.io,sideEffects=None,admissionReviewVersions=v1
+
+// LibvirtCluster defaults and validates LibvirtClusters.
+type LibvirtCluster struct{}
+
+var (
+	_ admission.Defaulter[*infrav1.LibvirtCluster] = &LibvirtCluster{}
+	_ admission.Validator[*infrav1.LibvirtCluster] = &LibvirtCluster{}
+)
+
+// Default fills the zero fields of the spec.
+func (*LibvirtCluster) Default(_ context.Context, c *infrav1.LibvirtCluster) error {
+	DefaultClusterSpec(&c.Spec)
+	return nil
+}
+
+// ValidateCreate checks a new LibvirtCluster.
+func (*LibvirtCluster) ValidateCreate(_ context.Context, c *infrav1.LibvirtCluster) (admission.Warnings, error) {
+	errs, warnings := validateClusterSpec(&c.Spec, field.NewPath("spec"), false)
+	return warnings, invalid("LibvirtCluster", c.Name, errs)
+}
+
+// ValidateUpdate checks a changed LibvirtCluster: what the cluster's
+// machines and endpoint were built on cannot move under them.
+func (*LibvirtCluster) ValidateUpdate(_ context.Context, oldC, newC *infrav1.LibvirtCluster) (admission.Warnings, error) {
+	path := field.NewPath("spec")
+	errs, warnings := validateClusterSpec(&newC.Spec, path, false)
+	// Objects stored before the defaulting webhook existed compare as if
+	// they had been defaulted, so that defaulting alone is never a change.
+	oldSpec := oldC.Spec.DeepCopy()
+	DefaultClusterSpec(oldSpec)
+	if oldSpec.ControlPlaneEndpoint.Host != "" {
+		errs = append(errs, immutable(path.Child("controlPlaneEndpoint"), oldSpec.ControlPlaneEndpoint, newC.Spec.ControlPlaneEndpoint,
+			" once its host is set: workload cluster certificates and kubeconfigs name it")...)
+	}
+	errs = append(errs, immutable(path.Child("network"), oldSpec.Network, newC.Spec.Network,
+		": the cluster's machines and load balancer are plugged into it; create a new cluster to move")...)
+	errs = append(errs, immutable(path.Child("loadBalancer", "type"), oldSpec.LoadBalancer.Type, newC.Spec.LoadBalancer.Type,
+		": it decides who owns the control-plane endpoint")...)
+	return warnings, invalid("LibvirtCluster", newC.Name, errs)
+}
+
+// ValidateDelete allows every deletion.
+func (*LibvirtCluster) ValidateDelete(context.Context, *infrav1.LibvirtCluster) (admission.Warnings, error) {
+	return nil, nil
+}
+
+// LibvirtClusterTemplate defaults and validates LibvirtClusterTemplates.
+type LibvirtClusterTemplate struct{}
+
+var (
+	_ admission.Defaulter[*infrav1.LibvirtClusterTemplate] = &LibvirtClusterTemplate{}
+	_ admission.Validator[*infrav1.LibvirtClusterTemplate] = &LibvirtClusterTemplate{}
+)
+
+// Default fills the zero fields of the template's spec.
+func (*LibvirtClusterTemplate) Default(_ context.Context, t *infrav1.LibvirtClusterTemplate) error {
+	DefaultClusterSpec(&t.Spec.Template.Spec)
+	return nil
+}
+
+// ValidateCreate checks a new LibvirtClusterTemplate.
+func (*LibvirtClusterTemplate) ValidateCreate(_ context.Context, t *infrav1.LibvirtClusterTemplate) (admission.Warnings, error) {
+	errs, warnings := validateClusterSpec(&t.Spec.Template.Spec, field.NewPath("spec", "template", "spec"), true)
+	return warnings, invalid("LibvirtClusterTemplate", t.Name, errs)
+}
+
+// ValidateUpdate checks a changed LibvirtClusterTemplate: its spec is
+// immutable except in the topology controller's dry-run requests.
+func (*LibvirtClusterTemplate) ValidateUpdate(ctx context.Context, oldT, newT *infrav1.LibvirtClusterTemplate) (admission.Warnings, error) {
+	errs, warnings := validateClusterSpec(&newT.Spec.Template.Spec, field.NewPath("spec", "template", "spec"), true)
+	oldSpec := oldT.Spec.Template.Spec.DeepCopy()
+	DefaultClusterSpec(oldSpec)
+	if err := checkTemplateSpecUnchanged(ctx, newT, *oldSpec, newT.Spec.Template.Spec); err != nil {
+		errs = append(errs, err)
+	}
+	return warnings, invalid("LibvirtClusterTemplate", newT.Name, errs)
+}
+
+// ValidateDelete allows every deletion.
+func (*LibvirtClusterTemplate) ValidateDelete(context.Context, *infrav1.LibvirtClusterTemplate) (admission.Warnings, error) {
+	return nil, nil
+}
+
+// validateClusterSpec checks a LibvirtCluster spec at path. A template's
+// spec is shared by many clusters, so it must not name an endpoint host;
+// a cluster's spec with loadBalancer type None must.
+func validateClusterSpec(spec *infrav1.LibvirtClusterSpec, path *field.Path, template bool) (field.ErrorList, admission.Warnings) {
+	var errs field.ErrorList
+	var warnings admission.Warnings
+
+	if cidr := spec.Network.CIDR; cidr != "" {
+		p, err := netip.ParsePrefix(cidr)
+		if err == nil {
+			err = netalloc.ValidatePrefix(p)
+		}
+		if err != nil {
+			errs = append(errs, field.Invalid(path.Child("network", "cidr"), cidr, err.Error()))
+		}
+	}
+
+	endpoint := path.Child("controlPlaneEndpoint", "host")
+	switch {
+	case template && spec.ControlPlaneEndpoint.Host != "":
+		errs = append(errs, field.Forbidden(endpoint,
+			"a template is shared by clusters, which cannot share an endpoint: set Cluster.spec.controlPlaneEndpoint instead"))
+	case !template && spec.LoadBalancer.Type == infrav1.LoadBalancerNone && spec.ControlPlaneEndpoint.Host == "":
+		errs = append(errs, field.Required(endpoint,
+			"loadBalancer type None means you serve the endpoint (kube-vip, an external load balancer): name its host"))
+	}
+
+	lb := path.Child("loadBalancer")
+	// The HAProxy VM's address, the endpoint, is reserved in a DHCP server
+	// libvirt runs before the VM boots; a host bridge has none.
+	if spec.LoadBalancer.Type == infrav1.LoadBalancerHAProxy && spec.Network.Bridge != "" {
+		errs = append(errs, field.Invalid(lb.Child("type"), spec.LoadBalancer.Type,
+			"the HAProxy VM needs a libvirt network whose DHCP libvirt serves, not a host bridge: with network.bridge use type None and bring the endpoint (e.g. kube-vip)"))
+	}
+	if spec.LoadBalancer.Type == infrav1.LoadBalancerNone {
+		// domainType is left out: the CRD defaults it whatever the type.
+		hw := spec.LoadBalancer.VirtualHardware
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{
+			{"cpus", hw.CPUs != 0},
+			{"memoryMiB", hw.MemoryMiB != 0},
+			{"cpuMode", hw.CPUMode != ""},
+			{"tcgTranslationCacheMiB", hw.TCGTranslationCacheMiB != 0},
+		} {
+			if f.set {
+				errs = append(errs, field.Forbidden(lb.Child(f.name), "applies only to loadBalancer type HAProxy"))
+			}
+		}
+	} else {
+		warnings = append(warnings, hardwareWarnings(&spec.LoadBalancer.VirtualHardware, lb)...)
+	}
+	if spec.LoadBalancer.Image != nil {
+		errs = append(errs, validateImageSource(spec.LoadBalancer.Image, lb.Child("image"))...)
+	}
+
+	seen := map[string]bool{}
+	for i, fd := range spec.FailureDomains {
+		if seen[fd.Name] {
+			errs = append(errs, field.Duplicate(path.Child("failureDomains").Index(i).Child("name"), fd.Name))
+		}
+		seen[fd.Name] = true
+	}
+	return errs, warnings
+}
+
+// hardwareWarnings reports settings the VM will not get.
+func hardwareWarnings(hw *infrav1.VirtualHardware, path *field.Path) admission.Warnings {
+	if hw.TCGTranslationCacheMiB != 0 && hw.DomainType != infrav1.DomainTypeQEMU {
+		return admission.Warnings{path.Child("tcgTranslationCacheMiB").String() + " is ignored: it applies only to domainType qemu"}
+	}
+	return nil
+}
