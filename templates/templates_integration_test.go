@@ -68,6 +68,30 @@ func TestVariables(t *testing.T) {
 	}
 }
 
+// TestClusterctlReadsComponents has clusterctl process the provider's
+// components from the local override as `clusterctl init` does (variables,
+// namespace, image overrides), and describe them.
+func TestClusterctlReadsComponents(t *testing.T) {
+	requireEnv(t)
+	generate := []string{"generate", "provider", "--infrastructure", "libvirt:" + releaseVersion}
+	for uri, vars := range map[string]map[string]string{
+		"qemu:///system":              nil,
+		"qemu+ssh://capl@host/system": {"LIBVIRT_URI": "qemu+ssh://capl@host/system"},
+	} {
+		out := string(clusterctl(t, vars, generate...))
+		if !strings.Contains(out, "--libvirt-uri="+uri+"\n") {
+			t.Errorf("components with %v lack --libvirt-uri=%s", vars, uri)
+		}
+		if strings.Contains(out, "${") {
+			t.Errorf("components with %v keep a variable", vars)
+		}
+	}
+	desc := string(clusterctl(t, nil, append(generate, "--describe")...))
+	if !strings.Contains(desc, "LIBVIRT_URI") {
+		t.Errorf("clusterctl --describe lists no LIBVIRT_URI:\n%s", desc)
+	}
+}
+
 // TestRenderedTemplatesAreAccepted renders every flavor, with default and
 // with non-default variables, and creates every object with a server-side
 // dry-run: the CRDs' schemas, Cluster API's webhooks and the provider's
