@@ -72,7 +72,14 @@ func run(m *testing.M) int {
 		fmt.Println(err)
 		return 1
 	}
-	return m.Run()
+	code := m.Run()
+	if xdgConfig != "" {
+		_ = os.RemoveAll(filepath.Dir(xdgConfig))
+	}
+	if code == 0 {
+		_ = os.Remove(logFile.Name())
+	}
+	return code
 }
 
 func requireEnv(t *testing.T) {
