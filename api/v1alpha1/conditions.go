@@ -18,6 +18,37 @@ const (
 	LoadBalancerDisabledReason = "Disabled"
 	// WaitingForLoadBalancerReason: the HAProxy VM is booting.
 	WaitingForLoadBalancerReason = "WaitingForLoadBalancer"
+
+	// NetworkInactiveReason: the named libvirt network exists but is not
+	// running; the provider does not start networks it does not own.
+	NetworkInactiveReason = "NetworkInactive"
+	// NetworkInUseReason: on delete, domains the provider does not manage
+	// still use the cluster's network; the message names them.
+	NetworkInUseReason = "NetworkInUse"
+
+	// StoragePoolReadyCondition tells whether the cluster's storage pool
+	// exists and runs.
+	StoragePoolReadyCondition = "StoragePoolReady"
+
+	// ControlPlaneEndpointMissingReason: load balancer type None and
+	// spec.controlPlaneEndpoint is not set.
+	ControlPlaneEndpointMissingReason = "ControlPlaneEndpointMissing"
+	// ControlPlaneEndpointConflictReason: spec.controlPlaneEndpoint.host
+	// names another address than the HAProxy VM's.
+	ControlPlaneEndpointConflictReason = "ControlPlaneEndpointConflict"
+	// UnsupportedNetworkReason: the HAProxy VM needs a libvirt network
+	// whose DHCP libvirt serves, so that its address is reserved before it
+	// boots; host bridges and networks without DHCP need type None.
+	UnsupportedNetworkReason = "UnsupportedNetwork"
+	// LoadBalancerConfigInvalidReason: `haproxy -c` rejected the rendered
+	// configuration; the running one was kept.
+	LoadBalancerConfigInvalidReason = "ConfigInvalid"
+	// LoadBalancerReloadFailedReason: HAProxy did not load the new
+	// configuration after a reload; the message carries its log.
+	LoadBalancerReloadFailedReason = "ReloadFailed"
+	// WaitingForMachinesDeletionReason: on delete, LibvirtMachines of the
+	// cluster remain; the network and load balancer outlive them.
+	WaitingForMachinesDeletionReason = "WaitingForMachinesDeletion"
 )
 
 // Condition types and reasons of LibvirtMachine. Ready summarises the

@@ -34,6 +34,11 @@ const (
 	DefaultLoadBalancerCPUs = 1
 	// DefaultLoadBalancerMemoryMiB is the memory of the HAProxy VM.
 	DefaultLoadBalancerMemoryMiB = 512
+	// DefaultLoadBalancerImageVolume is the HAProxy VM's base image when
+	// spec.loadBalancer.image is empty: a volume of that name in the
+	// cluster's storage pool (e.g. images/'s capl-debian-12-haproxy.qcow2,
+	// uploaded under this name).
+	DefaultLoadBalancerImageVolume = "capi-libvirt-haproxy.qcow2"
 )
 
 // LibvirtClusterSpec is the desired state of a LibvirtCluster.
@@ -108,8 +113,10 @@ type LoadBalancer struct {
 	// +kubebuilder:default=HAProxy
 	Type LoadBalancerType `json:"type,omitempty"`
 
-	// image is the base image of the HAProxy VM; it must contain haproxy,
-	// cloud-init and qemu-guest-agent (see images/).
+	// image is the base image of the HAProxy VM; it must contain haproxy
+	// (run by systemd), bash, cloud-init and qemu-guest-agent (see images/).
+	// Empty means the volume capi-libvirt-haproxy.qcow2 in the cluster's
+	// storage pool.
 	// +optional
 	Image *ImageSource `json:"image,omitempty"`
 

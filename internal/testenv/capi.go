@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -23,6 +26,9 @@ import (
 // capiControllerName is the user agent and informer name of the in-process
 // Cluster API controllers.
 const capiControllerName = "capi-testenv"
+
+// capiStarts counts StartCAPI calls in this process.
+var capiStarts atomic.Int64
 
 // CAPI is Cluster API's core Cluster and Machine controllers running in
 // this process against the environment, set up as CAPI's own manager
@@ -43,12 +49,16 @@ func (e *Environment) StartCAPI() (*CAPI, error) {
 	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
+	// Informer and controller names are process-wide: a second test of the
+	// same binary (with its own environment) needs names of its own.
+	name := fmt.Sprintf("%s-%d", capiControllerName, capiStarts.Add(1))
 	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Cache:                  setup.ManagerCacheOptions(scheme, capiControllerName, "", 10*time.Minute),
+		Cache:                  setup.ManagerCacheOptions(scheme, name, "", 10*time.Minute),
 		Client:                 setup.ManagerClientOptions(),
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("creating the Cluster API manager: %w", err)

@@ -146,10 +146,7 @@ func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope
 	s.SetFailureDomain(s.FailureDomain())
 	s.ClearWaiting(infrav1.WaitingForClusterInfrastructureReason, infrav1.WaitingForBootstrapDataReason)
 	g := guest.New(s, r.events)
-	steps := []struct {
-		name string
-		run  func(context.Context) error
-	}{
+	if err := runSteps(ctx, []step{
 		{"address", address.New(s).Reconcile},
 		{"disk", disk.New(s).Reconcile},
 		{"seed", seed.New(s).Reconcile},
@@ -157,15 +154,8 @@ func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope
 		{"addresses", g.ReconcileAddresses},
 		{"provisioned", func(context.Context) error { s.SetProvisioned(); return nil }},
 		{"bootstrap", g.ReconcileBootstrap},
-	}
-	log := ctrl.LoggerFrom(ctx)
-	for _, step := range steps {
-		start := time.Now()
-		err := step.run(ctx)
-		log.V(4).Info("Step", "step", step.name, "took", time.Since(start).String(), "outcome", fmt.Sprint(err))
-		if err != nil {
-			return r.outcome(s, err)
-		}
+	}); err != nil {
+		return r.outcome(s, err)
 	}
 	return ctrl.Result{}, nil
 }

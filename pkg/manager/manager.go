@@ -26,6 +26,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/controllers"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/loadbalancer"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/webhooks"
 )
@@ -140,8 +141,11 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 
 	if err := (&controllers.LibvirtClusterReconciler{
 		Client:           mgr.GetClient(),
+		Host:             w.Host,
+		HostName:         w.HostName,
+		Recorder:         mgr.GetEventRecorderFor("libvirtcluster-controller"), //nolint:staticcheck // Cluster API's utilities take a record.EventRecorder.
 		WatchFilterValue: opts.WatchFilterValue,
-	}).SetupWithManager(mgr, controller.Options{MaxConcurrentReconciles: opts.ClusterConcurrency}); err != nil {
+	}).SetupWithManager(context.Background(), mgr, controller.Options{MaxConcurrentReconciles: opts.ClusterConcurrency}); err != nil {
 		return nil, fmt.Errorf("setting up the LibvirtCluster controller: %w", err)
 	}
 	if err := (&controllers.LibvirtMachineReconciler{
@@ -151,6 +155,7 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 		Recorder:         mgr.GetEventRecorderFor("libvirtmachine-controller"), //nolint:staticcheck // Cluster API's utilities take a record.EventRecorder.
 		WatchFilterValue: opts.WatchFilterValue,
 		ShutdownTimeout:  w.MachineShutdownTimeout,
+		LoadBalancer:     &loadbalancer.Deregisterer{},
 	}).SetupWithManager(context.Background(), mgr, controller.Options{MaxConcurrentReconciles: opts.MachineConcurrency}); err != nil {
 		return nil, fmt.Errorf("setting up the LibvirtMachine controller: %w", err)
 	}

@@ -1,16 +1,14 @@
-// Package scope holds what one reconcile of a LibvirtMachine works on: the
-// Kubernetes objects, the libvirt host, every name derived for the
-// machine's libvirt objects, and the patch that persists the outcome.
+// Package scope holds what one reconcile of a LibvirtMachine or a
+// LibvirtCluster works on: the Kubernetes objects, the libvirt host, every
+// name derived for their libvirt objects, and the patch that persists the
+// outcome.
 package scope
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
@@ -18,7 +16,6 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
-	"sigs.k8s.io/cluster-api/util/patch"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -53,10 +50,6 @@ var StepConditions = []string{
 	infrav1.BootstrapSucceededCondition,
 }
 
-// ownedConditions are the conditions the patch helper lets this controller
-// win on conflict.
-var ownedConditions = append([]string{clusterv1.ReadyCondition, clusterv1.PausedCondition}, StepConditions...)
-
 // MachineScopeParams are the inputs of NewMachineScope. Cluster, Machine
 // and LibvirtCluster may be nil while the LibvirtMachine is deleted.
 type MachineScopeParams struct {
@@ -82,8 +75,7 @@ type MachineScope struct {
 	Host           virt.Host
 	HostName       string
 
-	recorder    record.EventRecorder
-	patchHelper *patch.Helper
+	objectScope
 }
 
 // NewMachineScope builds the scope and snapshots the LibvirtMachine for
@@ -92,18 +84,13 @@ func NewMachineScope(p MachineScopeParams) (*MachineScope, error) {
 	if p.Client == nil || p.LibvirtMachine == nil || p.Host == nil {
 		return nil, errors.New("machine scope needs a client, a LibvirtMachine and a host")
 	}
-	helper, err := patch.NewHelper(p.LibvirtMachine, p.Client)
+	o, err := newObjectScope(p.Client, p.LibvirtMachine, p.Recorder, StepConditions)
 	if err != nil {
-		return nil, fmt.Errorf("creating patch helper: %w", err)
-	}
-	rec := p.Recorder
-	if rec == nil {
-		rec = &record.FakeRecorder{}
+		return nil, err
 	}
 	return &MachineScope{
 		Client: p.Client, Cluster: p.Cluster, Machine: p.Machine, LibvirtCluster: p.LibvirtCluster,
-		LibvirtMachine: p.LibvirtMachine, Host: p.Host, HostName: p.HostName,
-		recorder: rec, patchHelper: helper,
+		LibvirtMachine: p.LibvirtMachine, Host: p.Host, HostName: p.HostName, objectScope: o,
 	}, nil
 }
 
@@ -188,20 +175,7 @@ func (s *MachineScope) ClusterInfrastructureProvisioned() bool {
 // empty when the pool must already exist (a named pool without a path, or
 // a recorded pool that is no longer the cluster's).
 func (s *MachineScope) Pool() virt.PoolSpec {
-	spec := virt.PoolSpec{Name: infrav1.DefaultStoragePoolName, Path: infrav1.DefaultStoragePoolPath}
-	if s.LibvirtCluster != nil {
-		p := s.LibvirtCluster.Spec.StoragePool
-		if p.Name != "" {
-			spec = virt.PoolSpec{Name: p.Name}
-		}
-		if p.Path != "" {
-			spec.Path = p.Path
-		}
-	}
-	if recorded := s.LibvirtMachine.Annotations[PoolAnnotation]; recorded != "" && recorded != spec.Name {
-		spec = virt.PoolSpec{Name: recorded}
-	}
-	return spec
+	return recordedPool(ClusterPool(s.LibvirtCluster), s.LibvirtMachine.Annotations)
 }
 
 // NetworkRef is the network a machine's NIC joins: a libvirt network
@@ -274,26 +248,7 @@ func (s *MachineScope) RecordPlacement() {
 
 // Hardware is the machine's virtual hardware with defaults applied.
 func (s *MachineScope) Hardware() infrav1.VirtualHardware {
-	hw := s.LibvirtMachine.Spec.VirtualHardware
-	if hw.CPUs == 0 {
-		hw.CPUs = infrav1.DefaultMachineCPUs
-	}
-	if hw.MemoryMiB == 0 {
-		hw.MemoryMiB = infrav1.DefaultMachineMemoryMiB
-	}
-	if hw.DomainType == "" {
-		hw.DomainType = infrav1.DomainTypeKVM
-	}
-	if hw.CPUMode == "" {
-		hw.CPUMode = infrav1.CPUModeHostPassthrough
-		if hw.DomainType == infrav1.DomainTypeQEMU {
-			hw.CPUMode = infrav1.CPUModeMaximum
-		}
-	}
-	if hw.DomainType != infrav1.DomainTypeQEMU {
-		hw.TCGTranslationCacheMiB = 0
-	}
-	return hw
+	return defaultHardware(s.LibvirtMachine.Spec.VirtualHardware, infrav1.DefaultMachineCPUs, infrav1.DefaultMachineMemoryMiB)
 }
 
 // DiskSizeBytes is the requested root disk size.
@@ -377,42 +332,6 @@ func (s *MachineScope) SetFailure(reason, message string) {
 	s.Event(corev1.EventTypeWarning, "TerminalFailure", message)
 }
 
-// SetCondition sets a condition. A transition to True, or to a reason
-// that means something is wrong, is also recorded as an event (Normal or
-// Warning); moving between waiting reasons is not. Messages must never
-// contain bootstrap data.
-func (s *MachineScope) SetCondition(condType string, status metav1.ConditionStatus, reason, message string) {
-	var old *metav1.Condition
-	if c := conditions.Get(s.LibvirtMachine, condType); c != nil {
-		prev := *c // Get points into the slice that Set updates in place
-		old = &prev
-	}
-	conditions.Set(s.LibvirtMachine, metav1.Condition{Type: condType, Status: status, Reason: reason, Message: message})
-	if old != nil && old.Status == status && old.Reason == reason {
-		return
-	}
-	text := fmt.Sprintf("%s is %s", condType, status)
-	if message != "" {
-		text += ": " + message
-	}
-	switch {
-	case status == metav1.ConditionTrue && (old == nil || old.Status != metav1.ConditionTrue):
-		s.Event(corev1.EventTypeNormal, reason, text)
-	case status == metav1.ConditionFalse && !isProgressReason(reason):
-		s.Event(corev1.EventTypeWarning, reason, text)
-	}
-}
-
-// MarkTrue sets condType True with reason.
-func (s *MachineScope) MarkTrue(condType, reason, message string) {
-	s.SetCondition(condType, metav1.ConditionTrue, reason, message)
-}
-
-// MarkFalse sets condType False with reason.
-func (s *MachineScope) MarkFalse(condType, reason, format string, args ...any) {
-	s.SetCondition(condType, metav1.ConditionFalse, reason, fmt.Sprintf(format, args...))
-}
-
 // MarkWaiting sets every step condition that is not True to False with
 // reason: the machine waits for something outside the provider.
 func (s *MachineScope) MarkWaiting(reason, message string) {
@@ -439,34 +358,4 @@ func (s *MachineScope) ClearWaiting(reasons ...string) {
 			}
 		}
 	}
-}
-
-// isProgressReason tells the reasons of a False condition that mean
-// "under way" rather than "something is wrong".
-func isProgressReason(reason string) bool {
-	return strings.HasPrefix(reason, "Waiting") || reason == infrav1.ProvisioningReason || reason == infrav1.DeletingReason
-}
-
-// Event records an event on the LibvirtMachine.
-func (s *MachineScope) Event(eventType, reason, message string) {
-	s.recorder.Event(s.LibvirtMachine, eventType, reason, message)
-}
-
-// PatchObject persists the LibvirtMachine now: before creating something
-// in libvirt whose identity must survive a crash (finalizer, MAC, placement).
-func (s *MachineScope) PatchObject(ctx context.Context) error {
-	return s.patchHelper.Patch(ctx, s.LibvirtMachine, patch.WithOwnedConditions{Conditions: ownedConditions})
-}
-
-// Close computes the Ready summary and persists the LibvirtMachine. A
-// LibvirtMachine that is gone (its finalizer was just removed) is success.
-func (s *MachineScope) Close(ctx context.Context) error {
-	if err := conditions.SetSummaryCondition(s.LibvirtMachine, s.LibvirtMachine, clusterv1.ReadyCondition,
-		conditions.ForConditionTypes(StepConditions)); err != nil {
-		return fmt.Errorf("summarising conditions: %w", err)
-	}
-	if err := s.PatchObject(ctx); err != nil && !apierrors.IsNotFound(err) {
-		return err
-	}
-	return nil
 }

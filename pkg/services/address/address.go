@@ -23,12 +23,12 @@ const macCandidates = 8
 const waitForNetwork = 30 * time.Second
 
 // Service owns the AddressReserved condition.
-type Service struct{ scope *scope.MachineScope }
+type Service struct{ scope scope.VM }
 
 var _ services.Service = (*Service)(nil)
 
 // New returns the address reservation service of s.
-func New(s *scope.MachineScope) *Service { return &Service{scope: s} }
+func New(s scope.VM) *Service { return &Service{scope: s} }
 
 // Reconcile chooses the MAC (persisting it and the placement before
 // anything exists in libvirt) and reserves an address for it.
@@ -48,7 +48,7 @@ func (svc *Service) Reconcile(ctx context.Context) error {
 			fmt.Sprintf("Host bridge %s: the address comes from the LAN's DHCP server", network.Bridge))
 		return nil
 	}
-	ip, err := s.Host.ReserveAddress(ctx, network.Name, virt.Reservation{MAC: s.MAC()})
+	ip, err := s.LibvirtHost().ReserveAddress(ctx, network.Name, virt.Reservation{MAC: s.MAC()})
 	var conflict *virt.AddressConflictError
 	switch {
 	case err == nil:
@@ -86,7 +86,7 @@ func (svc *Service) ensureMAC(ctx context.Context, network scope.NetworkRef) err
 	var taken []virt.Reservation
 	if network.Name != "" {
 		var err error
-		taken, err = s.Host.Reservations(ctx, network.Name)
+		taken, err = s.LibvirtHost().Reservations(ctx, network.Name)
 		switch {
 		case errors.Is(err, virt.ErrNoDHCP):
 		case virt.IsNotFound(err):
@@ -98,7 +98,7 @@ func (svc *Service) ensureMAC(ctx context.Context, network scope.NetworkRef) err
 		}
 	}
 	mac := ""
-	for _, c := range scope.MACCandidates(string(s.LibvirtMachine.UID), macCandidates) {
+	for _, c := range scope.MACCandidates(s.MACSeed(), macCandidates) {
 		if !reserved(taken, c.String()) {
 			mac = c.String()
 			break
@@ -131,7 +131,7 @@ func (svc *Service) Delete(ctx context.Context) error {
 	if s.MAC() == "" || network.Name == "" {
 		return nil
 	}
-	if err := s.Host.ReleaseAddress(ctx, network.Name, s.MAC()); err != nil && !virt.IsNotFound(err) {
+	if err := s.LibvirtHost().ReleaseAddress(ctx, network.Name, s.MAC()); err != nil && !virt.IsNotFound(err) {
 		return fmt.Errorf("releasing the address of %s: %w", s.MAC(), err)
 	}
 	return nil

@@ -23,24 +23,24 @@ const (
 )
 
 // Service owns the DiskReady condition.
-type Service struct{ scope *scope.MachineScope }
+type Service struct{ scope scope.VM }
 
 var _ services.Service = (*Service)(nil)
 
 // New returns the disk service of s.
-func New(s *scope.MachineScope) *Service { return &Service{scope: s} }
+func New(s scope.VM) *Service { return &Service{scope: s} }
 
 // Reconcile ensures the overlay exists with at least the requested size.
 func (svc *Service) Reconcile(ctx context.Context) error {
 	s := svc.scope
 	pool := s.Pool()
 	want := s.DiskSizeBytes()
-	if info, err := s.Host.VolumeInfo(ctx, pool.Name, s.OverlayVolume()); err == nil && info.CapacityBytes >= want {
+	if info, err := s.LibvirtHost().VolumeInfo(ctx, pool.Name, s.OverlayVolume()); err == nil && info.CapacityBytes >= want {
 		s.MarkTrue(infrav1.DiskReadyCondition, infrav1.ReadyReason, "")
 		return nil
 	}
 	if pool.Path != "" {
-		if err := s.Host.EnsurePool(ctx, pool); err != nil {
+		if err := s.LibvirtHost().EnsurePool(ctx, pool); err != nil {
 			return svc.fail(err, "Ensuring storage pool %s: %v", pool.Name, err)
 		}
 	}
@@ -48,7 +48,7 @@ func (svc *Service) Reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.Host.EnsureOverlay(ctx, virt.OverlaySpec{
+	_, err = s.LibvirtHost().EnsureOverlay(ctx, virt.OverlaySpec{
 		Pool: pool.Name, Name: s.OverlayVolume(),
 		BackingPool: basePool, BackingVolume: baseVolume,
 		CapacityBytes: want,
@@ -63,7 +63,7 @@ func (svc *Service) Reconcile(ctx context.Context) error {
 // baseImage returns the base volume: imported from spec.image.url (named
 // after its checksum, so it is shared and never stale), or the named one.
 func (svc *Service) baseImage(ctx context.Context, pool string) (string, string, error) {
-	img := svc.scope.LibvirtMachine.Spec.Image
+	img := svc.scope.Image()
 	if img.Volume != nil {
 		p := img.Volume.Pool
 		if p == "" {
@@ -76,7 +76,7 @@ func (svc *Service) baseImage(ctx context.Context, pool string) (string, string,
 		svc.scope.MarkFalse(infrav1.DiskReadyCondition, infrav1.ImageNotFoundReason, "spec.image needs a volume, or a url with a sha256 checksum")
 		return "", "", services.Requeue(0, "no image")
 	}
-	info, err := svc.scope.Host.ImportImage(ctx, virt.ImageImport{
+	info, err := svc.scope.LibvirtHost().ImportImage(ctx, virt.ImageImport{
 		Pool: pool, Volume: scope.ImageVolumeName(sum), Source: img.URL, SHA256: sum,
 	})
 	if err != nil {
@@ -113,7 +113,7 @@ func (svc *Service) fail(err error, format string, args ...any) error {
 // Delete removes the overlay; the shared base image stays.
 func (svc *Service) Delete(ctx context.Context) error {
 	s := svc.scope
-	if err := s.Host.DeleteVolume(ctx, s.Pool().Name, s.OverlayVolume()); err != nil && !virt.IsNotFound(err) {
+	if err := s.LibvirtHost().DeleteVolume(ctx, s.Pool().Name, s.OverlayVolume()); err != nil && !virt.IsNotFound(err) {
 		return fmt.Errorf("deleting the root disk: %w", err)
 	}
 	return nil

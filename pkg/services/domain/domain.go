@@ -21,7 +21,7 @@ const DefaultShutdownTimeout = 30 * time.Second
 
 // Service owns the DomainReady condition.
 type Service struct {
-	scope           *scope.MachineScope
+	scope           scope.VM
 	shutdownTimeout time.Duration
 }
 
@@ -29,7 +29,7 @@ var _ services.Service = (*Service)(nil)
 
 // New returns the domain service of s; a zero shutdownTimeout means
 // DefaultShutdownTimeout.
-func New(s *scope.MachineScope, shutdownTimeout time.Duration) *Service {
+func New(s scope.VM, shutdownTimeout time.Duration) *Service {
 	if shutdownTimeout <= 0 {
 		shutdownTimeout = DefaultShutdownTimeout
 	}
@@ -43,7 +43,7 @@ func New(s *scope.MachineScope, shutdownTimeout time.Duration) *Service {
 // it would silently give the Machine a fresh, unbootstrapped disk.
 func (svc *Service) Reconcile(ctx context.Context) error {
 	s := svc.scope
-	info, err := s.Host.DomainInfo(ctx, s.DomainName())
+	info, err := s.LibvirtHost().DomainInfo(ctx, s.DomainName())
 	switch {
 	case virt.IsNotFound(err) && s.IsProvisioned():
 		return svc.terminal(infrav1.DomainMissingReason, "Domain %s vanished after the machine was provisioned", s.DomainName())
@@ -82,17 +82,17 @@ func (svc *Service) Reconcile(ctx context.Context) error {
 func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 	s := svc.scope
 	pool := s.Pool().Name
-	disk, err := s.Host.VolumeInfo(ctx, pool, s.OverlayVolume())
+	disk, err := s.LibvirtHost().VolumeInfo(ctx, pool, s.OverlayVolume())
 	if err != nil {
 		return virt.DomainInfo{}, fmt.Errorf("looking up the root disk: %w", err)
 	}
-	seed, err := s.Host.VolumeInfo(ctx, pool, s.SeedVolume())
+	seed, err := s.LibvirtHost().VolumeInfo(ctx, pool, s.SeedVolume())
 	if err != nil {
 		return virt.DomainInfo{}, fmt.Errorf("looking up the seed: %w", err)
 	}
 	hw := s.Hardware()
 	network := s.Network()
-	info, err := s.Host.EnsureDomain(ctx, virt.DomainSpec{
+	info, err := s.LibvirtHost().EnsureDomain(ctx, virt.DomainSpec{
 		Name: s.DomainName(), UUID: s.DomainUUID(), Owner: s.Owner(),
 		Type: string(hw.DomainType), CPUMode: string(hw.CPUMode),
 		VCPUs: uint(hw.CPUs), MemoryMiB: uint64(hw.MemoryMiB), TCGCacheMiB: uint64(hw.TCGTranslationCacheMiB),
@@ -115,7 +115,7 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 // that cannot start again is a terminal failure.
 func (svc *Service) start(ctx context.Context, info virt.DomainInfo) error {
 	s := svc.scope
-	err := s.Host.StartDomain(ctx, s.DomainName())
+	err := s.LibvirtHost().StartDomain(ctx, s.DomainName())
 	var startErr *virt.DomainStartError
 	switch {
 	case err == nil:
@@ -171,7 +171,7 @@ func (svc *Service) reportHardware(info virt.DomainInfo) {
 // A domain of our name with another UUID is not ours and is left alone.
 func (svc *Service) Delete(ctx context.Context) error {
 	s := svc.scope
-	info, err := s.Host.DomainInfo(ctx, s.DomainName())
+	info, err := s.LibvirtHost().DomainInfo(ctx, s.DomainName())
 	switch {
 	case virt.IsNotFound(err):
 		return nil
@@ -181,10 +181,10 @@ func (svc *Service) Delete(ctx context.Context) error {
 		s.Event("Warning", "DomainNotOwned", fmt.Sprintf("Domain %s has UUID %s, not %s: leaving it alone", s.DomainName(), info.UUID, s.DomainUUID()))
 		return nil
 	}
-	if err := s.Host.ShutdownDomain(ctx, s.DomainName(), svc.shutdownTimeout); err != nil && !virt.IsNotFound(err) {
+	if err := s.LibvirtHost().ShutdownDomain(ctx, s.DomainName(), svc.shutdownTimeout); err != nil && !virt.IsNotFound(err) {
 		return fmt.Errorf("shutting down domain %s: %w", s.DomainName(), err)
 	}
-	if err := s.Host.DeleteDomain(ctx, s.DomainName()); err != nil && !virt.IsNotFound(err) {
+	if err := s.LibvirtHost().DeleteDomain(ctx, s.DomainName()); err != nil && !virt.IsNotFound(err) {
 		return fmt.Errorf("deleting domain %s: %w", s.DomainName(), err)
 	}
 	return nil

@@ -13,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/cloudinit"
@@ -30,12 +29,27 @@ const FormatCloudConfig = "cloud-config"
 const recheckSecret = 30 * time.Second
 
 // Service owns the BootstrapDataReady condition.
-type Service struct{ scope *scope.MachineScope }
+type Service struct {
+	scope scope.VM
+	// userData returns the seed's user-data: the machine's bootstrap
+	// Secret, or what the caller generated.
+	userData func(context.Context) ([]byte, error)
+}
 
 var _ services.Service = (*Service)(nil)
 
-// New returns the seed service of s.
-func New(s *scope.MachineScope) *Service { return &Service{scope: s} }
+// New returns the seed service of s, whose user-data is the Machine's
+// bootstrap data.
+func New(s *scope.MachineScope) *Service {
+	return &Service{scope: s, userData: func(ctx context.Context) ([]byte, error) { return bootstrapData(ctx, s) }}
+}
+
+// NewWithUserData returns the seed service of a VM whose user-data the
+// caller generates (the load balancer's). It must not be secret: it is not
+// read from a Secret and may be rebuilt at any time.
+func NewWithUserData(s scope.VM, userData []byte) *Service {
+	return &Service{scope: s, userData: func(context.Context) ([]byte, error) { return userData, nil }}
+}
 
 // Reconcile uploads the seed unless it is known complete: the volume exists
 // and BootstrapDataReady was persisted True after an upload. A volume
@@ -45,15 +59,15 @@ func New(s *scope.MachineScope) *Service { return &Service{scope: s} }
 func (svc *Service) Reconcile(ctx context.Context) error {
 	s := svc.scope
 	pool := s.Pool().Name
-	_, err := s.Host.VolumeInfo(ctx, pool, s.SeedVolume())
+	_, err := s.LibvirtHost().VolumeInfo(ctx, pool, s.SeedVolume())
 	switch {
-	case err == nil && conditions.IsTrue(s.LibvirtMachine, infrav1.BootstrapDataReadyCondition):
+	case err == nil && s.IsTrue(infrav1.BootstrapDataReadyCondition):
 		return nil
 	case err != nil && !virt.IsNotFound(err):
 		s.MarkFalse(infrav1.BootstrapDataReadyCondition, infrav1.LibvirtErrorReason, "Looking up the seed volume: %v", err)
 		return err
 	}
-	userData, err := svc.bootstrapData(ctx)
+	userData, err := svc.userData(ctx)
 	if err != nil {
 		return err
 	}
@@ -67,7 +81,7 @@ func (svc *Service) Reconcile(ctx context.Context) error {
 		s.MarkFalse(infrav1.BootstrapDataReadyCondition, infrav1.LibvirtErrorReason, "Building the seed: %v", err)
 		return services.Requeue(0, "invalid seed")
 	}
-	if _, err := s.Host.UploadVolume(ctx, pool, s.SeedVolume(), iso); err != nil {
+	if _, err := s.LibvirtHost().UploadVolume(ctx, pool, s.SeedVolume(), iso); err != nil {
 		reason := infrav1.LibvirtErrorReason
 		if errors.Is(err, virt.ErrPoolFull) {
 			reason = infrav1.PoolFullReason
@@ -80,8 +94,7 @@ func (svc *Service) Reconcile(ctx context.Context) error {
 }
 
 // bootstrapData reads value and format from the Machine's bootstrap Secret.
-func (svc *Service) bootstrapData(ctx context.Context) ([]byte, error) {
-	s := svc.scope
+func bootstrapData(ctx context.Context, s *scope.MachineScope) ([]byte, error) {
 	name := s.BootstrapDataSecretName()
 	if name == nil {
 		s.MarkFalse(infrav1.BootstrapDataReadyCondition, infrav1.WaitingForBootstrapDataReason, "Waiting for the bootstrap provider")
@@ -116,7 +129,7 @@ func (svc *Service) bootstrapData(ctx context.Context) ([]byte, error) {
 // Delete removes the seed volume.
 func (svc *Service) Delete(ctx context.Context) error {
 	s := svc.scope
-	if err := s.Host.DeleteVolume(ctx, s.Pool().Name, s.SeedVolume()); err != nil && !virt.IsNotFound(err) {
+	if err := s.LibvirtHost().DeleteVolume(ctx, s.Pool().Name, s.SeedVolume()); err != nil && !virt.IsNotFound(err) {
 		return fmt.Errorf("deleting the seed: %w", err)
 	}
 	return nil

@@ -1,0 +1,200 @@
+package scope
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// loadBalancerSuffix ends the HAProxy VM's domain name. Kubernetes names
+// never contain '_', so no machine's domain (DomainName) can be named so.
+const loadBalancerSuffix = "_lb"
+
+// ClusterNetworkName is the NAT network the provider creates for the
+// LibvirtCluster namespace/name. It follows DomainName's scheme, so it is
+// unique across namespaces; networks and domains are separate libvirt
+// namespaces, so it never collides with a machine's domain.
+func ClusterNetworkName(namespace, name string) string { return DomainName(namespace, name) }
+
+// LoadBalancerDomainName is the HAProxy VM of the LibvirtCluster
+// namespace/name.
+func LoadBalancerDomainName(namespace, name string) string {
+	return DomainName(namespace, name) + loadBalancerSuffix
+}
+
+// loadBalancerHostname is the HAProxy VM's hostname: one DNS label built
+// from the cluster's name.
+func loadBalancerHostname(cluster string) string {
+	h := strings.ReplaceAll(cluster, ".", "-")
+	if len(h) > 60 {
+		h = h[:60]
+	}
+	return strings.TrimRight(h, "-") + "-lb"
+}
+
+// LoadBalancerScope is the HAProxy VM of a cluster as the machine services
+// (address, disk, seed, domain) see it. The VM's steps have no conditions
+// of their own: a step that fails or waits sets LoadBalancerReady False
+// with its reason; LoadBalancerReady turns True only once HAProxy serves.
+type LoadBalancerScope struct {
+	c *ClusterScope
+}
+
+var _ VM = (*LoadBalancerScope)(nil)
+
+// LoadBalancer returns the scope of the cluster's HAProxy VM.
+func (s *ClusterScope) LoadBalancer() *LoadBalancerScope { return &LoadBalancerScope{c: s} }
+
+// LoadBalancerStatus returns status.loadBalancer, creating it.
+func (s *ClusterScope) LoadBalancerStatus() *infrav1.LoadBalancerStatus {
+	st := &s.LibvirtCluster.Status
+	if st.LoadBalancer == nil {
+		st.LoadBalancer = &infrav1.LoadBalancerStatus{}
+	}
+	return st.LoadBalancer
+}
+
+// Cluster is the scope of the cluster the VM serves.
+func (s *LoadBalancerScope) Cluster() *ClusterScope { return s.c }
+
+// LibvirtHost is the cluster's libvirt host.
+func (s *LoadBalancerScope) LibvirtHost() virt.Host { return s.c.Host }
+
+// DomainName is the VM's domain (see LoadBalancerDomainName).
+func (s *LoadBalancerScope) DomainName() string {
+	return LoadBalancerDomainName(s.c.Namespace(), s.c.Name())
+}
+
+// DomainUUID is derived from the LibvirtCluster's UID.
+func (s *LoadBalancerScope) DomainUUID() string { return DomainUUID(s.MACSeed()) }
+
+// OverlayVolume is the name of the VM's root disk volume.
+func (s *LoadBalancerScope) OverlayVolume() string { return OverlayVolumeName(s.DomainName()) }
+
+// SeedVolume is the name of the VM's NoCloud seed volume.
+func (s *LoadBalancerScope) SeedVolume() string { return SeedVolumeName(s.DomainName()) }
+
+// Hostname is "<cluster>-lb".
+func (s *LoadBalancerScope) Hostname() string {
+	name := s.c.ClusterName()
+	if name == "" {
+		name = s.c.Name()
+	}
+	return loadBalancerHostname(name)
+}
+
+// Owner is the LibvirtCluster.
+func (s *LoadBalancerScope) Owner() virt.Owner { return s.c.Owner() }
+
+// MACSeed derives the VM's MACs and UUID from the LibvirtCluster's UID,
+// marked so they differ from anything derived from that UID for a machine.
+func (s *LoadBalancerScope) MACSeed() string { return "loadbalancer/" + string(s.c.LibvirtCluster.UID) }
+
+// Pool is the cluster's pool (see ClusterScope.Pool).
+func (s *LoadBalancerScope) Pool() virt.PoolSpec { return s.c.Pool() }
+
+// Network is the cluster's network from status.network; zero until known.
+func (s *LoadBalancerScope) Network() NetworkRef {
+	n := s.c.LibvirtCluster.Status.Network
+	switch {
+	case n == nil:
+		return NetworkRef{}
+	case n.Name != "":
+		return NetworkRef{Name: n.Name}
+	default:
+		return NetworkRef{Bridge: n.Bridge}
+	}
+}
+
+// Hardware is spec.loadBalancer's hardware with defaults applied.
+func (s *LoadBalancerScope) Hardware() infrav1.VirtualHardware {
+	return defaultHardware(s.c.LibvirtCluster.Spec.LoadBalancer.VirtualHardware,
+		infrav1.DefaultLoadBalancerCPUs, infrav1.DefaultLoadBalancerMemoryMiB)
+}
+
+// DiskSizeBytes is zero: the root disk has the base image's size.
+func (s *LoadBalancerScope) DiskSizeBytes() uint64 { return 0 }
+
+// Image is spec.loadBalancer.image, else DefaultLoadBalancerImageVolume in
+// the cluster's pool.
+func (s *LoadBalancerScope) Image() infrav1.ImageSource {
+	if img := s.c.LibvirtCluster.Spec.LoadBalancer.Image; img != nil {
+		return *img
+	}
+	return infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: infrav1.DefaultLoadBalancerImageVolume}}
+}
+
+// domainStatus returns status.loadBalancer.domain with the derived
+// identity filled in.
+func (s *LoadBalancerScope) domainStatus() *infrav1.DomainStatus {
+	st := s.c.LoadBalancerStatus()
+	if st.Domain == nil {
+		st.Domain = &infrav1.DomainStatus{}
+	}
+	st.Domain.Name = s.DomainName()
+	st.Domain.UUID = s.DomainUUID()
+	st.Domain.Host = s.c.HostName
+	return st.Domain
+}
+
+// MAC is the NIC's MAC once chosen, else "".
+func (s *LoadBalancerScope) MAC() string {
+	if lb := s.c.LibvirtCluster.Status.LoadBalancer; lb != nil && lb.Domain != nil {
+		return lb.Domain.MAC
+	}
+	return ""
+}
+
+// SetMAC records the chosen MAC in status.loadBalancer.domain.
+func (s *LoadBalancerScope) SetMAC(mac string) { s.domainStatus().MAC = strings.ToLower(mac) }
+
+// RecordPlacement records the pool of the VM's volumes (once), so that
+// deletion finds them after spec.storagePool changed. The network is
+// status.network, which is kept until deletion.
+func (s *LoadBalancerScope) RecordPlacement() {
+	lc := s.c.LibvirtCluster
+	if lc.Annotations == nil {
+		lc.Annotations = map[string]string{}
+	}
+	if lc.Annotations[PoolAnnotation] == "" {
+		lc.Annotations[PoolAnnotation] = s.Pool().Name
+	}
+}
+
+// PatchObject persists the LibvirtCluster.
+func (s *LoadBalancerScope) PatchObject(ctx context.Context) error { return s.c.PatchObject(ctx) }
+
+// SetDomainState records libvirt's state of the VM.
+func (s *LoadBalancerScope) SetDomainState(state string) { s.domainStatus().State = state }
+
+// SetProviderID does nothing: the VM is no Machine.
+func (s *LoadBalancerScope) SetProviderID() {}
+
+// IsProvisioned is false: the HAProxy VM holds no state of its own (the
+// controller pushes its configuration), so a vanished or stopped VM is
+// recreated or restarted rather than given up on.
+func (s *LoadBalancerScope) IsProvisioned() bool { return false }
+
+// IsTrue tells whether a step before the domain is complete: once the
+// domain was seen (its state recorded), all of them were.
+func (s *LoadBalancerScope) IsTrue(string) bool {
+	lb := s.c.LibvirtCluster.Status.LoadBalancer
+	return lb != nil && lb.Domain != nil && lb.Domain.State != ""
+}
+
+// MarkTrue does nothing: a finished step does not make the endpoint serve.
+func (s *LoadBalancerScope) MarkTrue(string, string, string) {}
+
+// MarkFalse reports a failing or waiting step as LoadBalancerReady False
+// with the step's reason.
+func (s *LoadBalancerScope) MarkFalse(_ string, reason, format string, args ...any) {
+	s.c.MarkFalse(infrav1.LoadBalancerReadyCondition, reason, "HAProxy VM %s: %s", s.DomainName(), fmt.Sprintf(format, args...))
+}
+
+// Event records an event on the LibvirtCluster.
+func (s *LoadBalancerScope) Event(eventType, reason, message string) {
+	s.c.Event(eventType, reason, message)
+}

@@ -1,0 +1,158 @@
+package loadbalancer
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+)
+
+func backend(machine, address string, state infrav1.BackendState) infrav1.LoadBalancerBackend {
+	return infrav1.LoadBalancerBackend{Machine: machine, Address: address, State: state}
+}
+
+func TestRender(t *testing.T) {
+	two := []infrav1.LoadBalancerBackend{
+		backend("cp-0", "192.168.150.10", infrav1.BackendActive),
+		backend("cp-1", "192.168.150.11", infrav1.BackendDraining),
+	}
+	tests := []struct {
+		name      string
+		cfg       Config
+		want      []string
+		wantNot   []string
+		sameIDAs  *Config
+		otherIDAs *Config
+	}{{
+		name:    "no backends yet: the frontend listens, the backend is empty",
+		cfg:     Config{FrontendPort: 6443, BackendPort: 6443},
+		want:    []string{"bind *:6443", "backend control-plane", "stats socket ipv4@127.0.0.1:9000 level user"},
+		wantNot: []string{"  server "},
+	}, {
+		name: "active and draining servers, TLS health check of /readyz",
+		cfg:  Config{FrontendPort: 6443, BackendPort: 6443, Backends: two},
+		want: []string{
+			"server cp-0 192.168.150.10:6443 weight 1",
+			"server cp-1 192.168.150.11:6443 weight 0",
+			"option httpchk GET /readyz",
+			"default-server check check-ssl verify none inter 2s fall 2 rise 2",
+		},
+	}, {
+		name: "frontend and backend ports differ",
+		cfg:  Config{FrontendPort: 443, BackendPort: 8443, Backends: two[:1]},
+		want: []string{"bind *:443", "server cp-0 192.168.150.10:8443 weight 1"},
+	}, {
+		name:     "same input, same ID",
+		cfg:      Config{FrontendPort: 6443, BackendPort: 6443, Backends: two},
+		sameIDAs: &Config{FrontendPort: 6443, BackendPort: 6443, Backends: append([]infrav1.LoadBalancerBackend(nil), two...)},
+	}, {
+		name:      "a drained backend changes the ID",
+		cfg:       Config{FrontendPort: 6443, BackendPort: 6443, Backends: two},
+		otherIDAs: &Config{FrontendPort: 6443, BackendPort: 6443, Backends: []infrav1.LoadBalancerBackend{two[0], backend("cp-1", "192.168.150.11", infrav1.BackendActive)}},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, id, err := tt.cfg.Render()
+			if err != nil {
+				t.Fatal(err)
+			}
+			text := string(out)
+			if !strings.HasPrefix(id, idPrefix) || !strings.Contains(text, "  description "+id+"\n") {
+				t.Errorf("ID %q not in the global description:\n%s", id, text)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(text, w) {
+					t.Errorf("missing %q in:\n%s", w, text)
+				}
+			}
+			for _, w := range tt.wantNot {
+				if strings.Contains(text, w) {
+					t.Errorf("unexpected %q in:\n%s", w, text)
+				}
+			}
+			if tt.sameIDAs != nil {
+				if _, other, _ := tt.sameIDAs.Render(); other != id {
+					t.Errorf("IDs differ: %s, %s", id, other)
+				}
+			}
+			if tt.otherIDAs != nil {
+				if _, other, _ := tt.otherIDAs.Render(); other == id {
+					t.Errorf("IDs equal: %s", id)
+				}
+			}
+			checkWithHAProxy(t, out)
+		})
+	}
+}
+
+// checkWithHAProxy runs the host's haproxy (the VM image's version, which
+// hack/prepare-host.sh installs) over the configuration.
+func checkWithHAProxy(t *testing.T, cfg []byte) {
+	t.Helper()
+	bin, err := exec.LookPath("haproxy")
+	if err != nil {
+		t.Logf("no haproxy on this host: configuration not checked (%v)", err)
+		return
+	}
+	path := filepath.Join(t.TempDir(), "haproxy.cfg")
+	if err := os.WriteFile(path, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "-c", "-q", "-f", path).CombinedOutput(); err != nil {
+		t.Errorf("haproxy -c: %v: %s\n%s", err, out, cfg)
+	}
+}
+
+func TestStates(t *testing.T) {
+	tests := []struct {
+		name  string
+		cands []candidate
+		want  map[string]infrav1.BackendState
+	}{{
+		name:  "all active",
+		cands: []candidate{{machine: "b", address: "10.0.0.2"}, {machine: "a", address: "10.0.0.1"}},
+		want:  map[string]infrav1.BackendState{"a": infrav1.BackendActive, "b": infrav1.BackendActive},
+	}, {
+		name:  "a deleting machine drains while another takes connections",
+		cands: []candidate{{machine: "a", address: "10.0.0.1", deleting: true}, {machine: "b", address: "10.0.0.2"}},
+		want:  map[string]infrav1.BackendState{"a": infrav1.BackendDraining, "b": infrav1.BackendActive},
+	}, {
+		name:  "the last API server is not drained",
+		cands: []candidate{{machine: "a", address: "10.0.0.1", deleting: true}},
+		want:  map[string]infrav1.BackendState{"a": infrav1.BackendActive},
+	}, {
+		name:  "all deleting: none drained",
+		cands: []candidate{{machine: "a", address: "10.0.0.1", deleting: true}, {machine: "b", address: "10.0.0.2", deleting: true}},
+		want:  map[string]infrav1.BackendState{"a": infrav1.BackendActive, "b": infrav1.BackendActive},
+	}, {
+		name: "none",
+		want: map[string]infrav1.BackendState{},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := states(tt.cands)
+			if len(got) != len(tt.want) {
+				t.Fatalf("got %v", got)
+			}
+			for i, b := range got {
+				if i > 0 && got[i-1].Machine >= b.Machine {
+					t.Errorf("not sorted: %v", got)
+				}
+				if tt.want[b.Machine] != b.State {
+					t.Errorf("%s: %s, want %s", b.Machine, b.State, tt.want[b.Machine])
+				}
+			}
+		})
+	}
+}
+
+func TestParseInfo(t *testing.T) {
+	out := "Name: HAProxy\nVersion: 2.6.12-1+deb12u4\nPid: 812\nUptime_sec: 77\ndescription: capl-config-0123\nnode: lb\n\n"
+	info := ParseInfo(out)
+	if info["Pid"] != "812" || info["description"] != "capl-config-0123" || info["Version"] != "2.6.12-1+deb12u4" {
+		t.Errorf("ParseInfo = %v", info)
+	}
+}

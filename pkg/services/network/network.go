@@ -1,0 +1,116 @@
+// Package network gives a cluster its network: an existing libvirt network
+// or host bridge the user names, or a NAT network the provider creates
+// with a subnet that collides with nothing on the host.
+package network
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// recheck is how often a problem the user fixes outside the provider (a
+// missing network, a colliding route) is looked at again; nothing watches
+// the host's routes or networks.
+const recheck = time.Minute
+
+// Service owns the NetworkReady condition.
+type Service struct{ scope *scope.ClusterScope }
+
+var _ services.Service = (*Service)(nil)
+
+// New returns the network service of s.
+func New(s *scope.ClusterScope) *Service { return &Service{scope: s} }
+
+// Reconcile uses or creates the network and records it in status.network.
+func (svc *Service) Reconcile(ctx context.Context) error {
+	s := svc.scope
+	spec := s.LibvirtCluster.Spec.Network
+	var (
+		info virt.NetworkInfo
+		err  error
+		what string
+	)
+	switch {
+	case spec.Name != "":
+		what = "network " + spec.Name
+		info, err = s.Host.UseNetwork(ctx, spec.Name)
+	case spec.Bridge != "":
+		what = "host bridge " + spec.Bridge
+		info, err = s.Host.UseBridge(ctx, spec.Bridge)
+	default:
+		what = "network " + s.NetworkName()
+		want := virt.NetworkSpec{Name: s.NetworkName(), Owner: s.Owner()}
+		if spec.CIDR != "" {
+			if want.CIDR, err = netip.ParsePrefix(spec.CIDR); err != nil {
+				// The CRD validates the CIDR; this is a defence only.
+				s.MarkFalse(infrav1.NetworkReadyCondition, string(virt.ConflictInvalidSpec), "spec.network.cidr %q: %v", spec.CIDR, err)
+				return services.Requeue(0, "invalid cidr")
+			}
+		}
+		info, err = s.Host.EnsureNetwork(ctx, want)
+	}
+	if err != nil {
+		return svc.fail(what, err)
+	}
+	s.SetNetwork(info)
+	msg := what
+	if info.CIDR.IsValid() {
+		msg += " (" + info.CIDR.String() + ")"
+	}
+	if info.Bridge != "" && spec.Bridge == "" {
+		msg += " on bridge " + info.Bridge
+	}
+	s.MarkTrue(infrav1.NetworkReadyCondition, infrav1.ReadyReason, msg)
+	return nil
+}
+
+// fail sets NetworkReady False with the reason the error calls for. A
+// conflict's reason names what collided (e.g. SubnetConflict, with the
+// route or network in the message).
+func (svc *Service) fail(what string, err error) error {
+	s := svc.scope
+	var conflict *virt.NetworkConflictError
+	switch {
+	case errors.As(err, &conflict):
+		s.MarkFalse(infrav1.NetworkReadyCondition, string(conflict.Reason), "%s", conflict.Error())
+		return services.Requeue(recheck, "network conflict")
+	case errors.Is(err, virt.ErrNetworkInactive):
+		s.MarkFalse(infrav1.NetworkReadyCondition, infrav1.NetworkInactiveReason, "%s exists but is not active; the provider does not start networks it does not own", what)
+		return services.Requeue(recheck, "network inactive")
+	case virt.IsNotFound(err):
+		s.MarkFalse(infrav1.NetworkReadyCondition, infrav1.NetworkNotFoundReason, "%s does not exist", what)
+		return services.Requeue(recheck, "network missing")
+	default:
+		s.MarkFalse(infrav1.NetworkReadyCondition, infrav1.LibvirtErrorReason, "%s: %v", what, err)
+		return fmt.Errorf("%s: %w", what, err)
+	}
+}
+
+// Delete removes the NAT network the provider created for the cluster, if
+// any, once no domain uses it. Networks the user named are never touched;
+// one that carries no ownership metadata is not ours either.
+func (svc *Service) Delete(ctx context.Context) error {
+	s := svc.scope
+	if !s.OwnsNetworkName() {
+		return nil
+	}
+	err := s.Host.DeleteNetwork(ctx, s.NetworkName())
+	var inUse *virt.NetworkInUseError
+	switch {
+	case err == nil, errors.Is(err, virt.ErrNetworkNotOwned):
+		return nil
+	case errors.As(err, &inUse):
+		s.MarkFalse(infrav1.NetworkReadyCondition, infrav1.NetworkInUseReason, "%v", inUse)
+		return services.Requeue(30*time.Second, "network in use")
+	default:
+		return fmt.Errorf("deleting network %s: %w", s.NetworkName(), err)
+	}
+}
