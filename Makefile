@@ -44,14 +44,40 @@ run: ## Run the manager against the management cluster of the current kubeconfig
 	go run ./cmd/manager --libvirt-uri=$(LIBVIRT_URI) --health-addr=127.0.0.1:9440 --diagnostics-address=127.0.0.1:8443
 
 .PHONY: build
-build: ## Build the manager binary into bin/.
+build: ## Build the manager and capl-dev (the one-host management plane) into bin/.
 	go build -o $(BIN)/manager ./cmd/manager
+	go build -o $(BIN)/capl-dev ./cmd/capl-dev
+
+# Where `make up` keeps the management plane's etcd data, kubeconfig and logs.
+STATE_DIR ?= /var/lib/capi-libvirt/devplane
+# Extra flags for `capl-dev up`, e.g. UP_ARGS="--domain-type=kvm --workers=3".
+UP_ARGS ?=
+
+.PHONY: up
+up: prepare-host envtest images build ## One host, whole system: management plane (kube-apiserver, etcd, Cluster API, this provider) and a demo cluster.
+	KUBEBUILDER_ASSETS="$$(hack/envtest.sh)" $(BIN)/capl-dev up --state-dir=$(STATE_DIR) --libvirt-uri=$(LIBVIRT_URI) \
+		--manager=$(BIN)/manager --image-dir=$(CAPL_IMAGE_DIR) $(UP_ARGS)
+
+.PHONY: down
+down: ## Delete the demo cluster, stop the management plane and remove every VM, volume and network it made.
+	@test -x $(BIN)/capl-dev || $(MAKE) build
+	$(BIN)/capl-dev down --state-dir=$(STATE_DIR) --libvirt-uri=$(LIBVIRT_URI)
 
 ##@ Test
 
 .PHONY: test
 test: envtest images clusterctl ## Unit and integration tests (envtest + real libvirtd).
 	$(TEST_ENV) go test $(GO_TEST_FLAGS) ./...
+
+# Where the end-to-end suite writes its benchmark report and logs.
+ARTIFACTS ?= $(ROOT)/_artifacts
+# Extra flags for the end-to-end suite, e.g. E2E_ARGS="-e2e.kill-rounds=30".
+E2E_ARGS ?=
+
+.PHONY: test-e2e
+test-e2e: envtest images build ## End-to-end: management plane + real VMs, faults, bad input, leak checks; report in $(ARTIFACTS).
+	$(TEST_ENV) CAPL_E2E_ARTIFACTS=$(ARTIFACTS) CAPL_E2E_BIN=$(BIN) \
+		go test -tags e2e -count=1 -timeout=75m -v ./e2e/ -args $(E2E_ARGS)
 
 .PHONY: test-unit
 test-unit: ## Unit tests only: nothing outside the process.
