@@ -68,24 +68,11 @@ func (s *MachineScope) MACSeed() string { return string(s.LibvirtMachine.UID) }
 // Image is the machine's base image.
 func (s *MachineScope) Image() infrav1.ImageSource { return s.LibvirtMachine.Spec.Image }
 
-// defaultHardware fills the zero fields of hw: cpus and memoryMiB, the
-// kvm domain type, and the CPU mode that suits the domain type.
+// defaultHardware is hw with the API's defaults applied (the same the
+// webhooks write, for objects stored before they ran), and without a TCG
+// cache size when the domain does not run under TCG, where it means nothing.
 func defaultHardware(hw infrav1.VirtualHardware, cpus, memoryMiB int32) infrav1.VirtualHardware {
-	if hw.CPUs == 0 {
-		hw.CPUs = cpus
-	}
-	if hw.MemoryMiB == 0 {
-		hw.MemoryMiB = memoryMiB
-	}
-	if hw.DomainType == "" {
-		hw.DomainType = infrav1.DomainTypeKVM
-	}
-	if hw.CPUMode == "" {
-		hw.CPUMode = infrav1.CPUModeHostPassthrough
-		if hw.DomainType == infrav1.DomainTypeQEMU {
-			hw.CPUMode = infrav1.CPUModeMaximum
-		}
-	}
+	hw.Default(cpus, memoryMiB)
 	if hw.DomainType != infrav1.DomainTypeQEMU {
 		hw.TCGTranslationCacheMiB = 0
 	}
