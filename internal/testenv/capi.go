@@ -8,15 +8,19 @@ import (
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/cluster-api/core/reconcilers/cluster"
 	"sigs.k8s.io/cluster-api/core/reconcilers/machine"
+	"sigs.k8s.io/cluster-api/core/reconcilers/machinedeployment"
+	"sigs.k8s.io/cluster-api/core/reconcilers/machineset"
 	"sigs.k8s.io/cluster-api/core/setup"
 	"sigs.k8s.io/cluster-api/util/index"
 
@@ -30,11 +34,12 @@ const capiControllerName = "capi-testenv"
 // capiStarts counts StartCAPI calls in this process.
 var capiStarts atomic.Int64
 
-// CAPI is Cluster API's core Cluster and Machine controllers running in
-// this process against the environment, set up as CAPI's own manager
-// (core/main.go) sets them up: same cache and client options, indexes and
-// ClusterCache. No workload cluster is reachable, so Machines never get a
-// Node; everything up to the infrastructure contract is real.
+// CAPI is Cluster API's core Cluster, Machine, MachineSet and
+// MachineDeployment controllers running in this process against the
+// environment, set up as CAPI's own manager (core/main.go) sets them up:
+// same cache and client options, indexes, ClusterCache and MachineSet
+// preflight checks. No workload cluster is reachable, so Machines never get
+// a Node; everything up to the infrastructure contract is real.
 type CAPI struct {
 	cancel context.CancelFunc
 	done   chan error
@@ -95,6 +100,24 @@ func (e *Environment) StartCAPI() (*CAPI, error) {
 		RemoteConditionsGracePeriod: 5 * time.Minute,
 	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 10}); err != nil {
 		return fail(fmt.Errorf("setting up the Machine controller: %w", err))
+	}
+	// core/main.go's default for --machineset-preflight-checks.
+	preflightChecks := sets.New(clusterv1.MachineSetPreflightCheckAll)
+	if err := (&machineset.Reconciler{
+		Client:          mgr.GetClient(),
+		APIReader:       mgr.GetAPIReader(),
+		ClusterCache:    clusterCache,
+		PreflightChecks: preflightChecks,
+	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 10}); err != nil {
+		return fail(fmt.Errorf("setting up the MachineSet controller: %w", err))
+	}
+	// No RuntimeClient: core/main.go passes one for Runtime SDK extensions,
+	// which only the InPlaceUpdates feature gate (off) makes it call.
+	if err := (&machinedeployment.Reconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 10}); err != nil {
+		return fail(fmt.Errorf("setting up the MachineDeployment controller: %w", err))
 	}
 	c := &CAPI{cancel: cancel, done: make(chan error, 1)}
 	go func() {

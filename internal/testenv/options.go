@@ -26,6 +26,30 @@ func WithProviderWebhooks() Option {
 	}
 }
 
+// WithEtcdDataDir keeps etcd's data in dir, which survives Stop, so that a
+// later Start with the same dir finds every object again (the one-host
+// management plane of internal/devplane restarts this way).
+func WithEtcdDataDir(dir string) Option {
+	return func(env *envtest.Environment) error {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+		env.ControlPlane.Etcd = &envtest.Etcd{DataDir: dir}
+		return nil
+	}
+}
+
+// WithWebhookServing points the installed webhook configurations at
+// host:port instead of a random free port, for a webhook server that runs
+// in another process (see WebhookCertDir for its certificate).
+func WithWebhookServing(host string, port int) Option {
+	return func(env *envtest.Environment) error {
+		env.WebhookInstallOptions.LocalServingHost = host
+		env.WebhookInstallOptions.LocalServingPort = port
+		return nil
+	}
+}
+
 // WithClusterAPIWebhooks installs the webhook configurations of Cluster
 // API's core, kubeadm control plane and kubeadm bootstrap providers, and the
 // kubeadm CRDs. Serve them with StartManager and ClusterAPIWebhooks.

@@ -92,6 +92,14 @@ func (e *Environment) Stop() error {
 	return e.env.Stop()
 }
 
+// WebhookCertDir holds the tls.crt and tls.key, signed by the CA the
+// installed webhook configurations trust, that a webhook server must serve;
+// it is removed by Stop.
+func (e *Environment) WebhookCertDir() string { return e.env.WebhookInstallOptions.LocalServingCertDir }
+
+// WebhookPort is the local port the installed webhook configurations call.
+func (e *Environment) WebhookPort() int { return e.env.WebhookInstallOptions.LocalServingPort }
+
 // KubectlPath is the kubectl built next to kube-apiserver by hack/envtest.sh.
 func KubectlPath() string {
 	return filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl")

@@ -1,0 +1,293 @@
+package devplane
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/examples"
+)
+
+// Image files of `make images` the demo boots.
+const (
+	// NodeImageFile is the base image of the demo's machines.
+	NodeImageFile = "capl-debian-12.qcow2"
+	// HAProxyImageFile is the base image of the demo's load-balancer VM.
+	HAProxyImageFile = "capl-debian-12-haproxy.qcow2"
+)
+
+// Guest size of every demo VM: small enough that five machines and the
+// load balancer fit a laptop, enough for Debian and cloud-init.
+const (
+	demoCPUs      = 1
+	demoMemoryMiB = 512
+)
+
+// DemoOptions shape the demo cluster.
+type DemoOptions struct {
+	// Namespace and Name of the Cluster (default, demo).
+	Namespace, Name string
+	// ControlPlane is the number of control-plane Machines; Workers the
+	// MachineDeployment's replicas.
+	ControlPlane, Workers int32
+	// ImageDir holds NodeImageFile and HAProxyImageFile.
+	ImageDir string
+	// DomainType and CPUMode of every VM (see ChooseDomainType).
+	DomainType, CPUMode string
+	// TCGCacheMiB bounds QEMU's translation cache of qemu domains; 0 leaves it to QEMU.
+	TCGCacheMiB int32
+	// StoragePool is the LibvirtCluster's storage pool; empty means the
+	// provider's default pool.
+	StoragePool string
+}
+
+// Names of the demo's objects, derived from the cluster name.
+func controlPlaneSecretName(cluster string) string { return cluster + "-control-plane-bootstrap" }
+func workerSecretName(cluster string) string       { return cluster + "-worker-bootstrap" }
+func controlPlaneMachineName(cluster string, i int32) string {
+	return fmt.Sprintf("%s-control-plane-%d", cluster, i)
+}
+func machineDeploymentName(cluster string) string { return cluster + "-md-0" }
+
+// Demo renders the demo cluster: the bootstrap Secrets (user-data of
+// examples/demo, format cloud-config), the Cluster and its LibvirtCluster
+// (HAProxy load balancer booting HAProxyImageFile), ControlPlane
+// control-plane Machines with their LibvirtMachines, and a
+// LibvirtMachineTemplate with a MachineDeployment of Workers replicas. Every
+// Machine takes its bootstrap Secret directly through
+// spec.bootstrap.dataSecretName; no bootstrap or control-plane provider is
+// involved. Images are file:// URLs with checksums computed from the files.
+func Demo(o DemoOptions) ([]client.Object, error) {
+	if o.Namespace == "" {
+		o.Namespace = "default"
+	}
+	if o.Name == "" {
+		o.Name = "demo"
+	}
+	if o.ControlPlane < 1 {
+		return nil, fmt.Errorf("the demo needs at least one control-plane machine, got %d", o.ControlPlane)
+	}
+	if o.Workers < 0 {
+		return nil, fmt.Errorf("negative worker count %d", o.Workers)
+	}
+	nodeImage, err := imageSource(o.ImageDir, NodeImageFile)
+	if err != nil {
+		return nil, err
+	}
+	lbImage, err := imageSource(o.ImageDir, HAProxyImageFile)
+	if err != nil {
+		return nil, err
+	}
+	hw := infrav1.VirtualHardware{
+		CPUs:                   demoCPUs,
+		MemoryMiB:              demoMemoryMiB,
+		DomainType:             infrav1.DomainType(o.DomainType),
+		CPUMode:                infrav1.CPUMode(o.CPUMode),
+		TCGTranslationCacheMiB: o.TCGCacheMiB,
+	}
+	if hw.DomainType != infrav1.DomainTypeQEMU {
+		hw.TCGTranslationCacheMiB = 0
+	}
+	ns, name := o.Namespace, o.Name
+	clusterLabels := func() map[string]string { return map[string]string{clusterv1.ClusterNameLabel: name} }
+	meta := func(n string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Namespace: ns, Name: n, Labels: clusterLabels()}
+	}
+	infraRef := func(kind, n string) clusterv1.ContractVersionedObjectReference {
+		return clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: kind, Name: n}
+	}
+	secret := func(n string, userData []byte) *corev1.Secret {
+		return &corev1.Secret{
+			ObjectMeta: meta(n),
+			Type:       clusterv1.ClusterSecretType,
+			Data:       map[string][]byte{"value": userData, "format": []byte("cloud-config")},
+		}
+	}
+
+	objs := []client.Object{
+		secret(controlPlaneSecretName(name), examples.APIServerUserData),
+		secret(workerSecretName(name), examples.WorkerUserData),
+		&clusterv1.Cluster{
+			ObjectMeta: meta(name),
+			Spec:       clusterv1.ClusterSpec{InfrastructureRef: infraRef("LibvirtCluster", name)},
+		},
+	}
+	lc := &infrav1.LibvirtCluster{ObjectMeta: meta(name)}
+	lc.Spec.LoadBalancer = infrav1.LoadBalancer{Type: infrav1.LoadBalancerHAProxy, Image: &lbImage, VirtualHardware: hw}
+	lc.Spec.StoragePool.Name = o.StoragePool
+	objs = append(objs, lc)
+
+	for i := range o.ControlPlane {
+		n := controlPlaneMachineName(name, i)
+		m := &clusterv1.Machine{ObjectMeta: meta(n)}
+		m.Labels[clusterv1.MachineControlPlaneLabel] = ""
+		m.Spec.ClusterName = name
+		m.Spec.Bootstrap.DataSecretName = ptr.To(controlPlaneSecretName(name))
+		m.Spec.InfrastructureRef = infraRef("LibvirtMachine", n)
+		lm := &infrav1.LibvirtMachine{ObjectMeta: meta(n)}
+		lm.Spec.Image = nodeImage
+		lm.Spec.VirtualHardware = hw
+		objs = append(objs, m, lm)
+	}
+
+	mdName := machineDeploymentName(name)
+	tmpl := &infrav1.LibvirtMachineTemplate{ObjectMeta: meta(mdName)}
+	tmpl.Spec.Template.Spec.Image = nodeImage
+	tmpl.Spec.Template.Spec.VirtualHardware = hw
+	// What Cluster API's MachineDeployment defaulting webhook would add;
+	// the plane does not run Cluster API's webhooks.
+	selector := map[string]string{clusterv1.ClusterNameLabel: name, clusterv1.MachineDeploymentNameLabel: mdName}
+	md := &clusterv1.MachineDeployment{ObjectMeta: meta(mdName)}
+	md.Spec.ClusterName = name
+	md.Spec.Replicas = ptr.To(o.Workers)
+	md.Spec.Selector = metav1.LabelSelector{MatchLabels: selector}
+	md.Spec.Template.Labels = map[string]string{clusterv1.ClusterNameLabel: name, clusterv1.MachineDeploymentNameLabel: mdName}
+	md.Spec.Template.Spec.ClusterName = name
+	md.Spec.Template.Spec.Bootstrap.DataSecretName = ptr.To(workerSecretName(name))
+	md.Spec.Template.Spec.InfrastructureRef = infraRef("LibvirtMachineTemplate", mdName)
+	md.Spec.Rollout.Strategy = clusterv1.MachineDeploymentRolloutStrategy{
+		Type: clusterv1.RollingUpdateMachineDeploymentStrategyType,
+		RollingUpdate: clusterv1.MachineDeploymentRolloutStrategyRollingUpdate{
+			MaxSurge:       ptr.To(intstr.FromInt32(1)),
+			MaxUnavailable: ptr.To(intstr.FromInt32(0)),
+		},
+	}
+	// Scaling down removes the newest machines first: the oldest have
+	// been up longest and are the likeliest to be in use.
+	md.Spec.Deletion.Order = clusterv1.NewestMachineSetDeletionOrder
+	objs = append(objs, tmpl, md)
+	return objs, nil
+}
+
+// imageSource is a file:// image of dir with its sha256 checksum.
+func imageSource(dir, file string) (infrav1.ImageSource, error) {
+	if dir == "" {
+		return infrav1.ImageSource{}, errors.New("no image directory: pass the directory of `make images` (/var/cache/capi-libvirt/images)")
+	}
+	path, err := filepath.Abs(filepath.Join(dir, file))
+	if err != nil {
+		return infrav1.ImageSource{}, err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return infrav1.ImageSource{}, fmt.Errorf("demo image: %w (build it with `make images`)", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return infrav1.ImageSource{}, fmt.Errorf("reading %s: %w", path, err)
+	}
+	return infrav1.ImageSource{URL: "file://" + path, Checksum: "sha256:" + hex.EncodeToString(h.Sum(nil))}, nil
+}
+
+// ApplyDemo creates the objects, leaving those that exist as they are, so
+// that a second `capl-dev up` neither fails nor undoes a user's edits.
+func ApplyDemo(ctx context.Context, c client.Client, objs []client.Object) error {
+	for _, obj := range objs {
+		if err := c.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating %T %s/%s: %w", obj, obj.GetNamespace(), obj.GetName(), err)
+		}
+	}
+	return nil
+}
+
+// DomainChoice is the accelerator ChooseDomainType picked, and why.
+type DomainChoice struct {
+	// DomainType, CPUMode and TCGCacheMiB go into DemoOptions.
+	DomainType, CPUMode string
+	TCGCacheMiB         int32
+	// Reason explains the choice in a sentence.
+	Reason string
+}
+
+// DefaultTCGCacheMiB bounds QEMU's translation cache under TCG: QEMU's own
+// default, sized from guest memory, costs several hundred MiB per VM.
+const DefaultTCGCacheMiB = 128
+
+// ChooseDomainType resolves "auto": kvm with host-passthrough when /dev/kvm
+// opens read-write and the host is not itself a guest (no "hypervisor" flag
+// in /proc/cpuinfo: nested or paravirtual KVM rarely boots a stock kernel in
+// reasonable time), otherwise qemu (TCG) with CPU mode maximum and a
+// DefaultTCGCacheMiB translation cache. "kvm" and "qemu" are taken as given
+// with the matching CPU mode unless cpuMode is set.
+func ChooseDomainType(domainType, cpuMode string) (DomainChoice, error) {
+	kvm := DomainChoice{DomainType: string(infrav1.DomainTypeKVM), CPUMode: string(infrav1.CPUModeHostPassthrough)}
+	tcg := DomainChoice{DomainType: string(infrav1.DomainTypeQEMU), CPUMode: string(infrav1.CPUModeMaximum), TCGCacheMiB: DefaultTCGCacheMiB}
+	var c DomainChoice
+	switch domainType {
+	case "kvm":
+		c, c.Reason = kvm, "kvm as requested"
+	case "qemu":
+		c, c.Reason = tcg, "qemu (TCG) as requested"
+	case "", "auto":
+		c = autoDomainType(kvm, tcg)
+	default:
+		return DomainChoice{}, fmt.Errorf("unknown domain type %q: use auto, kvm or qemu", domainType)
+	}
+	if cpuMode != "" {
+		c.CPUMode = cpuMode
+	}
+	return c, nil
+}
+
+func autoDomainType(kvm, tcg DomainChoice) DomainChoice {
+	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+	if err != nil {
+		tcg.Reason = fmt.Sprintf("qemu (TCG, slow): /dev/kvm is not usable (%v)", err)
+		return tcg
+	}
+	_ = f.Close()
+	cpuinfo, err := os.ReadFile("/proc/cpuinfo")
+	if err == nil && hasCPUFlag(string(cpuinfo), "hypervisor") {
+		tcg.Reason = "qemu (TCG, slow): this host is itself a virtual machine, and nested KVM rarely boots a stock kernel in reasonable time"
+		return tcg
+	}
+	kvm.Reason = "kvm: /dev/kvm is usable and this host is not a virtual machine"
+	return kvm
+}
+
+// hasCPUFlag tells whether a "flags" line of cpuinfo lists flag.
+func hasCPUFlag(cpuinfo, flag string) bool {
+	for _, line := range strings.Split(cpuinfo, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && strings.TrimSpace(k) == "flags" {
+			for _, f := range strings.Fields(v) {
+				if f == flag {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// RecordDemoScope adds the demo's namespace and storage pool to the
+// plane's scope.json, so that Down removes its libvirt objects even when
+// the plane is no longer running.
+func RecordDemoScope(stateDir string, d DemoOptions) error {
+	pool := d.StoragePool
+	if pool == "" {
+		pool = infrav1.DefaultStoragePoolName
+	}
+	ns := d.Namespace
+	if ns == "" {
+		ns = "default"
+	}
+	return recordScope(stateDir, Scope{Namespaces: []string{ns}, Pools: []string{pool}})
+}

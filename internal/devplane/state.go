@@ -1,0 +1,207 @@
+package devplane
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// DefaultStateDir is where `make up` keeps the plane's state.
+const DefaultStateDir = "/var/lib/capi-libvirt/devplane"
+
+// Options configure the plane. Zero fields take the defaults of capl-dev.
+type Options struct {
+	// StateDir holds etcd's data, the kubeconfig, pid files and logs.
+	StateDir string
+	// LibvirtURI is the libvirt host the manager drives (qemu:///system).
+	LibvirtURI string
+	// ManagerBinary is the provider's manager (bin/manager of `make build`).
+	ManagerBinary string
+	// ManagerArgs are appended to the flags the supervisor gives the manager.
+	ManagerArgs []string
+	// SweepAll makes Down remove every provider-owned libvirt object on the
+	// host, not only those of the plane's namespaces and pools.
+	SweepAll bool
+	// Log receives progress lines of Start and Down; nil discards them.
+	Log func(format string, args ...any)
+}
+
+func (o Options) withDefaults() Options {
+	if o.StateDir == "" {
+		o.StateDir = DefaultStateDir
+	}
+	if o.LibvirtURI == "" {
+		o.LibvirtURI = "qemu:///system"
+	}
+	if o.Log == nil {
+		o.Log = func(string, ...any) {}
+	}
+	return o
+}
+
+// Files of the state directory.
+const (
+	etcdDirName       = "etcd"
+	kubeconfigName    = "kubeconfig"
+	servePIDName      = "serve.pid"
+	serveLogName      = "serve.log"
+	managerPIDName    = "manager.pid"
+	managerLogName    = "manager.log"
+	webhookCertsName  = "webhook-certs"
+	endpointsFileName = "endpoints.json"
+	scopeFileName     = "scope.json"
+)
+
+// Endpoints is endpoints.json: where the running plane's manager answers.
+type Endpoints struct {
+	// ManagerMetricsURL serves the manager's Prometheus metrics (plain HTTP).
+	ManagerMetricsURL string `json:"managerMetricsURL"`
+	// ManagerHealthURL is the manager's /readyz.
+	ManagerHealthURL string `json:"managerHealthURL"`
+	// WebhookPort is the local port the API server calls the manager's webhooks on.
+	WebhookPort int `json:"webhookPort"`
+	// APIServerURL is the plane's kube-apiserver.
+	APIServerURL string `json:"apiServerURL"`
+	// ServePID is the plane process that wrote the file.
+	ServePID int `json:"servePID"`
+}
+
+// Scope is scope.json: what Down may remove from libvirt without touching
+// other management clusters' objects on the same host.
+type Scope struct {
+	// Namespaces whose Clusters, LibvirtClusters or LibvirtMachines the
+	// plane held; libvirt objects of the provider carry the namespace in
+	// their owner metadata (domains, networks) or name (capl-<ns>.…, volumes).
+	Namespaces []string `json:"namespaces"`
+	// Pools are the storage pools the plane's clusters and machines used.
+	Pools []string `json:"pools"`
+}
+
+func (s *Scope) add(namespace, pool string) {
+	if namespace != "" && !slices.Contains(s.Namespaces, namespace) {
+		s.Namespaces = append(s.Namespaces, namespace)
+	}
+	if pool != "" && !slices.Contains(s.Pools, pool) {
+		s.Pools = append(s.Pools, pool)
+	}
+}
+
+func (s Scope) empty() bool { return len(s.Namespaces) == 0 && len(s.Pools) == 0 }
+
+// readScope returns the recorded scope; a missing file is an empty scope.
+func readScope(dir string) (Scope, error) {
+	var s Scope
+	data, err := os.ReadFile(filepath.Join(dir, scopeFileName))
+	if errors.Is(err, os.ErrNotExist) {
+		return s, nil
+	}
+	if err != nil {
+		return s, err
+	}
+	if err := json.Unmarshal(data, &s); err != nil {
+		return s, fmt.Errorf("reading %s: %w", scopeFileName, err)
+	}
+	return s, nil
+}
+
+// recordScope merges add into dir's scope.json.
+func recordScope(dir string, add Scope) error {
+	s, err := readScope(dir)
+	if err != nil {
+		return err
+	}
+	for _, n := range add.Namespaces {
+		s.add(n, "")
+	}
+	for _, p := range add.Pools {
+		s.add("", p)
+	}
+	return writeJSON(filepath.Join(dir, scopeFileName), s)
+}
+
+// writeJSON writes v to path atomically (0600): readers never see half a file.
+func writeJSON(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(path, append(data, '\n'))
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func readEndpoints(dir string) (Endpoints, error) {
+	var e Endpoints
+	data, err := os.ReadFile(filepath.Join(dir, endpointsFileName))
+	if err != nil {
+		return e, err
+	}
+	if err := json.Unmarshal(data, &e); err != nil {
+		return e, fmt.Errorf("reading %s: %w", endpointsFileName, err)
+	}
+	return e, nil
+}
+
+// readPID reads a pid file; 0 and an error when it is missing or garbled.
+func readPID(path string) (int, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("%s holds no pid: %q", path, data)
+	}
+	return pid, nil
+}
+
+func writePID(path string, pid int) error {
+	return writeFileAtomic(path, []byte(strconv.Itoa(pid)+"\n"))
+}
+
+// processAlive tells whether pid runs and is not a zombie. PID 1 on some
+// hosts (containers, this project's CI) never reaps orphans, so a plane
+// that exited after its parent did stays a zombie forever, and kill(pid, 0)
+// alone would call it alive. cmdlineHas, when set, must occur in the
+// process's command line, so that a recycled pid is not mistaken for ours.
+func processAlive(pid int, cmdlineHas string) bool {
+	if pid <= 0 || syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the parenthesised command name, which may itself
+	// contain spaces or parentheses.
+	if i := bytes.LastIndexByte(stat, ')'); i < 0 || i+2 >= len(stat) || stat[i+2] == 'Z' || stat[i+2] == 'X' {
+		return false
+	}
+	if cmdlineHas == "" {
+		return true
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && bytes.Contains(cmdline, []byte(cmdlineHas))
+}
+
+// servePID is the pid of the running plane of dir, or 0.
+func servePID(dir string) int {
+	pid, err := readPID(filepath.Join(dir, servePIDName))
+	if err != nil || !processAlive(pid, "serve") {
+		return 0
+	}
+	return pid
+}

@@ -1,0 +1,122 @@
+package devplane
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+)
+
+// DemoStatus is how far the provider has brought a cluster.
+type DemoStatus struct {
+	// ClusterProvisioned is the LibvirtCluster's status.initialization.provisioned.
+	ClusterProvisioned bool
+	// Endpoint is the control-plane endpoint host:port, once published.
+	Endpoint string
+	// Machines is how many Machines the cluster should have: control-plane
+	// Machines plus the MachineDeployments' replicas.
+	Machines int
+	// Provisioned lists the LibvirtMachines that report provisioned;
+	// Pending the others, each with its Ready condition's reason.
+	Provisioned, Pending []string
+}
+
+// Done tells whether the cluster and all its machines are provisioned.
+func (s DemoStatus) Done() bool {
+	return s.ClusterProvisioned && len(s.Pending) == 0 && len(s.Provisioned) >= s.Machines
+}
+
+// String is a one-line progress report.
+func (s DemoStatus) String() string {
+	lc := "network and load balancer pending"
+	if s.ClusterProvisioned {
+		lc = "provisioned, endpoint " + s.Endpoint
+	}
+	line := fmt.Sprintf("LibvirtCluster %s; LibvirtMachines provisioned %d/%d", lc, len(s.Provisioned), s.Machines)
+	if len(s.Pending) > 0 {
+		line += " (pending: " + strings.Join(s.Pending, ", ") + ")"
+	}
+	return line
+}
+
+// ClusterStatus reads the status of cluster namespace/name.
+func ClusterStatus(ctx context.Context, c client.Client, namespace, name string) (DemoStatus, error) {
+	var s DemoStatus
+	lc := &infrav1.LibvirtCluster{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, lc); err != nil {
+		return s, err
+	}
+	s.ClusterProvisioned = lc.Status.Initialization.IsProvisioned()
+	if ep := lc.Spec.ControlPlaneEndpoint; ep.Host != "" {
+		s.Endpoint = fmt.Sprintf("%s:%d", ep.Host, ep.Port)
+	}
+	inCluster := client.MatchingLabels{clusterv1.ClusterNameLabel: name}
+	var machines clusterv1.MachineList
+	if err := c.List(ctx, &machines, client.InNamespace(namespace), inCluster); err != nil {
+		return s, err
+	}
+	for _, m := range machines.Items {
+		if _, ok := m.Labels[clusterv1.MachineControlPlaneLabel]; ok {
+			s.Machines++
+		}
+	}
+	var mds clusterv1.MachineDeploymentList
+	if err := c.List(ctx, &mds, client.InNamespace(namespace), inCluster); err != nil {
+		return s, err
+	}
+	for _, md := range mds.Items {
+		if md.Spec.Replicas != nil {
+			s.Machines += int(*md.Spec.Replicas)
+		}
+	}
+	var lms infrav1.LibvirtMachineList
+	if err := c.List(ctx, &lms, client.InNamespace(namespace), inCluster); err != nil {
+		return s, err
+	}
+	for _, lm := range lms.Items {
+		if lm.Status.Initialization.IsProvisioned() {
+			s.Provisioned = append(s.Provisioned, lm.Name)
+			continue
+		}
+		reason := "no Ready condition yet"
+		if cond := apimeta.FindStatusCondition(lm.Status.Conditions, clusterv1.ReadyCondition); cond != nil {
+			reason = cond.Reason
+		}
+		s.Pending = append(s.Pending, lm.Name+": "+reason)
+	}
+	slices.Sort(s.Provisioned)
+	slices.Sort(s.Pending)
+	return s, nil
+}
+
+// WaitProvisioned waits until the LibvirtCluster namespace/name and every
+// LibvirtMachine of the cluster report provisioned, calling progress with
+// each changed status.
+func WaitProvisioned(ctx context.Context, c client.Client, namespace, name string, progress func(DemoStatus)) (DemoStatus, error) {
+	last := ""
+	for {
+		s, err := ClusterStatus(ctx, c, namespace, name)
+		if err == nil {
+			if line := s.String(); line != last {
+				progress(s)
+				last = line
+			}
+			if s.Done() {
+				return s, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return s, fmt.Errorf("cluster %s/%s not provisioned: %w (last: %s, error: %v)", namespace, name, ctx.Err(), last, err)
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
