@@ -104,6 +104,10 @@ const (
 	// DomainPausedReason: libvirt paused the domain, e.g. on an I/O error
 	// such as a full storage pool; the message carries libvirt's reason.
 	DomainPausedReason = "DomainPaused"
+	// InsufficientHostMemoryReason: the spec asks more memory than the
+	// libvirt host has in total; no domain is defined. The message gives
+	// both figures. Memory is immutable: replace the machine.
+	InsufficientHostMemoryReason = "InsufficientHostMemory"
 
 	// AddressAssignedCondition tells whether the guest has its address.
 	AddressAssignedCondition = "AddressAssigned"

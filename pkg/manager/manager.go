@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -97,6 +98,10 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 	scheme, err := NewScheme()
 	if err != nil {
 		return nil, err
+	}
+	// The diagnostics endpoint's /metrics serves this registry.
+	if err := virt.RegisterMetrics(ctrlmetrics.Registry); err != nil {
+		return nil, fmt.Errorf("registering the libvirt call metrics: %w", err)
 	}
 	tlsOptions, metricsOptions, err := flags.GetManagerOptions(opts.Diagnostics)
 	if err != nil {

@@ -61,7 +61,7 @@ func (c *Client) Addresses(ctx context.Context, q AddressQuery) ([]Address, erro
 		return nil, err
 	}
 	var out []Address
-	err := c.withNetwork(ctx, q.Network, func(_ *libvirt.Connect, net *libvirt.Network) error {
+	err := c.withNetwork(ctx, "Addresses", q.Network, func(_ *libvirt.Connect, net *libvirt.Network) error {
 		v, err := readViews(net, q.Network, true)
 		if err != nil {
 			return err

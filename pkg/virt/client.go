@@ -99,6 +99,9 @@ type Client struct {
 	ownersMu sync.Mutex
 	owners   map[string]*Owner // domain UUID → owner, for events of undefined domains
 
+	hostMemoryMu sync.Mutex
+	hostMemory   uint64 // bytes; 0 until first read, see HostMemory
+
 	leasesOnce sync.Once
 	leases     *leaseWatcher // created on the first WatchLease; stops with ctx
 
@@ -210,8 +213,10 @@ func (c *Client) background(fn func(ctx context.Context)) {
 // withConn runs fn with a live connection. When fn fails because the
 // connection died (libvirtd restarted, socket closed, keepalive timeout), it
 // reconnects within the reconnect budget and retries fn once; every
-// operation passed here is therefore written to be idempotent.
-func (c *Client) withConn(ctx context.Context, fn func(*libvirt.Connect) error) error {
+// operation passed here is therefore written to be idempotent. op names the
+// operation in the call metrics: the Host method on whose behalf fn runs.
+func (c *Client) withConn(ctx context.Context, op string, fn func(*libvirt.Connect) error) error {
+	defer observeCall(op, time.Now())
 	st, err := c.liveConn(ctx)
 	if err != nil {
 		return err

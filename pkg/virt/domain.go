@@ -91,7 +91,7 @@ func (c *Client) EnsureDomain(ctx context.Context, spec DomainSpec) (DomainInfo,
 		return DomainInfo{}, err
 	}
 	var info DomainInfo
-	err = c.withConn(ctx, func(conn *libvirt.Connect) error {
+	err = c.withConn(ctx, "EnsureDomain", func(conn *libvirt.Connect) error {
 		dom, err := conn.LookupDomainByName(spec.Name)
 		if IsNotFound(err) {
 			if err := checkUUIDFree(conn, spec); err != nil {
@@ -143,7 +143,7 @@ func checkUUIDFree(conn *libvirt.Connect, spec DomainSpec) error {
 // exist.
 func (c *Client) DomainInfo(ctx context.Context, name string) (DomainInfo, error) {
 	var info DomainInfo
-	err := c.withConn(ctx, func(conn *libvirt.Connect) error {
+	err := c.withConn(ctx, "DomainInfo", func(conn *libvirt.Connect) error {
 		return withDomain(conn, name, func(dom *libvirt.Domain) error {
 			var err error
 			info, err = describeDomain(dom)
@@ -198,7 +198,7 @@ func memoryMiB(m *libvirtxml.DomainMemory) uint64 {
 // StartDomain starts a defined domain; one already running is success.
 // libvirt's reason for a failed start is returned as a DomainStartError.
 func (c *Client) StartDomain(ctx context.Context, name string) error {
-	return c.withConn(ctx, func(conn *libvirt.Connect) error {
+	return c.withConn(ctx, "StartDomain", func(conn *libvirt.Connect) error {
 		return withDomain(conn, name, func(dom *libvirt.Domain) error {
 			active, err := dom.IsActive()
 			if err != nil || active {
@@ -230,7 +230,7 @@ func (c *Client) ShutdownDomain(ctx context.Context, name string, timeout time.D
 	defer cancel()
 	events := c.Subscribe(subCtx)
 	var uuid string
-	err := c.withConn(ctx, func(conn *libvirt.Connect) error {
+	err := c.withConn(ctx, "ShutdownDomain", func(conn *libvirt.Connect) error {
 		return withDomain(conn, name, func(dom *libvirt.Domain) error {
 			active, err := dom.IsActive()
 			if err != nil || !active {
@@ -277,7 +277,7 @@ func (c *Client) ShutdownDomain(ctx context.Context, name string, timeout time.D
 
 // destroy powers a domain off hard; stopped or missing is success.
 func (c *Client) destroy(ctx context.Context, name string) error {
-	return ignoreNotFound(c.withConn(ctx, func(conn *libvirt.Connect) error {
+	return ignoreNotFound(c.withConn(ctx, "DestroyDomain", func(conn *libvirt.Connect) error {
 		return withDomain(conn, name, destroyDomain)
 	}))
 }
@@ -305,7 +305,7 @@ const undefineFlags = libvirt.DOMAIN_UNDEFINE_NVRAM | libvirt.DOMAIN_UNDEFINE_MA
 // with its NVRAM, managed-save image and snapshot/checkpoint metadata.
 // Volumes are not touched. A missing domain is success.
 func (c *Client) DeleteDomain(ctx context.Context, name string) error {
-	return ignoreNotFound(c.withConn(ctx, func(conn *libvirt.Connect) error {
+	return ignoreNotFound(c.withConn(ctx, "DeleteDomain", func(conn *libvirt.Connect) error {
 		return withDomain(conn, name, func(dom *libvirt.Domain) error {
 			// The undefined event can only name the owner if it is known
 			// before the metadata disappears with the definition.

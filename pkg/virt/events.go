@@ -240,7 +240,7 @@ func (c *Client) lookupOwner(ctx context.Context, uuid string) *Owner {
 		return o
 	}
 	var owner *Owner
-	err := c.withConn(ctx, func(conn *libvirt.Connect) error {
+	err := c.withConn(ctx, "LookupOwner", func(conn *libvirt.Connect) error {
 		dom, err := conn.LookupDomainByUUIDString(uuid)
 		if err != nil {
 			return err

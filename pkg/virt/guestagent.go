@@ -107,14 +107,14 @@ func (s execStatus) result() ExecResult {
 }
 
 // agentCommand runs one guest-agent command and decodes its "return"
-// value into result (when not nil).
-func (c *Client) agentCommand(ctx context.Context, domain string, req agentRequest, result any) error {
+// value into result (when not nil); op names the Host method it serves.
+func (c *Client) agentCommand(ctx context.Context, op, domain string, req agentRequest, result any) error {
 	cmd, err := json.Marshal(req)
 	if err != nil {
 		return err
 	}
 	var reply string
-	err = c.withConn(ctx, func(conn *libvirt.Connect) error {
+	err = c.withConn(ctx, op, func(conn *libvirt.Connect) error {
 		return withDomain(conn, domain, func(dom *libvirt.Domain) error {
 			var err error
 			reply, err = dom.QemuAgentCommand(string(cmd), agentTimeout, 0)
@@ -172,13 +172,13 @@ func (c *Client) GuestExec(ctx context.Context, domain, path string, args []stri
 	defer cancel()
 	var started execStarted
 	req := agentRequest{Execute: "guest-exec", Arguments: execArgs{Path: path, Arg: args, InputData: stdin, CaptureOutput: true}}
-	if err := c.agentCommand(ctx, domain, req, &started); err != nil {
+	if err := c.agentCommand(ctx, "GuestExec", domain, req, &started); err != nil {
 		return ExecResult{}, err
 	}
 	delay := execPollFirst
 	for {
 		var st execStatus
-		if err := c.agentCommand(ctx, domain, agentRequest{Execute: "guest-exec-status", Arguments: pidArgs{PID: started.PID}}, &st); err != nil {
+		if err := c.agentCommand(ctx, "GuestExec", domain, agentRequest{Execute: "guest-exec-status", Arguments: pidArgs{PID: started.PID}}, &st); err != nil {
 			return ExecResult{}, err
 		}
 		if st.Exited {
@@ -197,14 +197,14 @@ func (c *Client) GuestExec(ctx context.Context, domain, path string, args []stri
 // missing file yields an error for which IsNotFound is true.
 func (c *Client) GuestReadFile(ctx context.Context, domain, path string) ([]byte, error) {
 	var h int
-	if err := c.agentCommand(ctx, domain, agentRequest{Execute: "guest-file-open", Arguments: fileOpenArgs{Path: path, Mode: "r"}}, &h); err != nil {
+	if err := c.agentCommand(ctx, "GuestReadFile", domain, agentRequest{Execute: "guest-file-open", Arguments: fileOpenArgs{Path: path, Mode: "r"}}, &h); err != nil {
 		return nil, err
 	}
-	defer c.closeGuestFile(domain, h)
+	defer c.closeGuestFile("GuestReadFile", domain, h)
 	var out []byte
 	for {
 		var r fileReadResult
-		if err := c.agentCommand(ctx, domain, agentRequest{Execute: "guest-file-read", Arguments: fileReadArgs{Handle: h, Count: fileChunk}}, &r); err != nil {
+		if err := c.agentCommand(ctx, "GuestReadFile", domain, agentRequest{Execute: "guest-file-read", Arguments: fileReadArgs{Handle: h, Count: fileChunk}}, &r); err != nil {
 			return nil, err
 		}
 		out = append(out, r.Buf...)
@@ -219,10 +219,10 @@ func (c *Client) GuestReadFile(ctx context.Context, domain, path string) ([]byte
 
 // closeGuestFile releases an agent file handle even when ctx has ended:
 // the agent only has a few handles.
-func (c *Client) closeGuestFile(domain string, h int) {
+func (c *Client) closeGuestFile(op, domain string, h int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*agentTimeout*time.Second)
 	defer cancel()
-	_ = c.agentCommand(ctx, domain, agentRequest{Execute: "guest-file-close", Arguments: handleArgs{Handle: h}}, nil)
+	_ = c.agentCommand(ctx, op, domain, agentRequest{Execute: "guest-file-close", Arguments: handleArgs{Handle: h}}, nil)
 }
 
 // GuestWriteFile replaces a guest file atomically: the data goes to a
@@ -252,16 +252,16 @@ func (c *Client) GuestWriteFile(ctx context.Context, domain, path string, data [
 
 func (c *Client) writeGuestFile(ctx context.Context, domain, path string, data []byte) error {
 	var h int
-	if err := c.agentCommand(ctx, domain, agentRequest{Execute: "guest-file-open", Arguments: fileOpenArgs{Path: path, Mode: "w"}}, &h); err != nil {
+	if err := c.agentCommand(ctx, "GuestWriteFile", domain, agentRequest{Execute: "guest-file-open", Arguments: fileOpenArgs{Path: path, Mode: "w"}}, &h); err != nil {
 		return err
 	}
-	defer c.closeGuestFile(domain, h)
+	defer c.closeGuestFile("GuestWriteFile", domain, h)
 	for off := 0; off < len(data); off += fileChunk {
 		chunk := data[off:min(off+fileChunk, len(data))]
 		var res struct {
 			Count int `json:"count"`
 		}
-		if err := c.agentCommand(ctx, domain, agentRequest{Execute: "guest-file-write", Arguments: fileWriteArgs{Handle: h, Buf: chunk}}, &res); err != nil {
+		if err := c.agentCommand(ctx, "GuestWriteFile", domain, agentRequest{Execute: "guest-file-write", Arguments: fileWriteArgs{Handle: h, Buf: chunk}}, &res); err != nil {
 			return err
 		}
 		if res.Count != len(chunk) {
@@ -276,7 +276,7 @@ func (c *Client) writeGuestFile(ctx context.Context, domain, path string, data [
 // libvirt's typed API). Loopback is included; callers filter.
 func (c *Client) GuestInterfaces(ctx context.Context, domain string) ([]GuestInterface, error) {
 	var ifaces []libvirt.DomainInterface
-	err := c.withConn(ctx, func(conn *libvirt.Connect) error {
+	err := c.withConn(ctx, "GuestInterfaces", func(conn *libvirt.Connect) error {
 		return withDomain(conn, domain, func(dom *libvirt.Domain) error {
 			var err error
 			ifaces, err = dom.ListAllInterfaceAddresses(libvirt.DOMAIN_INTERFACE_ADDRESSES_SRC_AGENT)

@@ -55,6 +55,10 @@ type Host interface {
 	// guest agent reports them.
 	GuestInterfaces(ctx context.Context, domain string) ([]GuestInterface, error)
 
+	// HostMemory is the libvirt host's total physical memory in bytes, to
+	// refuse machines that could never run there.
+	HostMemory(ctx context.Context) (uint64, error)
+
 	// ListOwned lists every domain and network carrying our ownership
 	// metadata and every volume whose name carries our prefix.
 	ListOwned(ctx context.Context) ([]OwnedObject, error)

@@ -42,7 +42,7 @@ func (c *Client) ImportImage(ctx context.Context, img ImageImport) (VolumeInfo, 
 	}
 	defer unlock()
 	var info VolumeInfo
-	err = c.withConn(ctx, func(conn *libvirt.Connect) error {
+	err = c.withConn(ctx, "ImportImage", func(conn *libvirt.Connect) error {
 		return withPool(conn, img.Pool, func(p *libvirt.StoragePool) error {
 			var err error
 			info, err = importInto(ctx, conn, p, img)

@@ -204,7 +204,7 @@ func (c *Client) leaseWatcher() *leaseWatcher {
 	c.leasesOnce.Do(func() {
 		fetch := func(ctx context.Context, network string) ([]dhcpLease, error) {
 			var leases []dhcpLease
-			err := c.withNetwork(ctx, network, func(_ *libvirt.Connect, net *libvirt.Network) (err error) {
+			err := c.withNetwork(ctx, "PollLeases", network, func(_ *libvirt.Connect, net *libvirt.Network) (err error) {
 				leases, err = networkLeases(net)
 				return err
 			})
@@ -228,7 +228,7 @@ func (c *Client) WatchLease(ctx context.Context, network, mac string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	err = c.withNetwork(ctx, network, func(_ *libvirt.Connect, net *libvirt.Network) error {
+	err = c.withNetwork(ctx, "WatchLease", network, func(_ *libvirt.Connect, net *libvirt.Network) error {
 		f, err := networkXMLFacts(net, 0)
 		if err != nil {
 			return err

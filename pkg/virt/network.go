@@ -278,7 +278,7 @@ func (c *Client) EnsureNetwork(ctx context.Context, spec NetworkSpec) (NetworkIn
 	}
 	defer unlock()
 	var info NetworkInfo
-	err = c.withConn(ctx, func(conn *libvirt.Connect) error {
+	err = c.withConn(ctx, "EnsureNetwork", func(conn *libvirt.Connect) error {
 		net, err := conn.LookupNetworkByName(spec.Name)
 		if err == nil {
 			defer net.Free()
@@ -507,7 +507,7 @@ func (f networkFacts) info(managed bool) NetworkInfo {
 // metadata, so the caller never deletes a network it only refers to.
 func (c *Client) UseNetwork(ctx context.Context, name string) (NetworkInfo, error) {
 	var info NetworkInfo
-	err := c.withNetwork(ctx, name, func(_ *libvirt.Connect, net *libvirt.Network) error {
+	err := c.withNetwork(ctx, "UseNetwork", name, func(_ *libvirt.Connect, net *libvirt.Network) error {
 		active, err := net.IsActive()
 		if err != nil {
 			return err
@@ -530,7 +530,7 @@ func (c *Client) UseNetwork(ctx context.Context, name string) (NetworkInfo, erro
 // that driver is unavailable the bridge is taken on trust and a missing
 // one shows up when the domain starts.
 func (c *Client) UseBridge(ctx context.Context, bridge string) (NetworkInfo, error) {
-	err := c.withConn(ctx, func(conn *libvirt.Connect) error {
+	err := c.withConn(ctx, "UseBridge", func(conn *libvirt.Connect) error {
 		iface, err := conn.LookupInterfaceByName(bridge)
 		if IsNotFound(err) {
 			return fmt.Errorf("host bridge %s: %w", bridge, ErrNotFound)
@@ -563,7 +563,7 @@ func (c *Client) UseBridge(ctx context.Context, bridge string) (NetworkInfo, err
 // start later). Not-found is success; a network without our metadata is
 // refused with ErrNetworkNotOwned.
 func (c *Client) DeleteNetwork(ctx context.Context, name string) error {
-	err := c.withNetwork(ctx, name, func(conn *libvirt.Connect, net *libvirt.Network) error {
+	err := c.withNetwork(ctx, "DeleteNetwork", name, func(conn *libvirt.Connect, net *libvirt.Network) error {
 		f, err := networkDefinition(net)
 		if err != nil {
 			return err
@@ -647,9 +647,9 @@ func domainUses(dom *libvirt.Domain, name, bridge string) (bool, error) {
 }
 
 // withNetwork looks a network up and runs fn on it; a missing network is
-// an error that IsNotFound recognises.
-func (c *Client) withNetwork(ctx context.Context, name string, fn func(*libvirt.Connect, *libvirt.Network) error) error {
-	return c.withConn(ctx, func(conn *libvirt.Connect) error {
+// an error that IsNotFound recognises. op names the operation as withConn's.
+func (c *Client) withNetwork(ctx context.Context, op, name string, fn func(*libvirt.Connect, *libvirt.Network) error) error {
+	return c.withConn(ctx, op, func(conn *libvirt.Connect) error {
 		net, err := conn.LookupNetworkByName(name)
 		if err != nil {
 			if IsNotFound(err) {
@@ -742,7 +742,7 @@ func (c *Client) ReserveAddress(ctx context.Context, network string, r Reservati
 	}
 	defer unlock()
 	var ip netip.Addr
-	err = c.withNetwork(ctx, network, func(_ *libvirt.Connect, net *libvirt.Network) error {
+	err = c.withNetwork(ctx, "ReserveAddress", network, func(_ *libvirt.Connect, net *libvirt.Network) error {
 		v, err := readViews(net, network, true)
 		if err != nil {
 			return err
@@ -781,7 +781,7 @@ func (c *Client) ReleaseAddress(ctx context.Context, network, mac string) error 
 		return err
 	}
 	defer unlock()
-	err = c.withNetwork(ctx, network, func(_ *libvirt.Connect, net *libvirt.Network) error {
+	err = c.withNetwork(ctx, "ReleaseAddress", network, func(_ *libvirt.Connect, net *libvirt.Network) error {
 		v, err := readViews(net, network, false)
 		if errors.Is(err, ErrNoDHCP) {
 			return nil // nothing can be reserved there
@@ -822,7 +822,7 @@ func deref(s *[]Reservation) []Reservation {
 // Reservations lists the host entries of both definitions, each MAC once.
 func (c *Client) Reservations(ctx context.Context, network string) ([]Reservation, error) {
 	var out []Reservation
-	err := c.withNetwork(ctx, network, func(_ *libvirt.Connect, net *libvirt.Network) error {
+	err := c.withNetwork(ctx, "Reservations", network, func(_ *libvirt.Connect, net *libvirt.Network) error {
 		v, err := readViews(net, network, false)
 		if err != nil {
 			return err

@@ -37,7 +37,7 @@ type OwnedObject struct {
 // while being listed are skipped.
 func (c *Client) ListOwned(ctx context.Context) ([]OwnedObject, error) {
 	var out []OwnedObject
-	err := c.withConn(ctx, func(conn *libvirt.Connect) error {
+	err := c.withConn(ctx, "ListOwned", func(conn *libvirt.Connect) error {
 		out = nil
 		for _, list := range []func(*libvirt.Connect) ([]OwnedObject, error){ownedDomains, ownedNetworks, ownedVolumes} {
 			objs, err := list(conn)

@@ -101,7 +101,7 @@ func (c *Client) EnsurePool(ctx context.Context, spec PoolSpec) error {
 		return err
 	}
 	defer unlock()
-	return c.withConn(ctx, func(conn *libvirt.Connect) error {
+	return c.withConn(ctx, "EnsurePool", func(conn *libvirt.Connect) error {
 		pool, err := conn.LookupStoragePoolByName(spec.Name)
 		defined := false
 		switch {
@@ -278,7 +278,7 @@ func sizeBytes(s *libvirtxml.StorageVolumeSize) uint64 {
 // not exist.
 func (c *Client) VolumeInfo(ctx context.Context, pool, name string) (VolumeInfo, error) {
 	var info VolumeInfo
-	err := c.withConn(ctx, func(conn *libvirt.Connect) error {
+	err := c.withConn(ctx, "VolumeInfo", func(conn *libvirt.Connect) error {
 		return withPool(conn, pool, func(p *libvirt.StoragePool) error {
 			return withVolume(p, name, func(v *libvirt.StorageVol) error {
 				var err error
@@ -293,7 +293,7 @@ func (c *Client) VolumeInfo(ctx context.Context, pool, name string) (VolumeInfo,
 // DeleteVolume deletes a volume together with an import marker it may
 // have; a missing pool or volume is success.
 func (c *Client) DeleteVolume(ctx context.Context, pool, name string) error {
-	return c.withConn(ctx, func(conn *libvirt.Connect) error {
+	return c.withConn(ctx, "DeleteVolume", func(conn *libvirt.Connect) error {
 		return ignoreNotFound(withPool(conn, pool, func(p *libvirt.StoragePool) error {
 			if err := deleteVolume(p, name); err != nil {
 				return fmt.Errorf("deleting volume %s/%s: %w", pool, name, err)
@@ -309,7 +309,7 @@ func (c *Client) DeleteVolume(ctx context.Context, pool, name string) error {
 // ErrImageNotFound when the base is missing or its import is incomplete.
 func (c *Client) EnsureOverlay(ctx context.Context, spec OverlaySpec) (VolumeInfo, error) {
 	var info VolumeInfo
-	err := c.withConn(ctx, func(conn *libvirt.Connect) error {
+	err := c.withConn(ctx, "EnsureOverlay", func(conn *libvirt.Connect) error {
 		var base VolumeInfo
 		err := withPool(conn, spec.BackingPool, func(bp *libvirt.StoragePool) error {
 			if partial, err := volumeExists(bp, spec.BackingVolume+partialSuffix); err != nil || partial {
@@ -368,7 +368,7 @@ func ensureOverlayIn(p *libvirt.StoragePool, spec OverlaySpec, base VolumeInfo, 
 // was cut short by a crash.
 func (c *Client) UploadVolume(ctx context.Context, pool, name string, data []byte) (VolumeInfo, error) {
 	var info VolumeInfo
-	err := c.withConn(ctx, func(conn *libvirt.Connect) error {
+	err := c.withConn(ctx, "UploadVolume", func(conn *libvirt.Connect) error {
 		return withPool(conn, pool, func(p *libvirt.StoragePool) error {
 			vol, err := ensureRawVolume(p, name, uint64(len(data)), secretMode)
 			if err != nil {

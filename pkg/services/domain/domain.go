@@ -46,7 +46,7 @@ func (svc *Service) Reconcile(ctx context.Context) error {
 	info, err := s.LibvirtHost().DomainInfo(ctx, s.DomainName())
 	switch {
 	case virt.IsNotFound(err) && s.IsProvisioned():
-		return svc.terminal(infrav1.DomainMissingReason, "Domain %s vanished after the machine was provisioned", s.DomainName())
+		return svc.terminal(scope.FailureReasonUpdate, infrav1.DomainMissingReason, "Domain %s vanished after the machine was provisioned", s.DomainName())
 	case virt.IsNotFound(err):
 		if info, err = svc.define(ctx); err != nil {
 			return err
@@ -78,9 +78,13 @@ func (svc *Service) Reconcile(ctx context.Context) error {
 	return nil
 }
 
-// define creates the domain on the overlay and seed volumes.
+// define creates the domain on the overlay and seed volumes, unless the
+// host could never hold it.
 func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 	s := svc.scope
+	if err := svc.checkHostMemory(ctx); err != nil {
+		return virt.DomainInfo{}, err
+	}
 	pool := s.Pool().Name
 	disk, err := s.LibvirtHost().VolumeInfo(ctx, pool, s.OverlayVolume())
 	if err != nil {
@@ -111,6 +115,27 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 	return info, nil
 }
 
+// checkHostMemory refuses a VM asking more memory than the libvirt host
+// has in total. libvirt would define it, and QEMU would start it and then
+// be killed or swap the host to a crawl once the guest touches its memory;
+// the spec's memory is immutable, so this never resolves by waiting.
+// Memory in use by other VMs is not counted: it changes all the time and
+// the kernel overcommits, so only the impossible is refused.
+func (svc *Service) checkHostMemory(ctx context.Context) error {
+	s := svc.scope
+	total, err := s.LibvirtHost().HostMemory(ctx)
+	if err != nil {
+		s.MarkFalse(infrav1.DomainReadyCondition, infrav1.LibvirtErrorReason, "Reading the libvirt host's memory: %v", err)
+		return err
+	}
+	asked := uint64(s.Hardware().MemoryMiB)
+	if asked<<20 <= total {
+		return nil
+	}
+	return svc.terminal(scope.FailureReasonCreate, infrav1.InsufficientHostMemoryReason,
+		"memoryMiB %d MiB exceeds the libvirt host's total memory %.1f GiB", asked, float64(total)/(1<<30))
+}
+
 // start starts a defined, stopped domain. After provisioning, a domain
 // that cannot start again is a terminal failure.
 func (svc *Service) start(ctx context.Context, info virt.DomainInfo) error {
@@ -126,7 +151,7 @@ func (svc *Service) start(ctx context.Context, info virt.DomainInfo) error {
 		}
 		return nil
 	case errors.As(err, &startErr) && s.IsProvisioned():
-		return svc.terminal(infrav1.DomainCrashedReason, "Domain %s was %s (%s) and cannot be started again: %s",
+		return svc.terminal(scope.FailureReasonUpdate, infrav1.DomainCrashedReason, "Domain %s was %s (%s) and cannot be started again: %s",
 			s.DomainName(), info.State, info.Reason, startErr.Message)
 	case errors.As(err, &startErr):
 		s.MarkFalse(infrav1.DomainReadyCondition, infrav1.DomainFailedToStartReason, "%s", startErr.Message)
@@ -140,16 +165,18 @@ func (svc *Service) start(ctx context.Context, info virt.DomainInfo) error {
 // replaced handles a domain of our name with a foreign UUID.
 func (svc *Service) replaced(err error) error {
 	if svc.scope.IsProvisioned() {
-		return svc.terminal(infrav1.DomainMissingReason, "%v", err)
+		return svc.terminal(scope.FailureReasonUpdate, infrav1.DomainMissingReason, "%v", err)
 	}
 	svc.scope.MarkFalse(infrav1.DomainReadyCondition, infrav1.DomainMissingReason, "%v", err)
 	return err
 }
 
-func (svc *Service) terminal(reason, format string, args ...any) error {
+// terminal sets DomainReady False with reason and returns the failure the
+// controller records as failureReason (scope.FailureReason*) and message.
+func (svc *Service) terminal(failureReason, reason, format string, args ...any) error {
 	msg := fmt.Sprintf(format, args...)
 	svc.scope.MarkFalse(infrav1.DomainReadyCondition, reason, "%s", msg)
-	return &services.TerminalError{FailureReason: scope.FailureReasonUpdate, Message: msg}
+	return &services.TerminalError{FailureReason: failureReason, Message: msg}
 }
 
 // reportHardware sets DomainReady True, saying so when CPUs or memory

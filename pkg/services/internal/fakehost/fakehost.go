@@ -37,6 +37,8 @@ type Host struct {
 	Files map[string][]byte
 	// Images maps a source to its sha256 for ImportImage.
 	Images map[string]string
+	// MemoryBytes is what HostMemory reports; New sets 16 GiB.
+	MemoryBytes uint64
 	// Errs makes the named method return the error.
 	Errs map[string]error
 	// Calls records method names in order.
@@ -54,6 +56,7 @@ func New() *Host {
 		Domains: map[string]virt.DomainInfo{}, Specs: map[string]virt.DomainSpec{},
 		Entries: map[string][]virt.Reservation{"net": nil}, Leases: map[string]map[string]netip.Addr{},
 		NoDHCP: map[string]bool{}, Files: map[string][]byte{}, Images: map[string]string{}, Errs: map[string]error{},
+		MemoryBytes: 16 << 30,
 	}
 }
 
@@ -250,6 +253,16 @@ func (h *Host) DomainInfo(_ context.Context, name string) (virt.DomainInfo, erro
 		return d, notFound("domain " + name)
 	}
 	return d, nil
+}
+
+// HostMemory reports MemoryBytes.
+func (h *Host) HostMemory(context.Context) (uint64, error) {
+	if err := h.call("HostMemory"); err != nil {
+		return 0, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.MemoryBytes, nil
 }
 
 // GuestReadFile returns Files[domain:path].

@@ -1,0 +1,163 @@
+package domain_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/internal/fakehost"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// condition is the last state a step condition was set to.
+type condition struct {
+	status  bool
+	reason  string
+	message string
+}
+
+// vm is a scope.VM over a fake host that keeps conditions in memory: the
+// domain service's decisions are pure logic on what the host answers.
+type vm struct {
+	host       *fakehost.Host
+	memoryMiB  int32
+	state      string
+	conditions map[string]condition
+}
+
+var _ scope.VM = (*vm)(nil)
+
+func newVM(host *fakehost.Host, memoryMiB int32) *vm {
+	host.Volumes["pool/m0-root"] = virt.VolumeInfo{Pool: "pool", Name: "m0-root", Path: "/pools/pool/m0-root", Format: "qcow2"}
+	host.Volumes["pool/m0-seed"] = virt.VolumeInfo{Pool: "pool", Name: "m0-seed", Path: "/pools/pool/m0-seed", Format: "raw"}
+	return &vm{host: host, memoryMiB: memoryMiB, conditions: map[string]condition{}}
+}
+
+func (v *vm) LibvirtHost() virt.Host { return v.host }
+func (v *vm) DomainName() string     { return "capl-ns.m0" }
+func (v *vm) DomainUUID() string     { return "0b9d6c86-1111-4e2e-9c55-3b6f1b0d7a11" }
+func (v *vm) OverlayVolume() string  { return "m0-root" }
+func (v *vm) SeedVolume() string     { return "m0-seed" }
+func (v *vm) Hostname() string       { return "m0" }
+func (v *vm) Owner() virt.Owner {
+	return virt.Owner{Kind: "LibvirtMachine", Namespace: "ns", Name: "m0"}
+}
+func (v *vm) MACSeed() string           { return "m0" }
+func (v *vm) Pool() virt.PoolSpec       { return virt.PoolSpec{Name: "pool", Path: "/pools/pool"} }
+func (v *vm) Network() scope.NetworkRef { return scope.NetworkRef{Name: "net"} }
+func (v *vm) Hardware() infrav1.VirtualHardware {
+	return infrav1.VirtualHardware{CPUs: 1, MemoryMiB: v.memoryMiB, DomainType: "qemu", CPUMode: "maximum"}
+}
+func (v *vm) DiskSizeBytes() uint64                   { return 0 }
+func (v *vm) Image() infrav1.ImageSource              { return infrav1.ImageSource{} }
+func (v *vm) MAC() string                             { return "52:54:00:00:00:01" }
+func (v *vm) SetMAC(string)                           {}
+func (v *vm) RecordPlacement()                        {}
+func (v *vm) PatchObject(context.Context) error       { return nil }
+func (v *vm) SetDomainState(state string)             { v.state = state }
+func (v *vm) SetProviderID()                          {}
+func (v *vm) IsProvisioned() bool                     { return false }
+func (v *vm) IsTrue(condType string) bool             { return v.conditions[condType].status }
+func (v *vm) Event(eventType, reason, message string) {}
+func (v *vm) MarkTrue(condType, reason, message string) {
+	v.conditions[condType] = condition{status: true, reason: reason, message: message}
+}
+func (v *vm) MarkFalse(condType, reason, format string, args ...any) {
+	v.conditions[condType] = condition{reason: reason, message: fmt.Sprintf(format, args...)}
+}
+
+// TestDomainChecksHostMemory covers the refusal of a VM that asks more
+// memory than the libvirt host has: no domain is defined, on the first
+// reconcile or a retry, and deletion still works.
+func TestDomainChecksHostMemory(t *testing.T) {
+	const hostBytes = 23_400 << 20 // about 22.9 GiB
+	tests := []struct {
+		name      string
+		memoryMiB int32
+		hostErr   error
+		// defined: the domain exists and runs after Reconcile.
+		defined bool
+		// reason of DomainReady and a fragment of its message.
+		reason      string
+		message     string
+		terminal    bool
+		wantAnError bool
+	}{
+		{name: "fits", memoryMiB: 512, defined: true, reason: infrav1.ReadyReason},
+		{name: "exactly the host's memory", memoryMiB: 23_400, defined: true, reason: infrav1.ReadyReason},
+		{name: "one MiB more than the host", memoryMiB: 23_401, reason: infrav1.InsufficientHostMemoryReason,
+			message: "memoryMiB 23401 MiB exceeds the libvirt host's total memory 22.9 GiB", terminal: true, wantAnError: true},
+		{name: "a TiB", memoryMiB: 1 << 20, reason: infrav1.InsufficientHostMemoryReason,
+			message: "memoryMiB 1048576 MiB exceeds the libvirt host's total memory 22.9 GiB", terminal: true, wantAnError: true},
+		{name: "host memory unreadable", memoryMiB: 512, hostErr: errors.New("connection reset"),
+			reason: infrav1.LibvirtErrorReason, message: "connection reset", wantAnError: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			host := fakehost.New()
+			host.MemoryBytes = hostBytes
+			if tc.hostErr != nil {
+				host.Errs["HostMemory"] = tc.hostErr
+			}
+			v := newVM(host, tc.memoryMiB)
+			svc := domain.New(v, 0)
+			// The second reconcile is the controller's retry: it must not
+			// define the domain either.
+			for attempt := range 2 {
+				err := svc.Reconcile(context.Background())
+				if (err != nil) != tc.wantAnError {
+					t.Fatalf("attempt %d: Reconcile() = %v, want an error: %v", attempt, err, tc.wantAnError)
+				}
+				te, isTerminal := services.AsTerminal(err)
+				if isTerminal != tc.terminal {
+					t.Fatalf("attempt %d: Reconcile() = %v, terminal %v, want %v", attempt, err, isTerminal, tc.terminal)
+				}
+				if isTerminal && (te.FailureReason != scope.FailureReasonCreate || !strings.Contains(te.Message, tc.message)) {
+					t.Errorf("attempt %d: terminal failure %+v, want %s with %q", attempt, te, scope.FailureReasonCreate, tc.message)
+				}
+				c := v.conditions[infrav1.DomainReadyCondition]
+				if c.reason != tc.reason || !strings.Contains(c.message, tc.message) || c.status != tc.defined {
+					t.Errorf("attempt %d: DomainReady = %+v, want reason %s with %q", attempt, c, tc.reason, tc.message)
+				}
+				_, exists := host.Domains[v.DomainName()]
+				if exists != tc.defined || host.Called("EnsureDomain") != tc.defined {
+					t.Fatalf("attempt %d: domain exists %v, EnsureDomain called %v; want both %v", attempt, exists, host.Called("EnsureDomain"), tc.defined)
+				}
+				if tc.defined && v.state != "running" {
+					t.Errorf("attempt %d: domain state %q, want running", attempt, v.state)
+				}
+			}
+			if err := svc.Delete(context.Background()); err != nil {
+				t.Fatalf("Delete() = %v", err)
+			}
+			if len(host.Domains) != 0 {
+				t.Errorf("domains left after Delete: %v", host.Domains)
+			}
+		})
+	}
+}
+
+// TestDomainSteadyStateAsksOnce pins the libvirt calls of a reconcile
+// that finds its domain running: one DomainInfo and nothing else; host
+// memory is only read before defining.
+func TestDomainSteadyStateAsksOnce(t *testing.T) {
+	host := fakehost.New()
+	v := newVM(host, 512)
+	svc := domain.New(v, 0)
+	if err := svc.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	host.Calls = nil
+	if err := svc.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(host.Calls, ","); got != "DomainInfo" {
+		t.Errorf("steady-state calls = %s, want DomainInfo", got)
+	}
+}
