@@ -1,0 +1,196 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// insufficientHostMemoryReason is the DomainReady reason for a machine
+// asking more memory than the host has.
+const insufficientHostMemoryReason = "InsufficientHostMemory"
+
+// Bad-input cases are cheap: they run in parallel while the demo's VMs
+// boot. Each must end in a condition with a reason and a message, create
+// no domain, and leave nothing once deleted.
+func (s *suite) badInput(t *testing.T) {
+	stop := s.rep.phase("bad input (in parallel with the demo's boot)")
+	t.Cleanup(stop)
+	t.Run("missing image", func(t *testing.T) {
+		t.Parallel()
+		s.badMachine(t, extraPrefix+"bad-missing-image", func(lm *infrav1.LibvirtMachine) {
+			lm.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: "capl-e2e-no-such-image.qcow2"}}
+		}, infrav1.DiskReadyCondition, []string{infrav1.ImageNotFoundReason})
+	})
+	t.Run("bad checksum", func(t *testing.T) {
+		t.Parallel()
+		content := make([]byte, 256<<10)
+		_, _ = rand.Read(content)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.ServeContent(w, r, "image.qcow2", time.Now(), strings.NewReader(string(content)))
+		}))
+		t.Cleanup(srv.Close)
+		wrong := sha256.Sum256(append([]byte("not the image"), content...))
+		s.badMachine(t, extraPrefix+"bad-checksum", func(lm *infrav1.LibvirtMachine) {
+			lm.Spec.Image = infrav1.ImageSource{URL: srv.URL + "/image.qcow2", Checksum: "sha256:" + hex.EncodeToString(wrong[:])}
+		}, infrav1.DiskReadyCondition, []string{infrav1.ImageChecksumMismatchReason})
+	})
+	t.Run("memory larger than the host", func(t *testing.T) {
+		t.Parallel()
+		s.badMachine(t, extraPrefix+"bad-memory", func(lm *infrav1.LibvirtMachine) {
+			lm.Spec.MemoryMiB = 1 << 20 // 1 TiB
+		}, infrav1.DomainReadyCondition, []string{insufficientHostMemoryReason})
+	})
+	t.Run("cidr conflicts with a host route", func(t *testing.T) {
+		t.Parallel()
+		s.badCIDR(t)
+	})
+}
+
+// badMachine creates a machine of the demo cluster changed by mutate and
+// waits until condType is False with one of reasons; then it checks no
+// domain exists, deletes the machine and checks nothing of it remains.
+func (s *suite) badMachine(t *testing.T, name string, mutate func(*infrav1.LibvirtMachine), condType string, reasons []string) {
+	objs := s.createExtraMachine(t, clusterName, name, mutate)
+	var reason, msg string
+	s.waitFor(t, fmt.Sprintf("%s: %s False with reason %v", name, condType, reasons), bootTimeout, func() (bool, string) {
+		lm := s.lm(name)
+		if lm == nil {
+			return false, "not found"
+		}
+		var st metav1.ConditionStatus
+		st, reason, msg = condition(lm, condType)
+		return st == metav1.ConditionFalse && containsString(reasons, reason), fmt.Sprintf("%s %s: %s", st, reason, msg)
+	})
+	if strings.TrimSpace(msg) == "" {
+		t.Errorf("%s: %s False/%s without a message", name, condType, reason)
+	}
+	t.Logf("%s: %s False, reason %s: %s", name, condType, reason, msg)
+	s.rep.note("bad input %s: %s False, reason %s: %q", name, condType, reason, msg)
+	lm := s.lm(name)
+	if lm == nil {
+		t.Fatalf("%s vanished", name)
+	}
+	// Time for a reconcile that would go on to define the domain anyway.
+	time.Sleep(5 * time.Second)
+	ctx := s.ctx
+	if _, err := s.host.DomainInfo(ctx, scope.DomainName(namespace, name)); !virt.IsNotFound(err) {
+		t.Errorf("%s: a domain exists for bad input (lookup error %v)", name, err)
+	}
+	s.deleteAndWait(t, objs.machine, deleteTimeout, objs.lm)
+	if l := s.machineLeftovers(name, string(lm.UID), s.clusterNetwork()); len(l) > 0 {
+		t.Errorf("%s left in libvirt: %s", name, strings.Join(l, ", "))
+	}
+}
+
+func containsString(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Host route the CIDR case conflicts with: a dummy interface with an
+// address, made for the test and removed afterwards.
+const (
+	dummyInterface = "capl-e2e-dummy"
+	dummyAddress   = "172.31.213.1/24"
+	dummyCIDR      = "172.31.213.0/24"
+)
+
+// badCIDR creates a cluster whose network CIDR overlaps a host route; its
+// NetworkReady must say so, and no network may be created.
+func (s *suite) badCIDR(t *testing.T) {
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	_ = exec.Command("ip", "link", "del", dummyInterface).Run() // from an interrupted run
+	ip("link", "add", dummyInterface, "type", "dummy")
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "link", "del", dummyInterface).CombinedOutput(); err != nil {
+			t.Errorf("removing %s: %v: %s", dummyInterface, err, out)
+		}
+	})
+	ip("addr", "add", dummyAddress, "dev", dummyInterface)
+	ip("link", "set", dummyInterface, "up")
+
+	name := extraPrefix + "bad-cidr"
+	lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name,
+		Labels: map[string]string{clusterv1.ClusterNameLabel: name}}}
+	lc.Spec.Network.CIDR = dummyCIDR
+	lc.Spec.LoadBalancer.Type = infrav1.LoadBalancerNone
+	lc.Spec.ControlPlaneEndpoint = clusterv1.APIEndpoint{Host: "172.31.213.10", Port: 6443}
+	if err := s.c.Create(s.ctx, lc); err != nil {
+		// Refused at admission is a clear error too, as long as it names
+		// the CIDR.
+		if !strings.Contains(errString(err), dummyCIDR) {
+			t.Fatalf("creating a LibvirtCluster with cidr %s: %v", dummyCIDR, err)
+		}
+		t.Logf("refused at admission: %v", err)
+		return
+	}
+	cl := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}}
+	cl.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "LibvirtCluster", Name: name}
+	cl.Spec.Paused = ptr.To(false)
+	must(t, s.c.Create(s.ctx, cl))
+	var reason, msg string
+	s.waitFor(t, name+": NetworkReady False with a conflict reason", 5*time.Minute, func() (bool, string) {
+		got := &infrav1.LibvirtCluster{}
+		if err := s.c.Get(s.ctx, client.ObjectKeyFromObject(lc), got); err != nil {
+			return false, err.Error()
+		}
+		var st metav1.ConditionStatus
+		st, reason, msg = condition(got, infrav1.NetworkReadyCondition)
+		return st == metav1.ConditionFalse && strings.HasSuffix(reason, "Conflict"), fmt.Sprintf("%s %s: %s", st, reason, msg)
+	})
+	if !strings.Contains(msg, dummyCIDR) && !strings.Contains(msg, dummyInterface) && !strings.Contains(msg, "172.31.213.") {
+		t.Errorf("NetworkReady message %q names neither the CIDR nor the conflicting interface", msg)
+	}
+	t.Logf("%s: NetworkReady False, reason %s: %s", name, reason, msg)
+	s.rep.note("bad input %s (cidr %s over a host route on %s): NetworkReady False, reason %s: %q", name, dummyCIDR, dummyInterface, reason, msg)
+	network := scope.ClusterNetworkName(namespace, name)
+	if s.networkExists(t, network) {
+		t.Errorf("network %s was created despite the conflict", network)
+	}
+	s.deleteAndWait(t, cl, deleteTimeout, lc)
+	if s.networkExists(t, network) {
+		t.Errorf("network %s left after deleting the cluster", network)
+	}
+}
+
+// networkExists tells whether libvirt holds the network.
+func (s *suite) networkExists(t *testing.T, name string) bool {
+	t.Helper()
+	objs, err := s.host.ListOwned(s.ctx)
+	must(t, err)
+	for _, o := range objs {
+		if o.Kind == virt.OwnedNetwork && o.Name == name {
+			return true
+		}
+	}
+	return false
+}

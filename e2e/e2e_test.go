@@ -1,0 +1,163 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+)
+
+// Timeouts are generous: TCG guests on a shared 2-core host, several
+// booting at once.
+const (
+	bootTimeout   = 30 * time.Minute // the first five machines to BootstrapSucceeded
+	singleTimeout = 15 * time.Minute // one machine to BootstrapSucceeded
+	deleteTimeout = 10 * time.Minute
+	domainTimeout = 8 * time.Minute // a machine to DomainReady
+)
+
+// TestE2E runs the whole scenario in order; the phases share the demo
+// cluster's VMs, because booting them is what costs the time.
+func TestE2E(t *testing.T) {
+	s := newSuite(t)
+
+	// 1. The demo cluster `make up` creates, with bad input exercised
+	// while its VMs boot.
+	s.createDemo()
+	t.Run("bad input", s.badInput)
+	s.waitDemoReady()
+	t.Run("contract", s.checkContract)
+	t.Run("endpoint", s.checkEndpoint)
+	t.Run("guests", s.checkGuests)
+	t.Run("steady state", s.measureSteadyState)
+
+	// 2. Scaling and control-plane deletion behind the endpoint.
+	t.Run("scale workers", s.scaleWorkers)
+	t.Run("delete control-plane machine", s.deleteControlPlaneMachine)
+
+	// 3. Faults.
+	t.Run("kill manager", s.killManagerRounds)
+	t.Run("restart libvirtd", s.restartLibvirtd)
+	t.Run("delete cluster while creating", s.deleteClusterWhileCreating)
+
+	// 5. Nothing of the run outlives it.
+	s.down(true)
+}
+
+// createDemo renders devplane.Demo for the namespace and applies it.
+func (s *suite) createDemo() {
+	t := s.t
+	objs, err := devplane.Demo(devplane.DemoOptions{
+		Namespace: namespace, Name: clusterName, ControlPlane: 3, Workers: 2,
+		ImageDir: filepath.Dir(s.image), DomainType: string(infrav1.DomainTypeQEMU), CPUMode: string(infrav1.CPUModeMaximum),
+		TCGCacheMiB: 64,
+	})
+	must(t, err)
+	s.demo.all = objs
+	for _, o := range objs {
+		switch o := o.(type) {
+		case *clusterv1.Cluster:
+			s.demo.cluster = o
+		case *infrav1.LibvirtCluster:
+			s.demo.lc = o
+		case *clusterv1.MachineDeployment:
+			s.demo.md = o
+			if n := o.Spec.Template.Spec.Bootstrap.DataSecretName; n != nil {
+				s.demo.workerSecret = *n
+			}
+		case *infrav1.LibvirtMachineTemplate:
+			s.demo.template = o
+		case *clusterv1.Machine:
+			if _, cp := o.Labels[clusterv1.MachineControlPlaneLabel]; cp {
+				s.demo.controlPlane = append(s.demo.controlPlane, o.Name)
+			}
+		}
+	}
+	if s.demo.cluster == nil || s.demo.lc == nil || s.demo.md == nil || s.demo.template == nil || s.demo.workerSecret == "" || len(s.demo.controlPlane) != 3 {
+		t.Fatalf("devplane.Demo: want a Cluster, LibvirtCluster, MachineDeployment with dataSecretName, LibvirtMachineTemplate "+
+			"and 3 control-plane Machines; got %d objects (%d control-plane Machines)", len(objs), len(s.demo.controlPlane))
+	}
+	slices.Sort(s.demo.controlPlane)
+	for _, o := range objs {
+		if o.GetNamespace() != namespace && o.GetNamespace() != "" {
+			t.Fatalf("devplane.Demo put %T %s into namespace %q, want %q", o, o.GetName(), o.GetNamespace(), namespace)
+		}
+	}
+	s.rep.phase("apply demo")()
+	must(t, devplane.ApplyDemo(s.ctx, s.c, objs))
+	s.bootStart = time.Now()
+	t.Logf("demo applied: cluster %s, control plane %v, MachineDeployment %s (%d replicas)", s.demo.cluster.Name,
+		s.demo.controlPlane, s.demo.md.Name, ptr.Deref(s.demo.md.Spec.Replicas, 0))
+}
+
+// waitDemoReady waits until the cluster is provisioned and all five
+// machines report BootstrapSucceeded, then records the batch's figures.
+func (s *suite) waitDemoReady() {
+	t := s.t
+	defer s.rep.phaseSince("create cluster (LB + 3 control plane + 2 workers) to all BootstrapSucceeded", s.bootStart)()
+	s.waitFor(t, "cluster infrastructure provisioned", bootTimeout, func() (bool, string) {
+		cl := &clusterv1.Cluster{}
+		if err := s.c.Get(s.ctx, client.ObjectKeyFromObject(s.demo.cluster), cl); err != nil {
+			return false, err.Error()
+		}
+		lc := &infrav1.LibvirtCluster{}
+		if err := s.c.Get(s.ctx, client.ObjectKeyFromObject(s.demo.lc), lc); err != nil {
+			return false, err.Error()
+		}
+		st, reason, msg := condition(lc, infrav1.LoadBalancerReadyCondition)
+		return ptr.Deref(cl.Status.Initialization.InfrastructureProvisioned, false), fmt.Sprintf("LoadBalancerReady %s %s: %s", st, reason, msg)
+	})
+	var names []string
+	s.waitFor(t, "5 machines BootstrapSucceeded", bootTimeout, func() (bool, string) {
+		lms, err := s.clusterMachines(clusterName)
+		if err != nil {
+			return false, err.Error()
+		}
+		names = names[:0]
+		status := ""
+		ready := 0
+		for _, lm := range lms {
+			if extraMachine(lm.Name) {
+				continue
+			}
+			names = append(names, lm.Name)
+			if isTrue(&lm, infrav1.BootstrapSucceededCondition) {
+				ready++
+			}
+			st, reason, _ := condition(&lm, infrav1.BootstrapSucceededCondition)
+			dst, dreason, _ := condition(&lm, infrav1.DomainReadyCondition)
+			status += fmt.Sprintf(" %s[Domain %s/%s Bootstrap %s/%s]", lm.Name, dst, dreason, st, reason)
+		}
+		return len(names) == 5 && ready == 5, fmt.Sprintf("%d/%d:%s", ready, len(names), status)
+	})
+	tls, provisioned := s.rec.timelines(clusterName, names...)
+	s.rep.addBatch(batch("5 at once (3 control plane + 2 workers, created together)", tls, provisioned))
+}
+
+// clusterMachines lists the LibvirtMachines of a cluster.
+func (s *suite) clusterMachines(cluster string) ([]infrav1.LibvirtMachine, error) {
+	list := &infrav1.LibvirtMachineList{}
+	if err := s.c.List(s.ctx, list, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: cluster}); err != nil {
+		return nil, err
+	}
+	return list.Items, nil
+}
+
+// extraPrefix starts the names of the machines the suite creates itself
+// (bad input, faults), next to the demo's.
+const extraPrefix = "x-"
+
+// extraMachine tells the suite's own machines from the demo's.
+func extraMachine(name string) bool { return strings.HasPrefix(name, extraPrefix) }

@@ -1,0 +1,222 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// randomDelay picks a delay in [0, upTo) from the seeded generator.
+func (s *suite) randomDelay(upTo time.Duration) time.Duration {
+	return time.Duration(s.rng.Int64N(int64(upTo)))
+}
+
+// killManager SIGKILLs the manager and waits for the supervisor's new one
+// to be ready.
+func (s *suite) killManager(t *testing.T) {
+	t.Helper()
+	old, err := s.plane.KillManager()
+	must(t, err)
+	ctx, cancel := context.WithTimeout(s.ctx, 3*time.Minute)
+	defer cancel()
+	pid, err := s.plane.WaitManagerReady(ctx, old)
+	if err != nil {
+		t.Fatalf("no new manager after killing %d: %v", old, err)
+	}
+	t.Logf("killed manager %d; manager %d ready", old, pid)
+}
+
+// duplicateWatch counts, at every look, the libvirt objects of one
+// machine: a controller that lost track of a domain across a kill would
+// make a second one, under another name, or a second set of volumes.
+type duplicateWatch struct {
+	mu         sync.Mutex
+	maxDomains int
+	maxVolumes int
+	stop       context.CancelFunc
+	done       chan struct{}
+}
+
+func (s *suite) watchDuplicates(name string) *duplicateWatch {
+	ctx, cancel := context.WithCancel(s.ctx)
+	w := &duplicateWatch{stop: cancel, done: make(chan struct{})}
+	domain := scope.DomainName(namespace, name)
+	go func() {
+		defer close(w.done)
+		for ctx.Err() == nil {
+			lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
+			objs, err := s.host.ListOwned(lctx)
+			lcancel()
+			if err == nil {
+				domains, volumes := 0, 0
+				for _, o := range objs {
+					switch {
+					case o.Kind == virt.OwnedDomain && (o.Name == domain || (o.Owner != nil && o.Owner.Namespace == namespace && o.Owner.Name == name && o.Owner.Kind == "LibvirtMachine")):
+						domains++
+					case o.Kind == virt.OwnedVolume && strings.HasPrefix(o.Name, domain):
+						volumes++
+					}
+				}
+				w.mu.Lock()
+				w.maxDomains = max(w.maxDomains, domains)
+				w.maxVolumes = max(w.maxVolumes, volumes)
+				w.mu.Unlock()
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}()
+	return w
+}
+
+func (w *duplicateWatch) finish() (domains, volumes int) {
+	w.stop()
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.maxDomains, w.maxVolumes
+}
+
+// killManagerRounds kills the manager at random points while a machine is
+// created and while it is deleted, and checks that nothing is duplicated
+// or left behind.
+func (s *suite) killManagerRounds(t *testing.T) {
+	defer s.rep.phase(fmt.Sprintf("kill the manager: %d rounds", *killRounds))()
+	network := s.clusterNetwork()
+	for round := 1; round <= *killRounds; round++ {
+		start := time.Now()
+		name := fmt.Sprintf("%skill-%d", extraPrefix, round)
+		createDelay := s.randomDelay(8 * time.Second)
+		deleteDelay := s.randomDelay(12 * time.Second)
+		t.Logf("round %d: machine %s, kill %.1fs after creating, %.1fs after deleting", round, name, createDelay.Seconds(), deleteDelay.Seconds())
+		dup := s.watchDuplicates(name)
+		objs := s.createExtraMachine(t, clusterName, name, nil)
+		time.Sleep(createDelay)
+		s.killManager(t)
+		lm := s.waitMachineCondition(t, name, infrav1.DomainReadyCondition, domainTimeout)
+		must(t, s.c.Delete(s.ctx, objs.machine))
+		time.Sleep(deleteDelay)
+		s.killManager(t)
+		s.waitGone(t, deleteTimeout, objs.machine, objs.lm)
+		domains, volumes := dup.finish()
+		if domains > 1 || volumes > 2 {
+			t.Errorf("round %d: %s had up to %d domains and %d volumes at once, want at most 1 and 2", round, name, domains, volumes)
+		}
+		if domains == 0 {
+			t.Errorf("round %d: the duplicate watch never saw %s's domain", round, name)
+		}
+		if l := s.machineLeftovers(name, string(lm.UID), network); len(l) > 0 {
+			t.Errorf("round %d: %s left in libvirt: %s", round, name, strings.Join(l, ", "))
+		}
+		s.rep.mu.Lock()
+		s.rep.KillRounds = append(s.rep.KillRounds, killRound{Round: round, Machine: name, CreateKillSec: createDelay.Seconds(),
+			DeleteKillSec: deleteDelay.Seconds(), Seconds: time.Since(start).Seconds(), MaxDomains: domains})
+		s.rep.mu.Unlock()
+		if t.Failed() {
+			return
+		}
+	}
+}
+
+// libvirtdPID is the running libvirtd's pid.
+func libvirtdPID() (int, error) {
+	out, err := exec.Command("pidof", "libvirtd").Output()
+	if err != nil {
+		return 0, fmt.Errorf("pidof libvirtd: %w", err)
+	}
+	fields := strings.Fields(string(out))
+	if len(fields) != 1 {
+		return 0, fmt.Errorf("pidof libvirtd: %q, want one pid", out)
+	}
+	return strconv.Atoi(fields[0])
+}
+
+// restartLibvirtd kills libvirtd while a machine is being created and
+// starts it again; the machine must converge and delete cleanly.
+func (s *suite) restartLibvirtd(t *testing.T) {
+	defer s.rep.phase("restart libvirtd during a machine's creation")()
+	network := s.clusterNetwork()
+	name := extraPrefix + "libvirtd-restart"
+	delay := 500*time.Millisecond + s.randomDelay(3*time.Second)
+	objs := s.createExtraMachine(t, clusterName, name, nil)
+	time.Sleep(delay)
+	pid, err := libvirtdPID()
+	must(t, err)
+	t.Logf("killing libvirtd %d %.1fs after creating %s", pid, delay.Seconds(), name)
+	must(t, syscall.Kill(pid, syscall.SIGTERM))
+	s.waitFor(t, "libvirtd to exit", time.Minute, func() (bool, string) {
+		_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
+		return os.IsNotExist(err), "still running"
+	})
+	// Whatever happens below, libvirtd must run again: the host is shared.
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted {
+			_ = exec.Command("libvirtd", "-d").Run()
+		}
+	})
+	time.Sleep(2 * time.Second) // a reconcile meets the daemon gone
+	if out, err := exec.Command("libvirtd", "-d").CombinedOutput(); err != nil {
+		t.Fatalf("starting libvirtd again: %v: %s", err, out)
+	}
+	restarted = true
+	s.waitFor(t, "libvirtd answering", time.Minute, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
+		defer cancel()
+		_, err := s.host.ListOwned(ctx)
+		return err == nil, errString(err)
+	})
+	lm := s.waitMachineCondition(t, name, infrav1.DomainReadyCondition, domainTimeout)
+	s.deleteAndWait(t, objs.machine, deleteTimeout, objs.lm)
+	if l := s.machineLeftovers(name, string(lm.UID), network); len(l) > 0 {
+		t.Errorf("%s left in libvirt after a libvirtd restart: %s", name, strings.Join(l, ", "))
+	}
+}
+
+// deleteClusterWhileCreating scales the workers up and deletes the whole
+// Cluster while the new machines are being created; every object and
+// every libvirt object of the cluster must go.
+func (s *suite) deleteClusterWhileCreating(t *testing.T) {
+	defer s.rep.phase("delete the cluster while machines are being created")()
+	before := s.workerMachines(t)
+	s.setWorkers(t, 3)
+	s.waitFor(t, "new worker machines to be created", 5*time.Minute, func() (bool, string) {
+		n := len(s.workerMachines(t))
+		return n >= 3, fmt.Sprintf("%d worker LibvirtMachines", n)
+	})
+	for name, lm := range s.workerMachines(t) {
+		if before[name] == nil {
+			st, reason, _ := condition(lm, infrav1.DomainReadyCondition)
+			t.Logf("deleting the cluster while %s is at DomainReady %s/%s", name, st, reason)
+		}
+	}
+	cl := &clusterv1.Cluster{}
+	must(t, s.c.Get(s.ctx, client.ObjectKeyFromObject(s.demo.cluster), cl))
+	must(t, s.c.Delete(s.ctx, cl))
+	s.waitFor(t, "every object of the namespace gone", deleteTimeout, func() (bool, string) {
+		left, err := s.namespaceObjects(s.ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(left) == 0, strings.Join(left, ", ")
+	})
+	if left := s.ourLibvirtObjects(); len(left) > 0 {
+		t.Errorf("after deleting the Cluster, libvirt still holds: %s", strings.Join(left, ", "))
+	}
+}

@@ -1,0 +1,263 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// report is what the run measured; it is written as e2e-report.md and
+// e2e-report.json into the artifacts directory and printed at the end.
+type report struct {
+	mu sync.Mutex
+
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+	Seed     uint64    `json:"seed"`
+	Passed   bool      `json:"passed"`
+	// Phases is the suite's timeline.
+	Phases []phaseTiming `json:"phases"`
+	// Batches are the per-machine phase figures of a group of machines
+	// created together.
+	Batches []batchReport `json:"batches"`
+	// ManagerRSSMaxBytes and ManagerRSSEndBytes come from sampling VmRSS
+	// of the current manager process every 3 s.
+	ManagerRSSMaxBytes uint64 `json:"managerRSSMaxBytes"`
+	ManagerRSSEndBytes uint64 `json:"managerRSSEndBytes"`
+	RSSSamples         int    `json:"rssSamples"`
+	// SteadyState is the libvirt calls per reconcile figure, or why there
+	// is none.
+	SteadyState steadyState `json:"steadyState"`
+	// KillRounds records the manager kills of the fault phase.
+	KillRounds []killRound `json:"killRounds"`
+	// Notes are observations worth a line in the report.
+	Notes []string `json:"notes,omitempty"`
+}
+
+type phaseTiming struct {
+	Name     string        `json:"name"`
+	Start    time.Time     `json:"start"`
+	Duration time.Duration `json:"durationNs"`
+	Seconds  float64       `json:"seconds"`
+}
+
+// stats summarises one phase over the machines of a batch, in seconds.
+type stats struct {
+	N      int     `json:"n"`
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+}
+
+type batchReport struct {
+	Name     string   `json:"name"`
+	Machines []string `json:"machines"`
+	// EligibleToStarted: eligible (the later of LibvirtMachine created,
+	// Cluster infrastructure provisioned, bootstrap dataSecretName set) →
+	// DomainReady True first observed.
+	EligibleToStarted stats `json:"eligibleToDomainStarted"`
+	// LeaseToAddress: a DHCP lease of the machine's MAC first seen in
+	// libvirt → status.addresses first observed.
+	LeaseToAddress stats `json:"leaseToAddress"`
+	// StartToSentinel: DomainReady True → BootstrapSucceeded True.
+	StartToSentinel stats `json:"domainStartedToBootstrapSucceeded"`
+}
+
+type steadyState struct {
+	Available bool `json:"available"`
+	// Reason says why the figure is missing.
+	Reason              string             `json:"reason,omitempty"`
+	WindowSeconds       float64            `json:"windowSeconds,omitempty"`
+	LibvirtCalls        float64            `json:"libvirtCalls,omitempty"`
+	MachineReconciles   float64            `json:"libvirtMachineReconciles,omitempty"`
+	ClusterReconciles   float64            `json:"libvirtClusterReconciles,omitempty"`
+	CallsPerReconcile   float64            `json:"callsPerReconcile,omitempty"`
+	CallsByOperation    map[string]float64 `json:"callsByOperation,omitempty"`
+	TriggeredByTouching int                `json:"machinesTouched,omitempty"`
+}
+
+type killRound struct {
+	Round         int     `json:"round"`
+	Machine       string  `json:"machine"`
+	CreateKillSec float64 `json:"createKillDelaySeconds"`
+	DeleteKillSec float64 `json:"deleteKillDelaySeconds"`
+	Seconds       float64 `json:"seconds"`
+	MaxDomains    int     `json:"maxDomainsSeen"`
+}
+
+func newReport() *report { return &report{Started: time.Now()} }
+
+// phase starts a named phase of the timeline; calling the result ends it.
+func (r *report) phase(name string) func() {
+	start := time.Now()
+	return func() {
+		d := time.Since(start)
+		r.mu.Lock()
+		r.Phases = append(r.Phases, phaseTiming{Name: name, Start: start, Duration: d, Seconds: d.Seconds()})
+		r.mu.Unlock()
+	}
+}
+
+// phaseSince is phase for a phase that began at start.
+func (r *report) phaseSince(name string, start time.Time) func() {
+	return func() {
+		d := time.Since(start)
+		r.mu.Lock()
+		r.Phases = append(r.Phases, phaseTiming{Name: name, Start: start, Duration: d, Seconds: d.Seconds()})
+		r.mu.Unlock()
+	}
+}
+
+func (r *report) sampleRSS(b uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.RSSSamples++
+	r.ManagerRSSEndBytes = b
+	r.ManagerRSSMaxBytes = max(r.ManagerRSSMaxBytes, b)
+}
+
+func (r *report) note(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
+}
+
+// summarize computes n, median, min and max of the durations.
+func summarize(ds []time.Duration) stats {
+	if len(ds) == 0 {
+		return stats{}
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	mid := s[len(s)/2]
+	if len(s)%2 == 0 {
+		mid = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return stats{N: len(s), Median: mid.Seconds(), Min: s[0].Seconds(), Max: s[len(s)-1].Seconds()}
+}
+
+// batch computes the figures of a batch from the recorder's timelines.
+// A machine missing a step is left out of that phase (n says how many
+// counted).
+func batch(name string, tls []timeline, provisioned time.Time) batchReport {
+	b := batchReport{Name: name}
+	var started, address, sentinel []time.Duration
+	for _, tl := range tls {
+		b.Machines = append(b.Machines, tl.name)
+		if e := tl.eligible(provisioned); !e.IsZero() && !tl.domainReady.IsZero() {
+			started = append(started, max(0, tl.domainReady.Sub(e)))
+		}
+		if !tl.lease.IsZero() && !tl.address.IsZero() {
+			address = append(address, tl.address.Sub(tl.lease))
+		}
+		if !tl.domainReady.IsZero() && !tl.bootstrap.IsZero() {
+			sentinel = append(sentinel, tl.bootstrap.Sub(tl.domainReady))
+		}
+	}
+	slices.Sort(b.Machines)
+	b.EligibleToStarted = summarize(started)
+	b.LeaseToAddress = summarize(address)
+	b.StartToSentinel = summarize(sentinel)
+	return b
+}
+
+func (r *report) addBatch(b batchReport) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.Batches = append(r.Batches, b)
+}
+
+func (st stats) String() string {
+	if st.N == 0 {
+		return "n=0 (not observed)"
+	}
+	return fmt.Sprintf("median %.1f s (n=%d, min %.1f, max %.1f)", st.Median, st.N, st.Min, st.Max)
+}
+
+// markdown renders the report.
+func (r *report) markdown() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "# End-to-end report\n\n")
+	result := "FAILED"
+	if r.Passed {
+		result = "passed"
+	}
+	fmt.Fprintf(&b, "Run %s → %s (%s), %s; fault seed %d.\n\n", r.Started.Format(time.RFC3339), r.Finished.Format(time.RFC3339),
+		r.Finished.Sub(r.Started).Round(time.Second), result, r.Seed)
+	fmt.Fprintf(&b, "Guests: TCG (domainType qemu, cpuMode maximum), 1 vCPU, 512 MiB, on a shared 2-core host. Timings are first "+
+		"observations by polling the API server and libvirt's DHCP leases every %s.\n\n", observeInterval)
+	fmt.Fprintf(&b, "## Machine phases\n\n")
+	fmt.Fprintf(&b, "| batch | machines | eligible → domain started | lease → address | domain started → BootstrapSucceeded |\n|---|---|---|---|---|\n")
+	for _, bt := range r.Batches {
+		fmt.Fprintf(&b, "| %s | %d (%s) | %s | %s | %s |\n", bt.Name, len(bt.Machines), strings.Join(bt.Machines, ", "),
+			bt.EligibleToStarted, bt.LeaseToAddress, bt.StartToSentinel)
+	}
+	fmt.Fprintf(&b, "\neligible = the later of: LibvirtMachine created, Cluster infrastructure provisioned, bootstrap dataSecretName set; "+
+		"started = DomainReady True first observed; lease = a DHCP lease of the machine's MAC first seen in libvirt; "+
+		"address = status.addresses first observed non-empty.\n\n")
+	fmt.Fprintf(&b, "## Manager\n\n")
+	fmt.Fprintf(&b, "- RSS (VmRSS of the current manager process, %d samples every 3 s): max %.1f MiB, at the end %.1f MiB\n",
+		r.RSSSamples, mib(r.ManagerRSSMaxBytes), mib(r.ManagerRSSEndBytes))
+	ss := r.SteadyState
+	if ss.Available {
+		fmt.Fprintf(&b, "- libvirt calls per steady-state reconcile: %.2f (%.0f calls / %.0f reconciles: %.0f LibvirtMachine + %.0f LibvirtCluster, "+
+			"over %.0f s after touching an annotation on %d ready LibvirtMachines)\n",
+			ss.CallsPerReconcile, ss.LibvirtCalls, ss.MachineReconciles+ss.ClusterReconciles, ss.MachineReconciles, ss.ClusterReconciles,
+			ss.WindowSeconds, ss.TriggeredByTouching)
+		ops := make([]string, 0, len(ss.CallsByOperation))
+		for op, n := range ss.CallsByOperation {
+			ops = append(ops, fmt.Sprintf("%s %.0f", op, n))
+		}
+		slices.Sort(ops)
+		fmt.Fprintf(&b, "  - by operation: %s\n", strings.Join(ops, ", "))
+	} else {
+		fmt.Fprintf(&b, "- libvirt calls per steady-state reconcile: not available (%s)\n", ss.Reason)
+	}
+	if len(r.KillRounds) > 0 {
+		fmt.Fprintf(&b, "\n## Manager kills\n\n| round | machine | kill during create after | kill during delete after | round took | max domains of the machine seen |\n|---|---|---|---|---|---|\n")
+		for _, k := range r.KillRounds {
+			fmt.Fprintf(&b, "| %d | %s | %.1f s | %.1f s | %.0f s | %d |\n", k.Round, k.Machine, k.CreateKillSec, k.DeleteKillSec, k.Seconds, k.MaxDomains)
+		}
+	}
+	fmt.Fprintf(&b, "\n## Timeline\n\n| phase | start (+s) | duration |\n|---|---|---|\n")
+	for _, p := range r.Phases {
+		fmt.Fprintf(&b, "| %s | %.0f | %.1f s |\n", p.Name, p.Start.Sub(r.Started).Seconds(), p.Seconds)
+	}
+	if len(r.Notes) > 0 {
+		fmt.Fprintf(&b, "\n## Notes\n\n")
+		for _, n := range r.Notes {
+			fmt.Fprintf(&b, "- %s\n", n)
+		}
+	}
+	return b.String()
+}
+
+func mib(b uint64) float64 { return float64(b) / (1 << 20) }
+
+// writeReport writes and prints the report.
+func (s *suite) writeReport() {
+	s.rep.Finished = time.Now()
+	s.rep.Passed = !s.t.Failed()
+	md := s.rep.markdown()
+	s.rep.mu.Lock()
+	js, err := json.MarshalIndent(s.rep, "", "  ")
+	s.rep.mu.Unlock()
+	if err != nil {
+		s.t.Errorf("report: %v", err)
+	}
+	for name, data := range map[string][]byte{"e2e-report.md": []byte(md), "e2e-report.json": js} {
+		if err := os.WriteFile(filepath.Join(s.arts, name), data, 0o644); err != nil {
+			s.t.Errorf("writing report: %v", err)
+		}
+	}
+	s.t.Logf("report written to %s:\n%s", filepath.Join(s.arts, "e2e-report.md"), md)
+}

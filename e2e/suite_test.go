@@ -1,0 +1,551 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+var (
+	killRounds = flag.Int("e2e.kill-rounds", 10, "rounds of killing the manager during a machine's creation and deletion")
+	seedFlag   = flag.Uint64("e2e.seed", 0, "seed of the random fault timings; 0 picks one from the clock (the log prints it)")
+)
+
+// Environment of the suite; `make test-e2e` sets all of them.
+const (
+	envArtifacts = "CAPL_E2E_ARTIFACTS"
+	envBin       = "CAPL_E2E_BIN"
+	envURI       = "CAPL_TEST_LIBVIRT_URI"
+	envImage     = "CAPL_TEST_IMAGE"
+)
+
+const (
+	// namespace holds every object of the run. Every libvirt object the
+	// provider makes for it is named "capl-e2e.…" (scope.DomainName), which
+	// is how the leak checks and the emergency sweep tell the run's objects
+	// from those of other users of the host.
+	namespace   = "e2e"
+	clusterName = "e2e"
+	// pollInterval is how often waits look at the API server.
+	pollInterval = 500 * time.Millisecond
+)
+
+// suite is one run: the management plane, a libvirt connection of its
+// own, what the demo created, and the figures the report collects.
+type suite struct {
+	t     *testing.T
+	ctx   context.Context
+	plane *devplane.Plane
+	c     client.Client
+	host  *virt.Client
+	uri   string
+	image string
+	bin   string
+	arts  string
+	state string
+	rng   *rand.Rand
+	seed  uint64
+
+	demo      demoObjects
+	bootStart time.Time
+	rec  *recorder
+	rep  *report
+
+	mu       sync.Mutex
+	downDone bool
+}
+
+// demoObjects are the objects devplane.Demo rendered, by role.
+type demoObjects struct {
+	all          []client.Object
+	cluster      *clusterv1.Cluster
+	lc           *infrav1.LibvirtCluster
+	controlPlane []string // Machine names
+	md           *clusterv1.MachineDeployment
+	template     *infrav1.LibvirtMachineTemplate
+	workerSecret string // dataSecretName of the MachineDeployment's machines
+}
+
+func newSuite(t *testing.T) *suite {
+	t.Helper()
+	s := &suite{t: t, rep: newReport()}
+	for _, v := range []struct {
+		env string
+		dst *string
+	}{{envURI, &s.uri}, {envImage, &s.image}, {envBin, &s.bin}, {envArtifacts, &s.arts}} {
+		*v.dst = os.Getenv(v.env)
+		if *v.dst == "" {
+			t.Fatalf("%s is unset: run the suite through `make test-e2e`", v.env)
+		}
+	}
+	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
+		t.Fatal("KUBEBUILDER_ASSETS is unset: run the suite through `make test-e2e`")
+	}
+	must(t, os.MkdirAll(s.arts, 0o755))
+	s.seed = *seedFlag
+	if s.seed == 0 {
+		s.seed = uint64(time.Now().UnixNano())
+	}
+	s.rng = rand.New(rand.NewPCG(s.seed, s.seed>>1|1))
+	t.Logf("fault timing seed: %d (rerun with -args -e2e.seed=%d)", s.seed, s.seed)
+	s.rep.Seed = s.seed
+
+	ctx, cancel := context.WithCancel(context.Background())
+	s.ctx = ctx
+	// Registered first, so they run last: the report covers the teardown,
+	// and the teardown runs even when the test fails half way.
+	t.Cleanup(s.writeReport)
+	t.Cleanup(cancel)
+	t.Cleanup(func() {
+		if !s.isDown() {
+			s.down(false)
+		}
+	})
+
+	var err error
+	s.state, err = os.MkdirTemp("", "capl-e2e-plane-")
+	must(t, err)
+	dialCtx, dialCancel := context.WithTimeout(ctx, time.Minute)
+	defer dialCancel()
+	s.host, err = virt.Dial(dialCtx, s.uri, virt.WithReconnectBudget(3*time.Minute))
+	must(t, err)
+	t.Cleanup(func() { _ = s.host.Close() })
+	// Leftovers of an earlier, interrupted run in this namespace would
+	// make every check below ambiguous.
+	if left := s.ourLibvirtObjects(); len(left) > 0 {
+		t.Fatalf("libvirt still holds objects of namespace %q from an earlier run: %s (remove them first)", namespace, strings.Join(left, ", "))
+	}
+
+	stop := s.rep.phase("start management plane")
+	startCtx, startCancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer startCancel()
+	s.plane, err = devplane.Start(startCtx, devplane.Options{
+		StateDir:      s.state,
+		LibvirtURI:    s.uri,
+		ManagerBinary: filepath.Join(s.bin, "manager"),
+	}, filepath.Join(s.bin, "capl-dev"))
+	stop()
+	if err != nil {
+		t.Fatalf("starting the management plane: %v", err)
+	}
+	s.c = s.plane.Client
+	t.Logf("management plane in %s (kubeconfig %s)", s.state, s.plane.Kubeconfig)
+	must(t, client.IgnoreAlreadyExists(s.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}})))
+	s.rec = startRecorder(s)
+	startRSSSampler(s)
+	return s
+}
+
+func (s *suite) isDown() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.downDone
+}
+
+// down deletes every Cluster and stray machine of the namespace, stops the
+// plane through devplane.Down and sweeps what is left of the run. With
+// strict it fails the test for anything the provider itself left behind
+// (the sweep is then only the safety net for CI); without, it is the
+// cleanup of a failed run and reports what it had to remove.
+func (s *suite) down(strict bool) {
+	s.mu.Lock()
+	s.downDone = true
+	s.mu.Unlock()
+	t := s.t
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	if s.plane != nil {
+		stop := s.rep.phase("delete everything")
+		if err := s.deleteNamespaceObjects(ctx, 10*time.Minute); err != nil {
+			t.Errorf("deleting the objects of namespace %s: %v", namespace, err)
+		}
+		stop()
+	}
+	if left := s.ourLibvirtObjects(); len(left) > 0 {
+		msg := fmt.Sprintf("after deleting every object, libvirt still holds: %s", strings.Join(left, ", "))
+		if strict {
+			t.Error(msg)
+		} else {
+			t.Log(msg)
+		}
+	}
+	s.saveLogs()
+	stop := s.rep.phase("devplane down")
+	rep, err := devplane.Down(ctx, devplane.Options{StateDir: s.state, LibvirtURI: s.uri, ManagerBinary: filepath.Join(s.bin, "manager")})
+	stop()
+	if err != nil {
+		t.Errorf("devplane.Down: %v", err)
+	}
+	t.Logf("devplane.Down removed domains %v, networks %v, volumes %v, pools %v", rep.Domains, rep.Networks, rep.Volumes, rep.Pools)
+	// Whatever Down did, nothing of this run may outlive it; on a failed
+	// run this removes what is left.
+	for _, o := range s.sweepOurs(ctx) {
+		t.Errorf("swept after devplane.Down: %s", o)
+	}
+	if left := s.ourLibvirtObjects(); len(left) > 0 {
+		t.Errorf("libvirt objects of the run left after the sweep: %s", strings.Join(left, ", "))
+	}
+	_ = os.RemoveAll(s.state)
+}
+
+// deleteNamespaceObjects deletes the Clusters (foreground: Cluster API
+// deletes their machines first), then any Machine, LibvirtMachine and
+// LibvirtCluster left without a Cluster, and waits until none remain.
+func (s *suite) deleteNamespaceObjects(ctx context.Context, timeout time.Duration) error {
+	fg := client.PropagationPolicy(metav1.DeletePropagationForeground)
+	clusters := &clusterv1.ClusterList{}
+	if err := s.c.List(ctx, clusters, client.InNamespace(namespace)); err != nil {
+		return err
+	}
+	for i := range clusters.Items {
+		_ = client.IgnoreNotFound(s.c.Delete(ctx, &clusters.Items[i], fg))
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		left, err := s.namespaceObjects(ctx)
+		if err != nil {
+			return err
+		}
+		if len(left) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("still there after %s: %s", timeout, strings.Join(left, ", "))
+		}
+		// Orphans (e.g. a bad-input machine whose Cluster went first) are
+		// deleted directly once the Clusters are gone.
+		if len(clusters.Items) == 0 || time.Until(deadline) < timeout/2 {
+			for _, list := range []client.ObjectList{&clusterv1.MachineList{}, &infrav1.LibvirtMachineList{}, &infrav1.LibvirtClusterList{}} {
+				if s.c.List(ctx, list, client.InNamespace(namespace)) == nil {
+					for _, o := range items(list) {
+						_ = client.IgnoreNotFound(s.c.Delete(ctx, o))
+					}
+				}
+			}
+		}
+		time.Sleep(2 * time.Second)
+	}
+}
+
+// namespaceObjects names the Cluster API and provider objects left in the
+// namespace.
+func (s *suite) namespaceObjects(ctx context.Context) ([]string, error) {
+	var left []string
+	for _, list := range []client.ObjectList{&clusterv1.ClusterList{}, &infrav1.LibvirtClusterList{}, &clusterv1.MachineDeploymentList{},
+		&clusterv1.MachineSetList{}, &clusterv1.MachineList{}, &infrav1.LibvirtMachineList{}} {
+		if err := s.c.List(ctx, list, client.InNamespace(namespace)); err != nil {
+			return nil, err
+		}
+		for _, o := range items(list) {
+			left = append(left, fmt.Sprintf("%T %s", o, o.GetName()))
+		}
+	}
+	return left, nil
+}
+
+// items returns the members of the lists the suite uses.
+func items(list client.ObjectList) []client.Object {
+	var out []client.Object
+	switch l := list.(type) {
+	case *clusterv1.ClusterList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *infrav1.LibvirtClusterList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *clusterv1.MachineDeploymentList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *clusterv1.MachineSetList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *clusterv1.MachineList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	case *infrav1.LibvirtMachineList:
+		for i := range l.Items {
+			out = append(out, &l.Items[i])
+		}
+	default:
+		panic(fmt.Sprintf("items: unexpected list %T", list))
+	}
+	return out
+}
+
+// runPrefix starts the name of every libvirt object the provider makes
+// for the namespace (domains, networks, overlays, seed ISOs).
+var runPrefix = scope.DomainName(namespace, "")
+
+// ours tells whether a libvirt object belongs to this run.
+func ours(o virt.OwnedObject) bool {
+	return strings.HasPrefix(o.Name, runPrefix) || (o.Owner != nil && o.Owner.Namespace == namespace)
+}
+
+// ourLibvirtObjects lists the run's domains, networks and volumes.
+func (s *suite) ourLibvirtObjects() []string {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	objs, err := s.host.ListOwned(ctx)
+	if err != nil {
+		return []string{"listing libvirt objects failed: " + err.Error()}
+	}
+	var out []string
+	for _, o := range objs {
+		if ours(o) {
+			out = append(out, describe(o))
+		}
+	}
+	return out
+}
+
+func describe(o virt.OwnedObject) string {
+	if o.Pool != "" {
+		return fmt.Sprintf("%s %s/%s", o.Kind, o.Pool, o.Name)
+	}
+	return fmt.Sprintf("%s %s", o.Kind, o.Name)
+}
+
+// sweepOurs deletes the run's libvirt objects (domains first, then
+// volumes, then networks) and returns what it removed. It never touches
+// objects of other namespaces: the host is shared.
+func (s *suite) sweepOurs(ctx context.Context) []string {
+	objs, err := s.host.ListOwned(ctx)
+	if err != nil {
+		s.t.Errorf("sweep: listing libvirt objects: %v", err)
+		return nil
+	}
+	var removed []string
+	for _, kind := range []virt.OwnedKind{virt.OwnedDomain, virt.OwnedVolume, virt.OwnedNetwork} {
+		for _, o := range objs {
+			if o.Kind != kind || !ours(o) {
+				continue
+			}
+			var err error
+			switch kind {
+			case virt.OwnedDomain:
+				err = s.host.DeleteDomain(ctx, o.Name)
+			case virt.OwnedVolume:
+				err = s.host.DeleteVolume(ctx, o.Pool, o.Name)
+			case virt.OwnedNetwork:
+				err = s.host.DeleteNetwork(ctx, o.Name)
+			}
+			if err != nil && !virt.IsNotFound(err) {
+				s.t.Errorf("sweep: deleting %s: %v", describe(o), err)
+				continue
+			}
+			removed = append(removed, describe(o))
+		}
+	}
+	return removed
+}
+
+// saveLogs copies the plane's logs into the artifacts directory.
+func (s *suite) saveLogs() {
+	for _, name := range []string{"manager.log", "serve.log"} {
+		src, err := os.Open(filepath.Join(s.state, name))
+		if err != nil {
+			continue
+		}
+		dst, err := os.Create(filepath.Join(s.arts, "e2e-"+name))
+		if err == nil {
+			_, _ = io.Copy(dst, src)
+			_ = dst.Close()
+		}
+		_ = src.Close()
+	}
+}
+
+// waitFor polls fn until it returns true, failing the test with fn's last
+// status after timeout.
+func (s *suite) waitFor(t *testing.T, what string, timeout time.Duration, fn func() (bool, string)) {
+	t.Helper()
+	if err := s.poll(what, timeout, fn); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// poll is waitFor returning the failure instead.
+func (s *suite) poll(what string, timeout time.Duration, fn func() (bool, string)) error {
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for {
+		ok, status := fn()
+		if ok {
+			return nil
+		}
+		if status != last && status != "" {
+			s.t.Logf("waiting for %s: %s", what, status)
+			last = status
+		}
+		if time.Now().After(deadline) || s.ctx.Err() != nil {
+			return fmt.Errorf("timed out after %s waiting for %s; last: %s", timeout, what, status)
+		}
+		time.Sleep(pollInterval)
+	}
+}
+
+// lm reads a LibvirtMachine; nil when it is gone.
+func (s *suite) lm(name string) *infrav1.LibvirtMachine {
+	lm := &infrav1.LibvirtMachine{}
+	if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: name}, lm); err != nil {
+		return nil
+	}
+	return lm
+}
+
+// libvirtCluster reads a LibvirtCluster, failing the test when it cannot.
+func (s *suite) libvirtCluster(t *testing.T, name string) *infrav1.LibvirtCluster {
+	t.Helper()
+	lc := &infrav1.LibvirtCluster{}
+	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: name}, lc))
+	return lc
+}
+
+// condition returns "Status/Reason: message" of obj's condition, or
+// "absent".
+func condition(obj conditions.Getter, condType string) (metav1.ConditionStatus, string, string) {
+	c := conditions.Get(obj, condType)
+	if c == nil {
+		return "", "", "absent"
+	}
+	return c.Status, c.Reason, c.Message
+}
+
+// isTrue tells whether obj's condition is True.
+func isTrue(obj conditions.Getter, condType string) bool {
+	st, _, _ := condition(obj, condType)
+	return st == metav1.ConditionTrue
+}
+
+// waitMachineCondition waits until the LibvirtMachine's condition is True.
+func (s *suite) waitMachineCondition(t *testing.T, name, condType string, timeout time.Duration) *infrav1.LibvirtMachine {
+	t.Helper()
+	var got *infrav1.LibvirtMachine
+	s.waitFor(t, name+" "+condType, timeout, func() (bool, string) {
+		got = s.lm(name)
+		if got == nil {
+			return false, "not found"
+		}
+		st, reason, msg := condition(got, condType)
+		return st == metav1.ConditionTrue, fmt.Sprintf("%s %s: %s", st, reason, msg)
+	})
+	return got
+}
+
+// deleteAndWait deletes obj and waits until it and every object in more
+// are gone.
+func (s *suite) deleteAndWait(t *testing.T, obj client.Object, timeout time.Duration, more ...client.Object) {
+	t.Helper()
+	if err := s.c.Delete(s.ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	s.waitGone(t, timeout, append([]client.Object{obj}, more...)...)
+}
+
+// waitGone waits until every object is gone from the API server.
+func (s *suite) waitGone(t *testing.T, timeout time.Duration, objs ...client.Object) {
+	t.Helper()
+	for _, o := range objs {
+		s.waitFor(t, fmt.Sprintf("deletion of %T %s", o, o.GetName()), timeout, func() (bool, string) {
+			err := s.c.Get(s.ctx, client.ObjectKeyFromObject(o), o)
+			if apierrors.IsNotFound(err) {
+				return true, ""
+			}
+			if err != nil {
+				return false, err.Error()
+			}
+			return false, fmt.Sprintf("still there (finalizers %v)", o.GetFinalizers())
+		})
+	}
+}
+
+// machineLeftovers lists the libvirt objects the LibvirtMachine name may
+// still have: its domain, its volumes, and the DHCP reservations of any of
+// its MACs on the cluster network.
+func (s *suite) machineLeftovers(name, uid, network string) []string {
+	ctx, cancel := context.WithTimeout(s.ctx, 2*time.Minute)
+	defer cancel()
+	domain := scope.DomainName(namespace, name)
+	var left []string
+	objs, err := s.host.ListOwned(ctx)
+	if err != nil {
+		return []string{"listing: " + err.Error()}
+	}
+	for _, o := range objs {
+		if o.Name == domain || strings.HasPrefix(o.Name, domain+"-") ||
+			(o.Owner != nil && o.Owner.Namespace == namespace && o.Owner.Name == name && o.Owner.Kind == "LibvirtMachine") {
+			left = append(left, describe(o))
+		}
+	}
+	if network != "" && uid != "" {
+		res, err := s.host.Reservations(ctx, network)
+		if err != nil && !virt.IsNotFound(err) {
+			left = append(left, "reservations: "+err.Error())
+		}
+		for _, r := range res {
+			for _, mac := range scope.MACCandidates(uid, 4) {
+				if strings.EqualFold(r.MAC, mac.String()) {
+					left = append(left, fmt.Sprintf("reservation %s %s on %s", r.MAC, r.IP, network))
+				}
+			}
+		}
+	}
+	return left
+}
+
+// clusterNetwork is the libvirt network of the demo cluster.
+func (s *suite) clusterNetwork() string {
+	lc := &infrav1.LibvirtCluster{}
+	if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: s.demo.lc.Name}, lc); err == nil && lc.Status.Network != nil {
+		return lc.Status.Network.Name
+	}
+	return scope.ClusterNetworkName(namespace, s.demo.lc.Name)
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// errString is err's message, "" for nil.
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		return status.Status().Message
+	}
+	return err.Error()
+}
