@@ -72,8 +72,8 @@ type suite struct {
 
 	demo      demoObjects
 	bootStart time.Time
-	rec  *recorder
-	rep  *report
+	rec       *recorder
+	rep       *report
 
 	mu       sync.Mutex
 	downDone bool
