@@ -235,7 +235,7 @@ func TestRBAC(t *testing.T) {
 	// allowed is every verb each cluster-wide resource may have.
 	allowed := map[string][]string{
 		"/events":                          {"create", "patch"},
-		"/secrets":                         read, // bootstrap data; the manager reads Secrets uncached, so get alone would do
+		"/secrets":                         {"get"}, // bootstrap data, read uncached (the manager's client does not cache Secrets)
 		"cluster.x-k8s.io/clusters":        read,
 		"cluster.x-k8s.io/clusters/status": read,
 		"cluster.x-k8s.io/machines":        read,
@@ -303,6 +303,8 @@ func TestRBAC(t *testing.T) {
 		access{"create", "coordination.k8s.io", "leases", "", namespace},
 		access{"update", "coordination.k8s.io", "leases", "", namespace})
 	forbidden := []access{
+		{"list", "", "secrets", "", "default"},
+		{"watch", "", "secrets", "", "default"},
 		{"create", "", "secrets", "", "default"},
 		{"delete", "", "secrets", "", "default"},
 		{"list", "", "nodes", "", ""},
