@@ -97,7 +97,7 @@ func (f *demoFlags) bind(fs *flag.FlagSet) {
 		"directory of `make images` holding "+devplane.NodeImageFile+" and "+devplane.HAProxyImageFile)
 	fs.StringVar(&f.domainType, "domain-type", "auto", "auto, kvm or qemu (TCG)")
 	fs.StringVar(&f.cpuMode, "cpu-mode", "", "libvirt CPU mode; default host-passthrough for kvm, maximum for qemu")
-	fs.StringVar(&f.opts.StoragePool, "storage-pool", "", "storage pool of the demo's volumes; empty means the provider's default (capi-libvirt)")
+	fs.StringVar(&f.opts.StoragePool, "storage-pool", "", "storage pool of the demo's volumes, created at /var/lib/libvirt/<name>; empty means the provider's default (capi-libvirt)")
 	fs.IntVar(&f.controlPlane, "control-plane", 3, "control-plane machines")
 	fs.IntVar(&f.workers, "workers", 2, "worker machines (MachineDeployment replicas)")
 }

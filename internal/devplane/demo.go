@@ -52,8 +52,9 @@ type DemoOptions struct {
 	DomainType, CPUMode string
 	// TCGCacheMiB bounds QEMU's translation cache of qemu domains; 0 leaves it to QEMU.
 	TCGCacheMiB int32
-	// StoragePool is the LibvirtCluster's storage pool; empty means the
-	// provider's default pool.
+	// StoragePool is the LibvirtCluster's storage pool, created at
+	// /var/lib/libvirt/<StoragePool>; empty means the provider's default
+	// pool (capi-libvirt at /var/lib/libvirt/capi-libvirt).
 	StoragePool string
 }
 
@@ -130,7 +131,9 @@ func Demo(o DemoOptions) ([]client.Object, error) {
 	}
 	lc := &infrav1.LibvirtCluster{ObjectMeta: meta(name)}
 	lc.Spec.LoadBalancer = infrav1.LoadBalancer{Type: infrav1.LoadBalancerHAProxy, Image: &lbImage, VirtualHardware: hw}
-	lc.Spec.StoragePool.Name = o.StoragePool
+	if o.StoragePool != "" {
+		lc.Spec.StoragePool = infrav1.StoragePool{Name: o.StoragePool, Path: filepath.Join("/var/lib/libvirt", o.StoragePool)}
+	}
 	objs = append(objs, lc)
 
 	for i := range o.ControlPlane {
@@ -196,9 +199,16 @@ func imageSource(dir, file string) (infrav1.ImageSource, error) {
 	return infrav1.ImageSource{URL: "file://" + path, Checksum: "sha256:" + hex.EncodeToString(h.Sum(nil))}, nil
 }
 
-// ApplyDemo creates the objects, leaving those that exist as they are, so
-// that a second `capl-dev up` neither fails nor undoes a user's edits.
+// ApplyDemo creates the objects (and their namespaces), leaving those that
+// exist as they are, so that a second `capl-dev up` neither fails nor
+// undoes a user's edits.
 func ApplyDemo(ctx context.Context, c client.Client, objs []client.Object) error {
+	for _, obj := range objs {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: obj.GetNamespace()}}
+		if err := c.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("creating namespace %s: %w", ns.Name, err)
+		}
+	}
 	for _, obj := range objs {
 		if err := c.Create(ctx, obj); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("creating %T %s/%s: %w", obj, obj.GetNamespace(), obj.GetName(), err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -19,6 +20,8 @@ import (
 type DemoStatus struct {
 	// ClusterProvisioned is the LibvirtCluster's status.initialization.provisioned.
 	ClusterProvisioned bool
+	// ClusterIssue is what the LibvirtCluster waits for, while not provisioned.
+	ClusterIssue string
 	// Endpoint is the control-plane endpoint host:port, once published.
 	Endpoint string
 	// Machines is how many Machines the cluster should have: control-plane
@@ -36,7 +39,7 @@ func (s DemoStatus) Done() bool {
 
 // String is a one-line progress report.
 func (s DemoStatus) String() string {
-	lc := "network and load balancer pending"
+	lc := "pending (" + s.ClusterIssue + ")"
 	if s.ClusterProvisioned {
 		lc = "provisioned, endpoint " + s.Endpoint
 	}
@@ -55,6 +58,9 @@ func ClusterStatus(ctx context.Context, c client.Client, namespace, name string)
 		return s, err
 	}
 	s.ClusterProvisioned = lc.Status.Initialization.IsProvisioned()
+	if !s.ClusterProvisioned {
+		s.ClusterIssue = firstIssue(lc.Status.Conditions)
+	}
 	if ep := lc.Spec.ControlPlaneEndpoint; ep.Host != "" {
 		s.Endpoint = fmt.Sprintf("%s:%d", ep.Host, ep.Port)
 	}
@@ -86,11 +92,7 @@ func ClusterStatus(ctx context.Context, c client.Client, namespace, name string)
 			s.Provisioned = append(s.Provisioned, lm.Name)
 			continue
 		}
-		reason := "no Ready condition yet"
-		if cond := apimeta.FindStatusCondition(lm.Status.Conditions, clusterv1.ReadyCondition); cond != nil {
-			reason = cond.Reason
-		}
-		s.Pending = append(s.Pending, lm.Name+": "+reason)
+		s.Pending = append(s.Pending, lm.Name+": "+firstIssue(lm.Status.Conditions))
 	}
 	slices.Sort(s.Provisioned)
 	slices.Sort(s.Pending)
@@ -119,4 +121,18 @@ func WaitProvisioned(ctx context.Context, c client.Client, namespace, name strin
 		case <-time.After(2 * time.Second):
 		}
 	}
+}
+
+// firstIssue is the first condition that is not True, as "Type: Reason",
+// skipping the Ready summary and Paused: it names the step a resource is at.
+func firstIssue(conds []metav1.Condition) string {
+	for _, c := range conds {
+		if c.Type != clusterv1.ReadyCondition && c.Type != clusterv1.PausedCondition && c.Status != metav1.ConditionTrue {
+			return c.Type + ": " + c.Reason
+		}
+	}
+	if c := apimeta.FindStatusCondition(conds, clusterv1.ReadyCondition); c != nil && c.Status != metav1.ConditionTrue {
+		return c.Reason
+	}
+	return "no conditions yet"
 }

@@ -1,0 +1,293 @@
+package devplane
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// imageDir writes two distinct stand-in images and returns the directory
+// and the checksums Demo must put into the objects.
+func imageDir(t *testing.T) (dir, nodeSum, lbSum string) {
+	t.Helper()
+	dir = t.TempDir()
+	sum := func(file, content string) string {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s := sha256.Sum256([]byte(content))
+		return "sha256:" + hex.EncodeToString(s[:])
+	}
+	return dir, sum(NodeImageFile, "node image"), sum(HAProxyImageFile, "haproxy image")
+}
+
+var checksumFormat = regexp.MustCompile(`^sha256:[a-f0-9]{64}$`)
+
+func TestDemo(t *testing.T) {
+	dir, nodeSum, lbSum := imageDir(t)
+	for _, tc := range []struct {
+		name                  string
+		opts                  DemoOptions
+		wantCP, wantWorkers   int32
+		wantNamespace, wantCl string
+		wantTCG               int32
+	}{
+		{
+			name:   "issue default: 3 control plane, 2 workers, TCG",
+			opts:   DemoOptions{ControlPlane: 3, Workers: 2, ImageDir: dir, DomainType: "qemu", CPUMode: "maximum", TCGCacheMiB: 128},
+			wantCP: 3, wantWorkers: 2, wantNamespace: "default", wantCl: "demo", wantTCG: 128,
+		},
+		{
+			name:   "small, kvm drops the TCG cache",
+			opts:   DemoOptions{Namespace: "lab", Name: "tiny", ControlPlane: 1, Workers: 0, ImageDir: dir, DomainType: "kvm", CPUMode: "host-passthrough", TCGCacheMiB: 128, StoragePool: "lab-pool"},
+			wantCP: 1, wantWorkers: 0, wantNamespace: "lab", wantCl: "tiny", wantTCG: 0,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs, err := Demo(tc.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			byKind := map[string][]client.Object{}
+			for _, o := range objs {
+				kind := strings.TrimPrefix(strings.TrimPrefix(typeName(o), "*v1beta2."), "*v1alpha1.")
+				byKind[kind] = append(byKind[kind], o)
+				if o.GetNamespace() != tc.wantNamespace {
+					t.Errorf("%s %s in namespace %q, want %q", kind, o.GetName(), o.GetNamespace(), tc.wantNamespace)
+				}
+				if o.GetLabels()[clusterv1.ClusterNameLabel] != tc.wantCl {
+					t.Errorf("%s %s lacks the cluster-name label %q: %v", kind, o.GetName(), tc.wantCl, o.GetLabels())
+				}
+			}
+			counts := map[string]int{"*v1.Secret": 2, "Cluster": 1, "LibvirtCluster": 1, "Machine": int(tc.wantCP),
+				"LibvirtMachine": int(tc.wantCP), "LibvirtMachineTemplate": 1, "MachineDeployment": 1}
+			for kind, want := range counts {
+				if got := len(byKind[kind]); got != want {
+					t.Errorf("%d %s, want %d", got, kind, want)
+				}
+			}
+			secrets := map[string]*corev1.Secret{}
+			for _, o := range byKind["*v1.Secret"] {
+				s := o.(*corev1.Secret)
+				secrets[s.Name] = s
+				if string(s.Data["format"]) != "cloud-config" || !strings.HasPrefix(string(s.Data["value"]), "#cloud-config\n") {
+					t.Errorf("Secret %s: format %q, value starting %.20q", s.Name, s.Data["format"], s.Data["value"])
+				}
+			}
+
+			cluster := byKind["Cluster"][0].(*clusterv1.Cluster)
+			lc := byKind["LibvirtCluster"][0].(*infrav1.LibvirtCluster)
+			if ref := cluster.Spec.InfrastructureRef; ref.Kind != "LibvirtCluster" || ref.Name != lc.Name || ref.APIGroup != infrav1.GroupVersion.Group {
+				t.Errorf("Cluster infrastructureRef %+v does not name LibvirtCluster %s", ref, lc.Name)
+			}
+			lb := lc.Spec.LoadBalancer
+			if lb.Type != infrav1.LoadBalancerHAProxy || lb.Image == nil || lb.Image.URL != "file://"+filepath.Join(dir, HAProxyImageFile) || lb.Image.Checksum != lbSum {
+				t.Errorf("load balancer %+v image %+v, want HAProxy from %s with %s", lb, lb.Image, HAProxyImageFile, lbSum)
+			}
+			if want := tc.opts.StoragePool; lc.Spec.StoragePool.Name != want || (want != "") != (lc.Spec.StoragePool.Path == "/var/lib/libvirt/"+want) {
+				t.Errorf("storage pool %+v, want %q at /var/lib/libvirt/%[2]s", lc.Spec.StoragePool, want)
+			}
+			checkHardware(t, "load balancer", lb.VirtualHardware, tc.opts, tc.wantTCG)
+
+			lms := map[string]*infrav1.LibvirtMachine{}
+			for _, o := range byKind["LibvirtMachine"] {
+				lm := o.(*infrav1.LibvirtMachine)
+				lms[lm.Name] = lm
+				checkImage(t, lm.Name, lm.Spec.Image, dir, nodeSum)
+				checkHardware(t, lm.Name, lm.Spec.VirtualHardware, tc.opts, tc.wantTCG)
+			}
+			for _, o := range byKind["Machine"] {
+				m := o.(*clusterv1.Machine)
+				if _, ok := m.Labels[clusterv1.MachineControlPlaneLabel]; !ok {
+					t.Errorf("Machine %s lacks the control-plane label", m.Name)
+				}
+				if m.Spec.ClusterName != tc.wantCl {
+					t.Errorf("Machine %s clusterName %q", m.Name, m.Spec.ClusterName)
+				}
+				if ref := m.Spec.InfrastructureRef; ref.Kind != "LibvirtMachine" || lms[ref.Name] == nil || ref.Name != m.Name {
+					t.Errorf("Machine %s infrastructureRef %+v names no LibvirtMachine of the demo", m.Name, ref)
+				}
+				checkSecretRef(t, m.Name, m.Spec.Bootstrap.DataSecretName, secrets, "6443")
+			}
+
+			tmpl := byKind["LibvirtMachineTemplate"][0].(*infrav1.LibvirtMachineTemplate)
+			checkImage(t, tmpl.Name, tmpl.Spec.Template.Spec.Image, dir, nodeSum)
+			checkHardware(t, tmpl.Name, tmpl.Spec.Template.Spec.VirtualHardware, tc.opts, tc.wantTCG)
+			md := byKind["MachineDeployment"][0].(*clusterv1.MachineDeployment)
+			if md.Spec.Replicas == nil || *md.Spec.Replicas != tc.wantWorkers {
+				t.Errorf("MachineDeployment replicas %v, want %d", md.Spec.Replicas, tc.wantWorkers)
+			}
+			if md.Spec.ClusterName != tc.wantCl || md.Spec.Template.Spec.ClusterName != tc.wantCl {
+				t.Errorf("MachineDeployment clusterName %q, template's %q", md.Spec.ClusterName, md.Spec.Template.Spec.ClusterName)
+			}
+			if ref := md.Spec.Template.Spec.InfrastructureRef; ref.Kind != "LibvirtMachineTemplate" || ref.Name != tmpl.Name {
+				t.Errorf("MachineDeployment infrastructureRef %+v, want template %s", ref, tmpl.Name)
+			}
+			checkSecretRef(t, md.Name, md.Spec.Template.Spec.Bootstrap.DataSecretName, secrets, "bootstrap-success.complete")
+			sel, err := labels.ValidatedSelectorFromSet(md.Spec.Selector.MatchLabels)
+			if err != nil || len(md.Spec.Selector.MatchLabels) == 0 || !sel.Matches(labels.Set(md.Spec.Template.Labels)) {
+				t.Errorf("selector %v does not select template labels %v", md.Spec.Selector.MatchLabels, md.Spec.Template.Labels)
+			}
+			if md.Spec.Template.Labels[clusterv1.ClusterNameLabel] != tc.wantCl {
+				t.Errorf("template labels %v lack the cluster name", md.Spec.Template.Labels)
+			}
+			rs := md.Spec.Rollout.Strategy
+			if rs.Type != clusterv1.RollingUpdateMachineDeploymentStrategyType || rs.RollingUpdate.MaxSurge == nil ||
+				*rs.RollingUpdate.MaxSurge != intstr.FromInt32(1) || rs.RollingUpdate.MaxUnavailable == nil || *rs.RollingUpdate.MaxUnavailable != intstr.FromInt32(0) {
+				t.Errorf("rollout strategy %+v, want RollingUpdate 1/0", rs)
+			}
+			if md.Spec.Deletion.Order != clusterv1.NewestMachineSetDeletionOrder {
+				t.Errorf("deletion order %q, want Newest", md.Spec.Deletion.Order)
+			}
+		})
+	}
+}
+
+func TestDemoRefusesBadInput(t *testing.T) {
+	dir, _, _ := imageDir(t)
+	for _, tc := range []struct {
+		name string
+		opts DemoOptions
+		want string
+	}{
+		{"no control plane", DemoOptions{ControlPlane: 0, Workers: 1, ImageDir: dir}, "at least one control-plane"},
+		{"negative workers", DemoOptions{ControlPlane: 1, Workers: -1, ImageDir: dir}, "negative worker"},
+		{"no image dir", DemoOptions{ControlPlane: 1}, "no image directory"},
+		{"images missing", DemoOptions{ControlPlane: 1, ImageDir: t.TempDir()}, "make images"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := Demo(tc.opts); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func typeName(o client.Object) string { return fmt.Sprintf("%T", o) }
+
+func checkImage(t *testing.T, who string, img infrav1.ImageSource, dir, sum string) {
+	t.Helper()
+	if img.URL != "file://"+filepath.Join(dir, NodeImageFile) || img.Checksum != sum || !checksumFormat.MatchString(img.Checksum) {
+		t.Errorf("%s image %+v, want %s with %s", who, img, NodeImageFile, sum)
+	}
+}
+
+func checkHardware(t *testing.T, who string, hw infrav1.VirtualHardware, o DemoOptions, wantTCG int32) {
+	t.Helper()
+	want := infrav1.VirtualHardware{CPUs: 1, MemoryMiB: 512, DomainType: infrav1.DomainType(o.DomainType),
+		CPUMode: infrav1.CPUMode(o.CPUMode), TCGTranslationCacheMiB: wantTCG}
+	if hw != want {
+		t.Errorf("%s hardware %+v, want %+v", who, hw, want)
+	}
+}
+
+func checkSecretRef(t *testing.T, who string, name *string, secrets map[string]*corev1.Secret, wantInUserData string) {
+	t.Helper()
+	if name == nil || secrets[*name] == nil {
+		t.Errorf("%s dataSecretName %v names no Secret of the demo", who, name)
+		return
+	}
+	if !strings.Contains(string(secrets[*name].Data["value"]), wantInUserData) {
+		t.Errorf("%s user-data of %s lacks %q", who, *name, wantInUserData)
+	}
+}
+
+func TestChooseDomainType(t *testing.T) {
+	for _, tc := range []struct {
+		domainType, cpuMode string
+		wantType, wantMode  string
+		wantTCG             int32
+		wantErr             bool
+	}{
+		{domainType: "kvm", wantType: "kvm", wantMode: "host-passthrough"},
+		{domainType: "kvm", cpuMode: "host-model", wantType: "kvm", wantMode: "host-model"},
+		{domainType: "qemu", wantType: "qemu", wantMode: "maximum", wantTCG: DefaultTCGCacheMiB},
+		{domainType: "xen", wantErr: true},
+	} {
+		c, err := ChooseDomainType(tc.domainType, tc.cpuMode)
+		if (err != nil) != tc.wantErr {
+			t.Errorf("%s: error %v", tc.domainType, err)
+			continue
+		}
+		if !tc.wantErr && (c.DomainType != tc.wantType || c.CPUMode != tc.wantMode || c.TCGCacheMiB != tc.wantTCG || c.Reason == "") {
+			t.Errorf("%s/%s: %+v", tc.domainType, tc.cpuMode, c)
+		}
+	}
+	// auto decides from this host; whatever it picks must be consistent.
+	c, err := ChooseDomainType("auto", "")
+	if err != nil || (c.DomainType == "qemu") != (c.TCGCacheMiB == DefaultTCGCacheMiB) || c.Reason == "" {
+		t.Errorf("auto: %+v, %v", c, err)
+	}
+}
+
+func TestHasCPUFlag(t *testing.T) {
+	for _, tc := range []struct {
+		cpuinfo string
+		want    bool
+	}{
+		{"processor\t: 0\nflags\t\t: fpu vme hypervisor lahf_lm\n", true},
+		{"processor\t: 0\nflags\t\t: fpu vme lahf_lm\n", false},
+		{"model name\t: hypervisor-branded CPU\nflags\t\t: fpu\n", false},
+		{"flags\t\t: fpu hypervisorx\n", false},
+	} {
+		if got := hasCPUFlag(tc.cpuinfo, "hypervisor"); got != tc.want {
+			t.Errorf("hasCPUFlag(%q) = %v", tc.cpuinfo, got)
+		}
+	}
+}
+
+func TestScopeContains(t *testing.T) {
+	s := Scope{Namespaces: []string{"default"}, Pools: []string{"capi-libvirt"}}
+	for _, tc := range []struct {
+		obj  virt.OwnedObject
+		want bool
+	}{
+		{virt.OwnedObject{Kind: virt.OwnedDomain, Name: "capl-default.demo-control-plane-0", Owner: &virt.Owner{Namespace: "default"}}, true},
+		{virt.OwnedObject{Kind: virt.OwnedDomain, Name: "capl-default.x", Owner: &virt.Owner{Namespace: "e2e-1"}}, false},
+		{virt.OwnedObject{Kind: virt.OwnedNetwork, Name: "capl-default.demo", Owner: &virt.Owner{Namespace: "default"}}, true},
+		{virt.OwnedObject{Kind: virt.OwnedVolume, Name: "capl-default.demo-md-0-abc-root.qcow2", Pool: "capi-libvirt"}, true},
+		{virt.OwnedObject{Kind: virt.OwnedVolume, Name: "capl-defaults.m-root.qcow2", Pool: "capi-libvirt"}, false},
+		{virt.OwnedObject{Kind: virt.OwnedVolume, Name: "capltest-default.m-seed.iso", Pool: "capi-libvirt"}, false},
+		{virt.OwnedObject{Kind: virt.OwnedVolume, Name: "capl-image-sha256-0123", Pool: "capi-libvirt"}, false},
+	} {
+		if got := s.contains(tc.obj); got != tc.want {
+			t.Errorf("contains(%+v) = %v, want %v", tc.obj, got, tc.want)
+		}
+	}
+}
+
+func TestRemoveStateDirRefusesForeignFiles(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{kubeconfigName, serveLogName, "precious.txt"} {
+		if err := os.WriteFile(filepath.Join(dir, f), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := removeStateDir(dir); err == nil || !strings.Contains(err.Error(), "precious.txt") {
+		t.Fatalf("removeStateDir with a foreign file: %v", err)
+	}
+	if err := os.Remove(filepath.Join(dir, "precious.txt")); err != nil {
+		t.Fatal(err)
+	}
+	if err := removeStateDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("state dir still there: %v", err)
+	}
+}
