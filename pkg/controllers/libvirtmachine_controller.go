@@ -146,15 +146,24 @@ func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope
 	s.SetFailureDomain(s.FailureDomain())
 	s.ClearWaiting(infrav1.WaitingForClusterInfrastructureReason, infrav1.WaitingForBootstrapDataReason)
 	g := guest.New(s, r.events)
-	if err := runSteps(ctx, []step{
-		{"address", address.New(s).Reconcile},
-		{"disk", disk.New(s).Reconcile},
-		{"seed", seed.New(s).Reconcile},
+	var steps []step
+	// Once provisioned, the reservation, root disk and seed belong to the
+	// running domain: ensuring them again would cost libvirt calls on every
+	// reconcile and recreate a vanished root disk as a blank one, so only
+	// the domain step watches over the machine from then on.
+	if !s.IsProvisioned() {
+		steps = []step{
+			{"address", address.New(s).Reconcile},
+			{"disk", disk.New(s).Reconcile},
+			{"seed", seed.New(s).Reconcile},
+		}
+	}
+	if err := runSteps(ctx, append(steps, []step{
 		{"domain", domain.New(s, r.ShutdownTimeout).Reconcile},
 		{"addresses", g.ReconcileAddresses},
 		{"provisioned", func(context.Context) error { s.SetProvisioned(); return nil }},
 		{"bootstrap", g.ReconcileBootstrap},
-	}); err != nil {
+	}...)); err != nil {
 		return r.outcome(s, err)
 	}
 	return ctrl.Result{}, nil
