@@ -264,7 +264,7 @@ func (s *suite) checkEndpoint(t *testing.T) {
 	// HAProxy marks a backend up after its health checks pass; give a
 	// guest whose server started last a little time.
 	var got map[string]int
-	err := s.poll("every control-plane guest answering through "+ep, 2*time.Minute, func() (bool, string) {
+	err := s.poll(t, "every control-plane guest answering through "+ep, 2*time.Minute, func() (bool, string) {
 		got = answers(ep, 3*len(s.demo.controlPlane))
 		for _, cp := range s.demo.controlPlane {
 			if got[cp] == 0 {

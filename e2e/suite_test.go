@@ -388,13 +388,14 @@ func (s *suite) saveLogs() {
 // status after timeout.
 func (s *suite) waitFor(t *testing.T, what string, timeout time.Duration, fn func() (bool, string)) {
 	t.Helper()
-	if err := s.poll(what, timeout, fn); err != nil {
+	if err := s.poll(t, what, timeout, fn); err != nil {
 		t.Fatal(err)
 	}
 }
 
 // poll is waitFor returning the failure instead.
-func (s *suite) poll(what string, timeout time.Duration, fn func() (bool, string)) error {
+func (s *suite) poll(t *testing.T, what string, timeout time.Duration, fn func() (bool, string)) error {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	last := ""
 	for {
@@ -403,7 +404,7 @@ func (s *suite) poll(what string, timeout time.Duration, fn func() (bool, string
 			return nil
 		}
 		if status != last && status != "" {
-			s.t.Logf("waiting for %s: %s", what, status)
+			t.Logf("waiting for %s: %s", what, status)
 			last = status
 		}
 		if time.Now().After(deadline) || s.ctx.Err() != nil {
