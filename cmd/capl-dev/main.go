@@ -165,7 +165,13 @@ func up(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		logf("demo cluster provisioned in %s", time.Since(start).Round(time.Second))
+		logf("demo cluster provisioned in %s; waiting for https://%s/readyz (cloud-init starts the stand-in API servers)",
+			time.Since(start).Round(time.Second), status.Endpoint)
+		host, err := devplane.WaitEndpoint(waitCtx, status.Endpoint)
+		if err != nil {
+			return err
+		}
+		logf("control-plane endpoint answers (from %s) after %s", host, time.Since(start).Round(time.Second))
 	}
 	printNextSteps(p, d, status, *noDemo)
 	return nil

@@ -26,6 +26,11 @@
 //     no machine volume is left in them, and with Options.SweepAll (capl-dev
 //     down --all) everything ListOwned returns. Sweep itself keeps its
 //     meaning: everything ListOwned returns.
+//   - Down deletes the Clusters with background, not foreground,
+//     propagation: the plane runs no kube-controller-manager, hence no
+//     garbage collector to clear the foregroundDeletion finalizer. Cluster
+//     API's Cluster controller deletes the machines and infrastructure itself
+//     before the Cluster goes, so the order is the same.
 //   - Cluster API's own webhooks are not served (only the provider's are),
 //     so Demo fills in what CAPI's MachineDeployment defaulting webhook would
 //     (labels, selector, rollout strategy).

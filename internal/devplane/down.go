@@ -192,7 +192,7 @@ func appendIf(list []string, name string, err error) []string {
 
 // Down tears the plane of o.StateDir down: when it runs, it records the
 // namespaces and pools of its clusters (scope.json), deletes every Cluster
-// API Cluster with foreground propagation and waits (up to 10 minutes) for
+// API Cluster (Cluster API deletes its machines and infrastructure first) and waits (up to 10 minutes) for
 // them to be gone, then stops the plane. It then sweeps libvirt: the
 // recorded scope (or everything ListOwned returns, with o.SweepAll),
 // including base images, and removes the state directory. It works when the
@@ -276,9 +276,11 @@ func (p *Plane) recordScope(ctx context.Context) error {
 	return recordScope(p.StateDir, s)
 }
 
-// deleteClusters deletes every Cluster (foreground: Cluster API deletes
-// the MachineDeployments, Machines and infrastructure first) and waits for
-// them to be gone.
+// deleteClusters deletes every Cluster and waits for them to be gone.
+// Cluster API's Cluster controller deletes the MachineDeployments, Machines
+// and infrastructure itself before it lets the Cluster go. Background, not
+// foreground, propagation: the plane runs no kube-controller-manager, so no
+// garbage collector would ever clear the foregroundDeletion finalizer.
 func (p *Plane) deleteClusters(ctx context.Context, logf func(string, ...any)) error {
 	var clusters clusterv1.ClusterList
 	if err := p.Client.List(ctx, &clusters); err != nil {
@@ -290,7 +292,7 @@ func (p *Plane) deleteClusters(ctx context.Context, logf func(string, ...any)) e
 	for i := range clusters.Items {
 		c := &clusters.Items[i]
 		logf("deleting Cluster %s/%s", c.Namespace, c.Name)
-		if err := p.Client.Delete(ctx, c, client.PropagationPolicy(metav1.DeletePropagationForeground)); client.IgnoreNotFound(err) != nil {
+		if err := p.Client.Delete(ctx, c, client.PropagationPolicy(metav1.DeletePropagationBackground)); client.IgnoreNotFound(err) != nil {
 			return err
 		}
 	}

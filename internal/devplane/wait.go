@@ -2,7 +2,10 @@ package devplane
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"io"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
@@ -135,4 +138,37 @@ func firstIssue(conds []metav1.Condition) string {
 		return c.Reason
 	}
 	return "no conditions yet"
+}
+
+// WaitEndpoint waits until https://<endpoint>/readyz answers 200, i.e. the
+// HAProxy VM forwards to a control-plane machine whose (stand-in) API
+// server runs, and returns the body (the machine's hostname). The demo's
+// certificates are self-signed in the guests, so they are not verified.
+func WaitEndpoint(ctx context.Context, endpoint string) (string, error) {
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // self-signed in the guest, see examples/demo.
+	}}
+	url := "https://" + endpoint + "/readyz"
+	var last error
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return "", err
+		}
+		resp, err := hc.Do(req)
+		if err == nil {
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return strings.TrimSpace(string(body)), nil
+			}
+			err = fmt.Errorf("%s: %s", url, resp.Status)
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("%s did not answer: %w (last: %v)", url, ctx.Err(), last)
+		case <-time.After(2 * time.Second):
+		}
+	}
 }
