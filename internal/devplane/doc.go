@@ -22,15 +22,19 @@
 //     test runs) that would delete their VMs. It removes the domains,
 //     networks and volumes of the namespaces recorded in scope.json (every
 //     namespace holding a Cluster, LibvirtCluster or LibvirtMachine of the
-//     plane, and the demo's), base images in the plane's storage pools once
+//     plane: serve records them every 5 s, Down and `capl-dev up` too),
+//     base images in the plane's storage pools once
 //     no machine volume is left in them, and with Options.SweepAll (capl-dev
 //     down --all) everything ListOwned returns. Sweep itself keeps its
 //     meaning: everything ListOwned returns.
 //   - Down deletes the Clusters with background, not foreground,
 //     propagation: the plane runs no kube-controller-manager, hence no
-//     garbage collector to clear the foregroundDeletion finalizer. Cluster
-//     API's Cluster controller deletes the machines and infrastructure itself
-//     before the Cluster goes, so the order is the same.
+//     garbage collector to clear the foregroundDeletion finalizer, and a
+//     Cluster deleted with DeletePropagationForeground stays forever
+//     (callers of the plane, e2e/ included, must not use it). Cluster API's
+//     Cluster controller deletes the machines and infrastructure itself
+//     before the Cluster goes, so the order is the same. For the same reason
+//     nothing is garbage-collected through owner references.
 //   - Cluster API's own webhooks are not served (only the provider's are),
 //     so Demo fills in what CAPI's MachineDeployment defaulting webhook would
 //     (labels, selector, rollout strategy).

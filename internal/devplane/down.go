@@ -244,16 +244,22 @@ func Down(ctx context.Context, o Options) (SweepReport, error) {
 // recordScope adds the namespaces and pools of the plane's clusters and
 // machines to scope.json, before they are deleted.
 func (p *Plane) recordScope(ctx context.Context) error {
+	return recordLiveScope(ctx, p.Client, p.StateDir)
+}
+
+// recordLiveScope adds the namespaces and pools of the Clusters,
+// LibvirtClusters and LibvirtMachines c lists to dir's scope.json.
+func recordLiveScope(ctx context.Context, c client.Client, dir string) error {
 	var s Scope
 	var clusters clusterv1.ClusterList
-	if err := p.Client.List(ctx, &clusters); err != nil {
+	if err := c.List(ctx, &clusters); err != nil {
 		return err
 	}
 	for _, c := range clusters.Items {
 		s.add(c.Namespace, "")
 	}
 	var lcs infrav1.LibvirtClusterList
-	if err := p.Client.List(ctx, &lcs); err != nil {
+	if err := c.List(ctx, &lcs); err != nil {
 		return err
 	}
 	for _, lc := range lcs.Items {
@@ -264,7 +270,7 @@ func (p *Plane) recordScope(ctx context.Context) error {
 		s.add(lc.Namespace, pool)
 	}
 	var lms infrav1.LibvirtMachineList
-	if err := p.Client.List(ctx, &lms); err != nil {
+	if err := c.List(ctx, &lms); err != nil {
 		return err
 	}
 	for _, lm := range lms.Items {
@@ -273,7 +279,21 @@ func (p *Plane) recordScope(ctx context.Context) error {
 			s.add("", v.Pool)
 		}
 	}
-	return recordScope(p.StateDir, s)
+	old, err := readScope(dir)
+	if err != nil {
+		return err
+	}
+	for _, n := range s.Namespaces {
+		if !slices.Contains(old.Namespaces, n) {
+			return recordScope(dir, s)
+		}
+	}
+	for _, p := range s.Pools {
+		if !slices.Contains(old.Pools, p) {
+			return recordScope(dir, s)
+		}
+	}
+	return nil
 }
 
 // deleteClusters deletes every Cluster and waits for them to be gone.

@@ -24,6 +24,10 @@ const (
 	// managerStopGrace is how long a stopping manager may take to finish
 	// its reconciles after SIGTERM before it is killed.
 	managerStopGrace = 30 * time.Second
+	// scopeRecordInterval is how often the plane records the namespaces
+	// and pools of its clusters in scope.json: a cluster lives for minutes
+	// before its first VM boots, so none is missed.
+	scopeRecordInterval = 5 * time.Second
 )
 
 // Serve runs the plane in the foreground until ctx ends (capl-dev serve):
@@ -130,6 +134,12 @@ func Serve(ctx context.Context, o Options) error {
 		<-supDone
 	}()
 
+	// Down sweeps libvirt by the namespaces and pools the plane used; they
+	// are recorded while objects exist, whoever created them.
+	scopeCtx, stopScope := context.WithCancel(context.Background())
+	defer stopScope()
+	go recordScopeEvery(scopeCtx, env, dir, scopeRecordInterval)
+
 	if err := writeJSON(filepath.Join(dir, endpointsFileName), Endpoints{
 		ManagerMetricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort),
 		ManagerHealthURL:  fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort),
@@ -234,4 +244,18 @@ func copyFile(from, to string) error {
 		return err
 	}
 	return writeFileAtomic(to, data)
+}
+
+// recordScopeEvery records the plane's scope every interval until ctx ends.
+func recordScopeEvery(ctx context.Context, env *testenv.Environment, dir string, interval time.Duration) {
+	for {
+		if err := recordLiveScope(ctx, env.Client, dir); err != nil && ctx.Err() == nil {
+			log.Printf("recording the plane's namespaces in %s: %v", scopeFileName, err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval):
+		}
+	}
 }
