@@ -136,7 +136,13 @@ func (s *suite) checkContract(t *testing.T) {
 		if !hasInternal {
 			t.Errorf("%s: status.addresses %v has no InternalIP", what, lm.Status.Addresses)
 		}
-		if _, cp := m.Labels[clusterv1.MachineControlPlaneLabel]; cp && len(cpFailureDomains) > 0 && !slices.Contains(cpFailureDomains, lm.Status.FailureDomain) {
+		// The demo's Machines ask for no failure domain (no control-plane
+		// provider picks one); a machine placed in one reports it, and it
+		// must be one the cluster offers.
+		if m.Spec.FailureDomain != "" && lm.Status.FailureDomain != m.Spec.FailureDomain {
+			t.Errorf("%s: status.failureDomain %q, want the Machine's %q", what, lm.Status.FailureDomain, m.Spec.FailureDomain)
+		}
+		if _, cp := m.Labels[clusterv1.MachineControlPlaneLabel]; cp && lm.Status.FailureDomain != "" && !slices.Contains(cpFailureDomains, lm.Status.FailureDomain) {
 			t.Errorf("%s: status.failureDomain %q is not a control-plane failure domain of %v", what, lm.Status.FailureDomain, cpFailureDomains)
 		}
 		// The Machine mirrors it (Cluster API's Machine controller).
