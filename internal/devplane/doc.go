@@ -27,14 +27,15 @@
 //     no machine volume is left in them, and with Options.SweepAll (capl-dev
 //     down --all) everything ListOwned returns. Sweep itself keeps its
 //     meaning: everything ListOwned returns.
-//   - Down deletes the Clusters with background, not foreground,
-//     propagation: the plane runs no kube-controller-manager, hence no
-//     garbage collector to clear the foregroundDeletion finalizer, and a
-//     Cluster deleted with DeletePropagationForeground stays forever
-//     (callers of the plane, e2e/ included, must not use it). Cluster API's
-//     Cluster controller deletes the machines and infrastructure itself
-//     before the Cluster goes, so the order is the same. For the same reason
-//     nothing is garbage-collected through owner references.
+//   - The plane runs no kube-controller-manager, hence no garbage
+//     collector. Serve does its part of foreground deletion for Clusters,
+//     MachineDeployments, MachineSets, Machines, LibvirtClusters and
+//     LibvirtMachines (foreground.go: the foregroundDeletion finalizer goes
+//     once no object of those kinds names the object as owner); Cluster
+//     API's controllers delete the dependents themselves. Nothing else is
+//     garbage-collected through owner references (Secrets, templates stay
+//     until the state directory goes). Down deletes with background
+//     propagation, which needs none of this.
 //   - Cluster API's own webhooks are not served (only the provider's are),
 //     so Demo fills in what CAPI's MachineDeployment defaulting webhook would
 //     (labels, selector, rollout strategy).

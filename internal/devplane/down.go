@@ -298,9 +298,9 @@ func recordLiveScope(ctx context.Context, c client.Client, dir string) error {
 
 // deleteClusters deletes every Cluster and waits for them to be gone.
 // Cluster API's Cluster controller deletes the MachineDeployments, Machines
-// and infrastructure itself before it lets the Cluster go. Background, not
-// foreground, propagation: the plane runs no kube-controller-manager, so no
-// garbage collector would ever clear the foregroundDeletion finalizer.
+// and infrastructure itself before it lets the Cluster go, so background
+// propagation keeps that order without the plane's stand-in for the
+// garbage collector (foreground.go).
 func (p *Plane) deleteClusters(ctx context.Context, logf func(string, ...any)) error {
 	var clusters clusterv1.ClusterList
 	if err := p.Client.List(ctx, &clusters); err != nil {

@@ -139,6 +139,7 @@ func Serve(ctx context.Context, o Options) error {
 	scopeCtx, stopScope := context.WithCancel(context.Background())
 	defer stopScope()
 	go recordScopeEvery(scopeCtx, env, dir, scopeRecordInterval)
+	go completeForegroundDeletionsEvery(scopeCtx, env.Client, 2*time.Second)
 
 	if err := writeJSON(filepath.Join(dir, endpointsFileName), Endpoints{
 		ManagerMetricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort),
