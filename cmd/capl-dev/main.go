@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -270,6 +271,14 @@ func render(args []string) error {
 		return err
 	}
 	for _, obj := range objs {
+		// Readable user-data: stringData instead of base64.
+		if s, ok := obj.(*corev1.Secret); ok {
+			s.StringData = map[string]string{}
+			for k, v := range s.Data {
+				s.StringData[k] = string(v)
+			}
+			s.Data = nil
+		}
 		if err := printYAML(scheme, obj); err != nil {
 			return err
 		}
