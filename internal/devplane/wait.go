@@ -107,8 +107,10 @@ func ClusterStatus(ctx context.Context, c client.Client, namespace, name string)
 // each changed status.
 func WaitProvisioned(ctx context.Context, c client.Client, namespace, name string, progress func(DemoStatus)) (DemoStatus, error) {
 	last := ""
+	var lastErr error
 	for {
 		s, err := ClusterStatus(ctx, c, namespace, name)
+		lastErr = err
 		if err == nil {
 			if line := s.String(); line != last {
 				progress(s)
@@ -120,7 +122,10 @@ func WaitProvisioned(ctx context.Context, c client.Client, namespace, name strin
 		}
 		select {
 		case <-ctx.Done():
-			return s, fmt.Errorf("cluster %s/%s not provisioned: %w (last: %s, error: %v)", namespace, name, ctx.Err(), last, err)
+			if lastErr != nil {
+				last += "; reading it: " + lastErr.Error()
+			}
+			return s, fmt.Errorf("cluster %s/%s not provisioned: %w (last: %s)", namespace, name, ctx.Err(), last)
 		case <-time.After(2 * time.Second):
 		}
 	}
