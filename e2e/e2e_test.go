@@ -59,12 +59,16 @@ func TestE2E(t *testing.T) {
 // createDemo renders devplane.Demo for the namespace and applies it.
 func (s *suite) createDemo() {
 	t := s.t
-	objs, err := devplane.Demo(devplane.DemoOptions{
+	opts := devplane.DemoOptions{
 		Namespace: namespace, Name: clusterName, ControlPlane: 3, Workers: 2,
 		ImageDir: filepath.Dir(s.image), DomainType: string(infrav1.DomainTypeQEMU), CPUMode: string(infrav1.CPUModeMaximum),
-		TCGCacheMiB: 64,
-	})
+		TCGCacheMiB: 64, StoragePool: e2ePool,
+	}
+	objs, err := devplane.Demo(opts)
 	must(t, err)
+	// Recorded before anything exists, so that Down sweeps the namespace
+	// and the pool even if the plane dies half way.
+	must(t, devplane.RecordDemoScope(s.state, opts))
 	s.demo.all = objs
 	for _, o := range objs {
 		switch o := o.(type) {

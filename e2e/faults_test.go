@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -200,10 +201,27 @@ func (s *suite) deleteClusterWhileCreating(t *testing.T) {
 		n := len(s.workerMachines(t))
 		return n >= 3, fmt.Sprintf("%d worker LibvirtMachines", n)
 	})
+	// Mid-creation: once libvirt holds something of a new machine (its
+	// root disk), while its domain has not started.
+	s.waitFor(t, "a new worker's root disk", 5*time.Minute, func() (bool, string) {
+		var status []string
+		for name, lm := range s.workerMachines(t) {
+			if before[name] != nil {
+				continue
+			}
+			st, reason, _ := condition(lm, infrav1.DiskReadyCondition)
+			if st == metav1.ConditionTrue {
+				return true, ""
+			}
+			status = append(status, fmt.Sprintf("%s DiskReady %s/%s", name, st, reason))
+		}
+		return false, strings.Join(status, ", ")
+	})
 	for name, lm := range s.workerMachines(t) {
 		if before[name] == nil {
 			st, reason, _ := condition(lm, infrav1.DomainReadyCondition)
-			t.Logf("deleting the cluster while %s is at DomainReady %s/%s", name, st, reason)
+			dst, dreason, _ := condition(lm, infrav1.DiskReadyCondition)
+			t.Logf("deleting the cluster while %s is at DiskReady %s/%s, DomainReady %s/%s", name, dst, dreason, st, reason)
 		}
 	}
 	cl := &clusterv1.Cluster{}
@@ -216,7 +234,7 @@ func (s *suite) deleteClusterWhileCreating(t *testing.T) {
 		}
 		return len(left) == 0, strings.Join(left, ", ")
 	})
-	if left := s.ourLibvirtObjects(); len(left) > 0 {
+	if left := s.ourLibvirtObjects(false); len(left) > 0 {
 		t.Errorf("after deleting the Cluster, libvirt still holds: %s", strings.Join(left, ", "))
 	}
 }

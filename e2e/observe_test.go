@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -26,7 +27,7 @@ type timeline struct {
 	secret      time.Time // its Machine's bootstrap dataSecretName first seen
 	domainReady time.Time // DomainReady True first seen
 	lease       time.Time // a DHCP lease of its MAC first seen in libvirt
-	address     time.Time // status.addresses first seen non-empty
+	address     time.Time // an InternalIP in status.addresses first seen
 	bootstrap   time.Time // BootstrapSucceeded True first seen
 	mac         string
 	network     string
@@ -130,7 +131,9 @@ func (r *recorder) observe(ctx context.Context) {
 		owner := machineOwner(lm)
 		setOnce(&tl.secret, now, owner != "" && secretNamed[owner])
 		setOnce(&tl.domainReady, now, isTrue(lm, infrav1.DomainReadyCondition))
-		setOnce(&tl.address, now, len(lm.Status.Addresses) > 0)
+		setOnce(&tl.address, now, slices.ContainsFunc(lm.Status.Addresses, func(a clusterv1.MachineAddress) bool {
+			return a.Type == clusterv1.MachineInternalIP
+		}))
 		setOnce(&tl.bootstrap, now, isTrue(lm, infrav1.BootstrapSucceededCondition))
 		if lm.Status.Domain != nil && lm.Status.Domain.MAC != "" {
 			tl.mac = lm.Status.Domain.MAC

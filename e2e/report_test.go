@@ -64,7 +64,7 @@ type batchReport struct {
 	// DomainReady True first observed.
 	EligibleToStarted stats `json:"eligibleToDomainStarted"`
 	// LeaseToAddress: a DHCP lease of the machine's MAC first seen in
-	// libvirt → status.addresses first observed.
+	// libvirt → an InternalIP in status.addresses first observed.
 	LeaseToAddress stats `json:"leaseToAddress"`
 	// StartToSentinel: DomainReady True → BootstrapSucceeded True.
 	StartToSentinel stats `json:"domainStartedToBootstrapSucceeded"`
@@ -203,7 +203,8 @@ func (r *report) markdown() string {
 	}
 	fmt.Fprintf(&b, "\neligible = the later of: LibvirtMachine created, Cluster infrastructure provisioned, bootstrap dataSecretName set; "+
 		"started = DomainReady True first observed; lease = a DHCP lease of the machine's MAC first seen in libvirt; "+
-		"address = status.addresses first observed non-empty.\n\n")
+		"address = an InternalIP in status.addresses first observed. The manager watches the leases itself while the test polls them, "+
+		"so lease → address can come out slightly negative.\n\n")
 	fmt.Fprintf(&b, "## Manager\n\n")
 	fmt.Fprintf(&b, "- RSS (VmRSS of the current manager process, %d samples every 3 s): max %.1f MiB, at the end %.1f MiB\n",
 		r.RSSSamples, mib(r.ManagerRSSMaxBytes), mib(r.ManagerRSSEndBytes))

@@ -136,7 +136,7 @@ func newSuite(t *testing.T) *suite {
 	t.Cleanup(func() { _ = s.host.Close() })
 	// Leftovers of an earlier, interrupted run in this namespace would
 	// make every check below ambiguous.
-	if left := s.ourLibvirtObjects(); len(left) > 0 {
+	if left := s.ourLibvirtObjects(false); len(left) > 0 {
 		t.Fatalf("libvirt still holds objects of namespace %q from an earlier run: %s (remove them first)", namespace, strings.Join(left, ", "))
 	}
 
@@ -185,7 +185,7 @@ func (s *suite) down(strict bool) {
 		}
 		stop()
 	}
-	if left := s.ourLibvirtObjects(); len(left) > 0 {
+	if left := s.ourLibvirtObjects(false); len(left) > 0 {
 		msg := fmt.Sprintf("after deleting every object, libvirt still holds: %s", strings.Join(left, ", "))
 		if strict {
 			t.Error(msg)
@@ -200,13 +200,15 @@ func (s *suite) down(strict bool) {
 	if err != nil {
 		t.Errorf("devplane.Down: %v", err)
 	}
-	t.Logf("devplane.Down removed domains %v, networks %v, volumes %v, pools %v", rep.Domains, rep.Networks, rep.Volumes, rep.Pools)
+	t.Logf("devplane.Down removed domains %v, networks %v, volumes %v, pools %v; kept %v", rep.Domains, rep.Networks, rep.Volumes, rep.Pools, rep.Kept)
+	s.rep.note("devplane.Down removed %d domains, %d networks, %d volumes (%v), %d pools; kept: %v",
+		len(rep.Domains), len(rep.Networks), len(rep.Volumes), rep.Volumes, len(rep.Pools), rep.Kept)
 	// Whatever Down did, nothing of this run may outlive it; on a failed
 	// run this removes what is left.
 	for _, o := range s.sweepOurs(ctx) {
 		t.Errorf("swept after devplane.Down: %s", o)
 	}
-	if left := s.ourLibvirtObjects(); len(left) > 0 {
+	if left := s.ourLibvirtObjects(true); len(left) > 0 {
 		t.Errorf("libvirt objects of the run left after the sweep: %s", strings.Join(left, ", "))
 	}
 	_ = os.RemoveAll(s.state)
@@ -305,13 +307,28 @@ func items(list client.ObjectList) []client.Object {
 // for the namespace (domains, networks, overlays, seed ISOs).
 var runPrefix = scope.DomainName(namespace, "")
 
-// ours tells whether a libvirt object belongs to this run.
+// e2ePool is the demo's storage pool: the run's own, so that the base
+// images imported into it are the run's too and Down may remove them.
+const e2ePool = "capl-e2e-pool"
+
+// imageVolumePrefix starts the names of base images imported from a URL.
+const imageVolumePrefix = virt.NamePrefix + "image-sha256-"
+
+// ours tells whether a libvirt object belongs to this run: named for the
+// namespace, owned by it, or a volume of the run's pool.
 func ours(o virt.OwnedObject) bool {
-	return strings.HasPrefix(o.Name, runPrefix) || (o.Owner != nil && o.Owner.Namespace == namespace)
+	return strings.HasPrefix(o.Name, runPrefix) || (o.Owner != nil && o.Owner.Namespace == namespace) ||
+		(o.Kind == virt.OwnedVolume && o.Pool == e2ePool)
 }
 
-// ourLibvirtObjects lists the run's domains, networks and volumes.
-func (s *suite) ourLibvirtObjects() []string {
+// isBaseImage tells a cached base image from a machine's volumes.
+func isBaseImage(o virt.OwnedObject) bool {
+	return o.Kind == virt.OwnedVolume && strings.HasPrefix(o.Name, imageVolumePrefix)
+}
+
+// ourLibvirtObjects lists the run's domains, networks and volumes; base
+// images (which outlive clusters until Down) only with images.
+func (s *suite) ourLibvirtObjects(images bool) []string {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	objs, err := s.host.ListOwned(ctx)
@@ -320,7 +337,7 @@ func (s *suite) ourLibvirtObjects() []string {
 	}
 	var out []string
 	for _, o := range objs {
-		if ours(o) {
+		if ours(o) && (images || !isBaseImage(o)) {
 			out = append(out, describe(o))
 		}
 	}
