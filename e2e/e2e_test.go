@@ -99,7 +99,6 @@ func (s *suite) createDemo() {
 			t.Fatalf("devplane.Demo put %T %s into namespace %q, want %q", o, o.GetName(), o.GetNamespace(), namespace)
 		}
 	}
-	s.rep.phase("apply demo")()
 	must(t, devplane.ApplyDemo(s.ctx, s.c, objs))
 	s.bootStart = time.Now()
 	t.Logf("demo applied: cluster %s, control plane %v, MachineDeployment %s (%d replicas)", s.demo.cluster.Name,

@@ -71,7 +71,7 @@ func (s *suite) watchDuplicates(name string) *duplicateWatch {
 					switch {
 					case o.Kind == virt.OwnedDomain && (o.Name == domain || (o.Owner != nil && o.Owner.Namespace == namespace && o.Owner.Name == name && o.Owner.Kind == "LibvirtMachine")):
 						domains++
-					case o.Kind == virt.OwnedVolume && strings.HasPrefix(o.Name, domain):
+					case o.Kind == virt.OwnedVolume && strings.HasPrefix(o.Name, domain+"-"):
 						volumes++
 					}
 				}
