@@ -220,6 +220,9 @@ func Down(ctx context.Context, o Options) (SweepReport, error) {
 	} else {
 		o.Log("management plane not running")
 	}
+	if err := stopOrphanedControlPlane(dir, o.Log); err != nil {
+		return SweepReport{}, err
+	}
 
 	var rep SweepReport
 	scope, err := readScope(dir)

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,7 +17,8 @@ import (
 
 // TestPlaneLifecycle runs the real binaries: Start spawns `capl-dev serve`,
 // which supervises the manager; a SIGKILLed manager is replaced; Stop and a
-// second Start keep etcd's data; Down stops the plane and removes the state
+// second Start keep etcd's data, also after the plane was SIGKILLed; Down
+// stops the plane (or what a killed one left) and removes the state
 // directory. No VM is created (the libvirt sweep has nothing in scope).
 func TestPlaneLifecycle(t *testing.T) {
 	if testing.Short() {
@@ -38,13 +40,24 @@ func TestPlaneLifecycle(t *testing.T) {
 		}
 	}
 	o := Options{StateDir: filepath.Join(t.TempDir(), "plane"), LibvirtURI: uri, ManagerBinary: filepath.Join(bin, "manager"), Log: t.Logf}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, f := range []string{serveLogName, managerLogName} {
+				t.Logf("%s:\n%s", f, tail(filepath.Join(o.StateDir, f), 40))
+			}
+		}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	p, err := Start(ctx, o, filepath.Join(bin, "capl-dev"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = p.Stop(context.Background()) }()
+	defer func() {
+		if p != nil {
+			_ = p.Stop(context.Background())
+		}
+	}()
 
 	// Start again attaches to the running plane.
 	again, err := Start(ctx, o, filepath.Join(bin, "capl-dev"))
@@ -92,6 +105,34 @@ func TestPlaneLifecycle(t *testing.T) {
 		t.Fatalf("ConfigMap after restart: %v", got.Data)
 	}
 
+	// A plane killed with SIGKILL leaves etcd and kube-apiserver behind
+	// (the manager dies with it); the next Start stops them and finds the
+	// data, and so does Down.
+	killPlane := func() {
+		t.Helper()
+		managerPID, err := p.ManagerPID()
+		must(t, err)
+		must(t, syscall.Kill(p.Endpoints.ServePID, syscall.SIGKILL))
+		for deadline := time.Now().Add(30 * time.Second); processAlive(managerPID, "") || processAlive(p.Endpoints.ServePID, ""); {
+			if time.Now().After(deadline) {
+				t.Fatalf("plane pid %d or manager pid %d still alive after SIGKILL of the plane", p.Endpoints.ServePID, managerPID)
+			}
+			time.Sleep(pollInterval)
+		}
+		left, err := orphanedControlPlane(o.StateDir)
+		must(t, err)
+		if len(left) != 2 {
+			t.Fatalf("after SIGKILL of the plane: %d orphaned etcd/kube-apiserver found, want 2: %v", len(left), left)
+		}
+	}
+	killPlane()
+	p, err = Start(ctx, o, filepath.Join(bin, "capl-dev"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, p.Client.Get(ctx, client.ObjectKeyFromObject(cm), got))
+	killPlane()
+
 	rep, err := Down(ctx, o)
 	if err != nil {
 		t.Fatal(err)
@@ -101,5 +142,8 @@ func TestPlaneLifecycle(t *testing.T) {
 	}
 	if _, err := os.Stat(o.StateDir); !os.IsNotExist(err) {
 		t.Errorf("state dir after Down: %v", err)
+	}
+	if left, err := orphanedControlPlane(o.StateDir); err != nil || len(left) > 0 {
+		t.Errorf("etcd/kube-apiserver left after Down: %v %v", left, err)
 	}
 }

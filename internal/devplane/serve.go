@@ -58,17 +58,23 @@ func Serve(ctx context.Context, o Options) error {
 		return fmt.Errorf("the plane of %s already runs as pid %d", dir, pid)
 	}
 	_ = os.Remove(filepath.Join(dir, endpointsFileName))
+	if err := stopOrphanedControlPlane(dir, log.Printf); err != nil {
+		return err
+	}
 	if err := writePID(filepath.Join(dir, servePIDName), os.Getpid()); err != nil {
 		return err
 	}
 	defer func() { _ = os.Remove(filepath.Join(dir, servePIDName)) }()
 	defer func() { _ = os.Remove(filepath.Join(dir, endpointsFileName)) }()
 
-	ports, err := freePorts(3)
+	// The ports stay bound until the manager starts, so that etcd and
+	// kube-apiserver, which pick free ports too, cannot take them.
+	reserved, err := reservePorts(3)
 	if err != nil {
 		return err
 	}
-	webhookPort, healthPort, metricsPort := ports[0], ports[1], ports[2]
+	defer reserved.release()
+	webhookPort, healthPort, metricsPort := reserved.ports[0], reserved.ports[1], reserved.ports[2]
 
 	log.Printf("starting etcd (data in %s) and kube-apiserver", filepath.Join(dir, etcdDirName))
 	env, err := testenv.Start(
@@ -125,6 +131,7 @@ func Serve(ctx context.Context, o Options) error {
 		logPath: filepath.Join(dir, managerLogName),
 		pidPath: filepath.Join(dir, managerPIDName),
 	}
+	reserved.release()
 	supCtx, stopSup := context.WithCancel(context.Background())
 	supDone := make(chan struct{})
 	go func() { sup.run(supCtx); close(supDone) }()
@@ -225,18 +232,33 @@ func (s *supervisor) runOnce(ctx context.Context) error {
 	}
 }
 
-// freePorts returns n distinct free local ports.
-func freePorts(n int) ([]int, error) {
-	var ports []int
+// portReservation holds local ports bound until release.
+type portReservation struct {
+	listeners []net.Listener
+	ports     []int
+}
+
+// reservePorts binds n distinct free local ports.
+func reservePorts(n int) (*portReservation, error) {
+	r := &portReservation{}
 	for range n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
+			r.release()
 			return nil, err
 		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		r.listeners = append(r.listeners, l)
+		r.ports = append(r.ports, l.Addr().(*net.TCPAddr).Port)
 	}
-	return ports, nil
+	return r, nil
+}
+
+// release frees the ports; it may be called more than once.
+func (r *portReservation) release() {
+	for _, l := range r.listeners {
+		_ = l.Close()
+	}
+	r.listeners = nil
 }
 
 func copyFile(from, to string) error {
