@@ -68,13 +68,26 @@ func (svc *Service) Reconcile(ctx context.Context) error {
 	if !svc.scope.LoadBalancerEnabled() {
 		return svc.reconcileUserEndpoint()
 	}
-	for _, step := range []func(context.Context) error{
+	watch := []func(context.Context) error{domain.New(svc.vm, shutdownTimeout).Reconcile, svc.reconcileConfig}
+	if svc.scope.IsProvisioned() {
+		// Once the endpoint serves, the VM's reservation, disk and seed are
+		// settled: ensuring them on every reconcile would only cost libvirt
+		// calls. They are ensured again when the domain has to be defined
+		// anew and one of them is missing.
+		if err := runAll(ctx, watch); err == nil || !virt.IsNotFound(err) {
+			return err
+		}
+	}
+	return runAll(ctx, append([]func(context.Context) error{
 		svc.reconcileAddress,
 		disk.New(svc.vm).Reconcile,
 		seed.NewWithUserData(svc.vm, []byte(userData)).Reconcile,
-		domain.New(svc.vm, shutdownTimeout).Reconcile,
-		svc.reconcileConfig,
-	} {
+	}, watch...))
+}
+
+// runAll runs steps in order until one fails.
+func runAll(ctx context.Context, steps []func(context.Context) error) error {
+	for _, step := range steps {
 		if err := step(ctx); err != nil {
 			return err
 		}
