@@ -99,8 +99,16 @@ func RunningConfigID(ctx context.Context, host virt.Host, domain string) (string
 // applyScript checks the staged configuration ($1), moves it over the
 // live one ($2) and reloads HAProxy, in one guest-agent command (each
 // costs a round trip and a poll); the exit code tells which step failed.
+// On first boot the agent can answer while haproxy.service is still
+// starting with the image's own configuration; systemd folds a reload
+// asked for then into the running start job, so HAProxy would keep the
+// old file: the script waits (10 s at most) for the start to finish.
 const applyScript = `haproxy -c -q -f "$1" || exit 10
 mv -f "$1" "$2" || exit 11
+i=0
+while [ "$(systemctl show -p ActiveState --value haproxy.service)" = activating ] && [ $i -lt 100 ]; do
+  sleep 0.1; i=$((i + 1))
+done
 systemctl reload-or-restart haproxy.service || exit 12`
 
 // Exit codes of applyScript.
