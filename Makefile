@@ -52,6 +52,9 @@ build: ## Build the manager and capl-dev (the one-host management plane) into bi
 STATE_DIR ?= /var/lib/capi-libvirt/devplane
 # Extra flags for `capl-dev up`, e.g. UP_ARGS="--domain-type=kvm --workers=3".
 UP_ARGS ?=
+# Extra flags for `capl-dev down`, e.g. DOWN_ARGS=--all to sweep every
+# libvirt object the provider owns on this host, not just the plane's.
+DOWN_ARGS ?=
 
 .PHONY: up
 up: prepare-host envtest images build ## One host, whole system: management plane (kube-apiserver, etcd, Cluster API, this provider) and a demo cluster.
@@ -61,7 +64,7 @@ up: prepare-host envtest images build ## One host, whole system: management plan
 .PHONY: down
 down: ## Delete the demo cluster, stop the management plane and remove every VM, volume and network it made.
 	@test -x $(BIN)/capl-dev || $(MAKE) build
-	$(BIN)/capl-dev down --state-dir=$(STATE_DIR) --libvirt-uri=$(LIBVIRT_URI)
+	$(BIN)/capl-dev down --state-dir=$(STATE_DIR) --libvirt-uri=$(LIBVIRT_URI) $(DOWN_ARGS)
 
 ##@ Test
 

@@ -39,6 +39,6 @@
 //   - Cluster API's own webhooks are not served (only the provider's are),
 //     so Demo fills in what CAPI's MachineDeployment defaulting webhook would
 //     (labels, selector, rollout strategy).
-//   - A storage pool is removed only when pkg/virt's client offers a
-//     DeletePool method; until then empty pools stay and the report says so.
+//   - A storage pool is removed only when it is left empty (another
+//     cluster's volumes may share it); the report names a pool it kept.
 package devplane

@@ -44,17 +44,11 @@ func (r SweepReport) Empty() bool {
 	return len(r.Domains)+len(r.Networks)+len(r.Volumes)+len(r.Pools) == 0
 }
 
-// poolDeleter is implemented by a virt client that can remove an empty
-// storage pool.
-type poolDeleter interface {
-	DeletePool(ctx context.Context, name string) error
-}
-
 // Sweep deletes every domain, network and volume pkg/virt's ListOwned
 // reports on the host at libvirtURI, except volumes named with
 // virt.TestNamePrefix (test runs clean up after themselves). Base images
 // (capl-image-sha256-*) go only with includeImages, and only from pools
-// left without machine volumes. Empty pools are removed when pkg/virt can.
+// left without machine volumes. Pools left empty are removed.
 func Sweep(ctx context.Context, libvirtURI string, includeImages bool) (SweepReport, error) {
 	return sweep(ctx, libvirtURI, includeImages, func(o virt.OwnedObject) bool {
 		return !strings.HasPrefix(o.Name, virt.TestNamePrefix)
@@ -169,12 +163,7 @@ func sweep(ctx context.Context, libvirtURI string, includeImages bool, match fun
 		if inUse[p] {
 			continue
 		}
-		pd, ok := any(host).(poolDeleter)
-		if !ok {
-			rep.Kept = append(rep.Kept, fmt.Sprintf("storage pool %s: pkg/virt cannot remove pools yet", p))
-			continue
-		}
-		if err := pd.DeletePool(ctx, p); err != nil {
+		if err := host.DeletePool(ctx, p); err != nil {
 			rep.Kept = append(rep.Kept, fmt.Sprintf("storage pool %s: %v", p, err))
 			continue
 		}

@@ -477,3 +477,56 @@ func upload(ctx context.Context, conn *libvirt.Connect, vol *libvirt.StorageVol,
 	}
 	return st.Finish()
 }
+
+// ErrPoolNotEmpty is returned by DeletePool for a pool that still holds
+// volumes: they may belong to clusters the caller does not know of.
+var ErrPoolNotEmpty = errors.New("storage pool is not empty")
+
+// DeletePool stops, removes the directory of and undefines an empty pool.
+// A missing pool is success; a pool holding any volume (after a refresh,
+// so files copied in by hand count) is left alone with ErrPoolNotEmpty.
+func (c *Client) DeletePool(ctx context.Context, name string) error {
+	unlock, err := c.lockPool(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return c.withConn(ctx, "DeletePool", func(conn *libvirt.Connect) error {
+		pool, err := conn.LookupStoragePoolByName(name)
+		if IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		defer pool.Free()
+		active, err := pool.IsActive()
+		if err != nil {
+			return err
+		}
+		if active {
+			if err := refreshPool(ctx, pool); err != nil {
+				return err
+			}
+			n, err := pool.NumOfStorageVolumes()
+			if err != nil {
+				return err
+			}
+			if n > 0 {
+				return fmt.Errorf("%w: %s holds %d volumes", ErrPoolNotEmpty, name, n)
+			}
+			if err := pool.Destroy(); err != nil {
+				return fmt.Errorf("stopping pool %s: %w", name, err)
+			}
+		}
+		// Delete removes the (empty) directory; it fails on one that holds
+		// files libvirt does not list, and the pool then stays.
+		if err := pool.Delete(libvirt.STORAGE_POOL_DELETE_NORMAL); err != nil {
+			if active {
+				_ = pool.Create(0) // leave it serving as it was found
+			}
+			return fmt.Errorf("removing the directory of pool %s: %w", name, err)
+		}
+		return pool.Undefine()
+	})
+}

@@ -438,3 +438,45 @@ func TestPoolFull(t *testing.T) {
 		}
 	}
 }
+
+// TestDeletePool: a pool holding a volume is kept; once empty it goes with
+// its directory, and deleting it again is success.
+func TestDeletePool(t *testing.T) {
+	uri := testlibvirt.URI(t)
+	c := testlibvirt.Client(t, uri)
+	ctx := testCtx(t)
+	name := testlibvirt.Name(t)
+	path := filepath.Join(testlibvirt.PoolRoot, name)
+	t.Cleanup(func() {
+		if err := testlibvirt.DestroyPool(uri, name); err != nil {
+			t.Errorf("cleaning up pool %s: %v", name, err)
+		}
+	})
+	if err := c.EnsurePool(ctx, virt.PoolSpec{Name: name, Path: path}); err != nil {
+		t.Fatal(err)
+	}
+	vol := name + "-vol"
+	if _, err := c.UploadVolume(ctx, name, vol, []byte("data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeletePool(ctx, name); !errors.Is(err, virt.ErrPoolNotEmpty) {
+		t.Fatalf("deleting a pool with a volume: want ErrPoolNotEmpty, got %v", err)
+	}
+	if _, err := c.VolumeInfo(ctx, name, vol); err != nil {
+		t.Fatalf("the refused delete must leave the pool serving its volume: %v", err)
+	}
+	if err := c.DeleteVolume(ctx, name, vol); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := c.DeletePool(ctx, name); err != nil {
+			t.Fatalf("delete %d of the empty pool: %v", i+1, err)
+		}
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("pool directory %s: want removed, got %v", path, err)
+	}
+	if _, err := c.VolumeInfo(ctx, name, vol); !virt.IsNotFound(err) {
+		t.Errorf("volume lookup in the deleted pool: want not found, got %v", err)
+	}
+}
