@@ -113,6 +113,7 @@ verify: generate $(KUSTOMIZE) ## Fail when generated files are stale, code is no
 	@test -z "$$(git status --porcelain -- api config)" || { git status --porcelain -- api config; echo "untracked generated files: run make generate and commit" >&2; exit 1; }
 	@out=$$(gofmt -l $$(git ls-files '*.go')); test -z "$$out" || { echo "not gofmt'ed: $$out" >&2; exit 1; }
 	go vet ./...
+	go vet -tags e2e ./e2e/...
 	$(KUSTOMIZE) build config/default >/dev/null
 
 ##@ Release
