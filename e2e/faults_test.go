@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -201,27 +200,26 @@ func (s *suite) deleteClusterWhileCreating(t *testing.T) {
 		n := len(s.workerMachines(t))
 		return n >= 3, fmt.Sprintf("%d worker LibvirtMachines", n)
 	})
-	// Mid-creation: once libvirt holds something of a new machine (its
-	// root disk), while its domain has not started.
-	s.waitFor(t, "a new worker's root disk", 5*time.Minute, func() (bool, string) {
-		var status []string
-		for name, lm := range s.workerMachines(t) {
-			if before[name] != nil {
-				continue
-			}
-			st, reason, _ := condition(lm, infrav1.DiskReadyCondition)
-			if st == metav1.ConditionTrue {
-				return true, ""
-			}
-			status = append(status, fmt.Sprintf("%s DiskReady %s/%s", name, st, reason))
+	// Mid-creation: as soon as libvirt holds something of a new machine
+	// (its DHCP reservation, then its root disk), well before its guest
+	// could have booted.
+	deadline := time.Now().Add(5 * time.Minute)
+	for started := false; !started; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no new worker got an address reservation or a root disk in 5 minutes")
 		}
-		return false, strings.Join(status, ", ")
-	})
+		for name, lm := range s.workerMachines(t) {
+			if before[name] == nil && (isTrue(lm, infrav1.AddressReservedCondition) || isTrue(lm, infrav1.DiskReadyCondition)) {
+				started = true
+			}
+		}
+	}
 	for name, lm := range s.workerMachines(t) {
 		if before[name] == nil {
 			st, reason, _ := condition(lm, infrav1.DomainReadyCondition)
+			ast, areason, _ := condition(lm, infrav1.AddressReservedCondition)
 			dst, dreason, _ := condition(lm, infrav1.DiskReadyCondition)
-			t.Logf("deleting the cluster while %s is at DiskReady %s/%s, DomainReady %s/%s", name, dst, dreason, st, reason)
+			t.Logf("deleting the cluster while %s is at AddressReserved %s/%s, DiskReady %s/%s, DomainReady %s/%s", name, ast, areason, dst, dreason, st, reason)
 		}
 	}
 	cl := &clusterv1.Cluster{}
