@@ -176,6 +176,12 @@ func (s *suite) down(strict bool) {
 	s.downDone = true
 	s.mu.Unlock()
 	t := s.t
+	if s.state == "" || s.host == nil {
+		// Failed before the plane had a state directory: there is nothing
+		// to take down, and an empty StateDir would make Down take down
+		// the default plane of `make up` instead.
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	if s.plane != nil {
