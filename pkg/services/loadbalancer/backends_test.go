@@ -106,6 +106,7 @@ func TestDeregisterMachine(t *testing.T) {
 		backends    []infrav1.LoadBalancerBackend
 		lbNotReady  bool
 		typeNone    bool
+		clusterGone bool
 		deletedAgo  time.Duration
 		wantRequeue bool
 	}{{
@@ -130,6 +131,10 @@ func TestDeregisterMachine(t *testing.T) {
 		backends: []infrav1.LoadBalancerBackend{backend("cp-0", "10.0.0.1", infrav1.BackendActive), backend("cp-1", "10.0.0.2", infrav1.BackendActive)},
 		typeNone: true,
 	}, {
+		name:        "the whole cluster is being deleted: nobody to spare",
+		backends:    []infrav1.LoadBalancerBackend{backend("cp-0", "10.0.0.1", infrav1.BackendActive), backend("cp-1", "10.0.0.2", infrav1.BackendActive)},
+		clusterGone: true,
+	}, {
 		name:       "waited too long",
 		backends:   []infrav1.LoadBalancerBackend{backend("cp-0", "10.0.0.1", infrav1.BackendActive), backend("cp-1", "10.0.0.2", infrav1.BackendActive)},
 		deletedAgo: DefaultDrainTimeout + time.Second,
@@ -147,9 +152,14 @@ func TestDeregisterMachine(t *testing.T) {
 			if tt.typeNone {
 				lc.Spec.LoadBalancer.Type = infrav1.LoadBalancerNone
 			}
+			cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c"}}
+			if tt.clusterGone {
+				cluster.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+				cluster.Finalizers = []string{clusterv1.ClusterFinalizer}
+			}
 			rec := record.NewFakeRecorder(10)
 			s, err := scope.NewMachineScope(scope.MachineScopeParams{
-				Client: fakeClient(t, m, lm, lc), Machine: m, LibvirtMachine: lm, LibvirtCluster: lc, Host: noHost{}, Recorder: rec,
+				Client: fakeClient(t, m, lm, lc), Machine: m, LibvirtMachine: lm, LibvirtCluster: lc, Cluster: cluster, Host: noHost{}, Recorder: rec,
 			})
 			if err != nil {
 				t.Fatal(err)

@@ -38,11 +38,14 @@ type Deregisterer struct {
 
 // DeregisterMachine returns nil once the machine is drained or no backend
 // (any more), when there is nothing to drain to (it is the last API server
-// taking connections), when the cluster has no HAProxy VM that serves, or
-// when the wait timed out; otherwise a services.RequeueError.
+// taking connections), when the whole cluster is being deleted (Cluster
+// API deletes the machines before the LibvirtCluster, and no client of the
+// endpoint is left to spare), when the cluster has no HAProxy VM that
+// serves, or when the wait timed out; otherwise a services.RequeueError.
 func (d *Deregisterer) DeregisterMachine(_ context.Context, s *scope.MachineScope) error {
 	lc := s.LibvirtCluster
-	if lc == nil || !lc.DeletionTimestamp.IsZero() || lc.Spec.LoadBalancer.Type == infrav1.LoadBalancerNone ||
+	if (s.Cluster != nil && !s.Cluster.DeletionTimestamp.IsZero()) ||
+		lc == nil || !lc.DeletionTimestamp.IsZero() || lc.Spec.LoadBalancer.Type == infrav1.LoadBalancerNone ||
 		lc.Status.LoadBalancer == nil || !conditions.IsTrue(lc, infrav1.LoadBalancerReadyCondition) {
 		return nil
 	}
