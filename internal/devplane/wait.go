@@ -147,33 +147,47 @@ func firstIssue(conds []metav1.Condition) string {
 
 // WaitEndpoint waits until https://<endpoint>/readyz answers 200, i.e. the
 // HAProxy VM forwards to a control-plane machine whose (stand-in) API
-// server runs, and returns the body (the machine's hostname). The demo's
-// certificates are self-signed in the guests, so they are not verified.
+// server runs, and returns the body (the machine's hostname).
 func WaitEndpoint(ctx context.Context, endpoint string) (string, error) {
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // self-signed in the guest, see examples/demo.
-	}}
-	url := "https://" + endpoint + "/readyz"
-	var last error
 	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return "", err
-		}
-		resp, err := hc.Do(req)
+		host, err := Readyz(ctx, endpoint)
 		if err == nil {
-			body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-			_ = resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return strings.TrimSpace(string(body)), nil
-			}
-			err = fmt.Errorf("%s: %s", url, resp.Status)
+			return host, nil
 		}
-		last = err
 		select {
 		case <-ctx.Done():
-			return "", fmt.Errorf("%s did not answer: %w (last: %v)", url, ctx.Err(), last)
+			return "", fmt.Errorf("%s did not answer: %w (last: %v)", endpoint, ctx.Err(), err)
 		case <-time.After(2 * time.Second):
 		}
 	}
+}
+
+// Readyz asks https://<endpoint>/readyz once, over a fresh connection (so
+// HAProxy picks a server anew), and returns the body of a 200 answer: the
+// hostname of the demo's stand-in API server that answered. Its
+// certificate is self-signed in the guest (see examples/demo), so it is not
+// verified.
+func Readyz(ctx context.Context, endpoint string) (string, error) {
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // self-signed in the guest
+		DisableKeepAlives: true,
+	}}
+	url := "https://" + endpoint + "/readyz"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1024))
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return strings.TrimSpace(string(body)), nil
 }

@@ -2,11 +2,8 @@ package controllers_test
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/csv"
 	"fmt"
-	"io"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -28,6 +25,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/loadbalancer"
@@ -250,23 +248,7 @@ func (h *clusterHarness) libvirtMachine(name string) *infrav1.LibvirtMachine {
 // readyz asks the endpoint's /readyz over a fresh TLS connection and
 // returns the body: the hostname of the API server HAProxy picked.
 func readyz(endpoint string) (string, error) {
-	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // a self-signed stand-in
-		DisableKeepAlives: true,
-	}}
-	resp, err := c.Get("https://" + endpoint + "/readyz")
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return "", err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("status %s", resp.Status)
-	}
-	return strings.TrimSpace(string(body)), nil
+	return devplane.Readyz(context.Background(), endpoint)
 }
 
 // answers sends n requests through the endpoint and counts the answers per
