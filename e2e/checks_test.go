@@ -4,10 +4,7 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
-	"io"
-	"net/http"
 	"regexp"
 	"slices"
 	"strconv"
@@ -22,6 +19,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -205,28 +203,6 @@ func sameAddresses(a, b []clusterv1.MachineAddress) bool {
 	return slices.Equal(key(a), key(b))
 }
 
-// readyz asks the endpoint's /readyz over a fresh TLS connection and
-// returns the body: the hostname of the guest that answered.
-func readyz(endpoint string) (string, error) {
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		TLSClientConfig:   &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // the guests' stand-in API servers are self-signed
-		DisableKeepAlives: true,
-	}}
-	resp, err := c.Get("https://" + endpoint + "/readyz")
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return "", err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("status %s", resp.Status)
-	}
-	return strings.TrimSpace(string(body)), nil
-}
-
 // endpoint is the demo cluster's control-plane endpoint, host:port.
 func (s *suite) endpoint(t *testing.T) string {
 	lc := s.libvirtCluster(t, s.demo.lc.Name)
@@ -238,7 +214,7 @@ func (s *suite) endpoint(t *testing.T) string {
 func answers(endpoint string, n int) map[string]int {
 	out := map[string]int{}
 	for range n {
-		host, err := readyz(endpoint)
+		host, err := devplane.Readyz(context.Background(), endpoint)
 		if err != nil {
 			host = "error: " + err.Error()
 		}
