@@ -18,6 +18,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -275,36 +276,15 @@ func (s *suite) namespaceObjects(ctx context.Context) ([]string, error) {
 	return left, nil
 }
 
-// items returns the members of the lists the suite uses.
+// items returns the members of a list.
 func items(list client.ObjectList) []client.Object {
-	var out []client.Object
-	switch l := list.(type) {
-	case *clusterv1.ClusterList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *infrav1.LibvirtClusterList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *clusterv1.MachineDeploymentList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *clusterv1.MachineSetList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *clusterv1.MachineList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *infrav1.LibvirtMachineList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	default:
-		panic(fmt.Sprintf("items: unexpected list %T", list))
+	objs, err := apimeta.ExtractList(list)
+	if err != nil {
+		panic(fmt.Sprintf("items of %T: %v", list, err))
+	}
+	out := make([]client.Object, 0, len(objs))
+	for _, o := range objs {
+		out = append(out, o.(client.Object))
 	}
 	return out
 }

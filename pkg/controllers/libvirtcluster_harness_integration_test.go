@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -359,24 +360,15 @@ func (h *clusterHarness) cleanup() {
 	h.t.Errorf("objects of namespace %s still there after cleanup", h.ns)
 }
 
-// metaItems returns the items of the lists cleanup uses.
+// metaItems returns the members of a list.
 func metaItems(list client.ObjectList) ([]client.Object, error) {
-	var out []client.Object
-	switch l := list.(type) {
-	case *clusterv1.MachineList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *infrav1.LibvirtClusterList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	case *clusterv1.ClusterList:
-		for i := range l.Items {
-			out = append(out, &l.Items[i])
-		}
-	default:
-		return nil, fmt.Errorf("unexpected list %T", list)
+	objs, err := apimeta.ExtractList(list)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]client.Object, 0, len(objs))
+	for _, o := range objs {
+		out = append(out, o.(client.Object))
 	}
 	return out, nil
 }
