@@ -29,6 +29,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/hostevents"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/loadbalancer"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/network"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/pool"
@@ -183,7 +184,12 @@ func (r *LibvirtClusterReconciler) SetupWithManager(ctx context.Context, mgr ctr
 	if r.Host == nil {
 		return errors.New("LibvirtClusterReconciler needs a libvirt host")
 	}
-	events := loadbalancer.NewEvents(r.Host, mgr.GetClient(), r.WatchFilterValue)
+	// The HAProxy VMs' domains name their LibvirtCluster as owner: the
+	// guest agent connecting is when the configuration can be written, and
+	// a VM that stopped is started again.
+	events := hostevents.NewForwarder(r.Host, mgr.GetClient(), "LibvirtCluster", r.WatchFilterValue,
+		func() *infrav1.LibvirtCluster { return &infrav1.LibvirtCluster{} },
+		func() client.ObjectList { return &infrav1.LibvirtClusterList{} })
 	if err := mgr.Add(events); err != nil {
 		return err
 	}

@@ -1,7 +1,8 @@
-// Package hostevents turns libvirt host events into reconcile requests for
-// LibvirtMachines, so that the controller reacts to a domain stopping or
-// crashing, its guest agent connecting or its DHCP lease appearing instead
-// of polling for them.
+// Package hostevents turns libvirt host events into reconcile requests, so
+// that the controllers react to a domain stopping or crashing, its guest
+// agent connecting or (for LibvirtMachines) its DHCP lease appearing
+// instead of polling for them: a Forwarder per kind, which the
+// LibvirtMachine's Source extends with lease events.
 package hostevents
 
 import (
@@ -10,14 +11,8 @@ import (
 	"sync"
 	"time"
 
-	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/handler"
-	"sigs.k8s.io/controller-runtime/pkg/source"
-
-	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -42,16 +37,14 @@ func IndexMAC(ctx context.Context, indexer client.FieldIndexer) error {
 	})
 }
 
-// Source subscribes to the host once and feeds a controller-runtime
-// channel source. It is a manager Runnable.
+// Source feeds the LibvirtMachine controller: a Forwarder for the machines'
+// domains, plus lease events, which name a MAC rather than an owner. It is
+// a manager Runnable.
 type Source struct {
-	host   virt.Host
-	client client.Client
-	filter string
+	*Forwarder[*infrav1.LibvirtMachine]
 	// leaseTimeout bounds each WatchLease registration.
 	leaseTimeout time.Duration
 
-	events chan event.TypedGenericEvent[*infrav1.LibvirtMachine]
 	// ctx outlives reconciles (lease watches need that); it ends with Start's.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -66,15 +59,12 @@ type Source struct {
 func New(host virt.Host, c client.Client, watchFilter string) *Source {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Source{
-		host: host, client: c, filter: watchFilter, leaseTimeout: DefaultLeaseWatchTimeout,
-		events: make(chan event.TypedGenericEvent[*infrav1.LibvirtMachine], 1024),
-		ctx:    ctx, cancel: cancel, watching: map[string]time.Time{},
+		Forwarder: NewForwarder(host, c, "LibvirtMachine", watchFilter,
+			func() *infrav1.LibvirtMachine { return &infrav1.LibvirtMachine{} },
+			func() client.ObjectList { return &infrav1.LibvirtMachineList{} }),
+		leaseTimeout: DefaultLeaseWatchTimeout,
+		ctx:          ctx, cancel: cancel, watching: map[string]time.Time{},
 	}
-}
-
-// Source is the controller-runtime source to pass to WatchesRawSource.
-func (s *Source) Source() source.Source {
-	return source.Channel(s.events, &handler.TypedEnqueueRequestForObject[*infrav1.LibvirtMachine]{})
 }
 
 // Start forwards host events until ctx ends or the host is closed.
@@ -83,61 +73,16 @@ func (s *Source) Start(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, s.cancel)
 	defer stop()
 	for ev := range s.host.Subscribe(ctx) {
-		s.dispatch(ctx, ev)
-	}
-	return nil
-}
-
-// dispatch maps one event to the LibvirtMachines it concerns.
-func (s *Source) dispatch(ctx context.Context, ev virt.Event) {
-	log := ctrl.LoggerFrom(ctx).WithName("hostevents")
-	switch ev.Kind {
-	case virt.EventReconnected:
-		// Events may have been lost while libvirtd was away: resync all.
-		s.enqueueList(ctx)
-	case virt.EventLease:
+		if ev.Kind != virt.EventLease {
+			s.Forward(ctx, ev)
+			continue
+		}
 		s.mu.Lock()
 		delete(s.watching, ev.Network+"/"+strings.ToLower(ev.MAC))
 		s.mu.Unlock()
-		s.enqueueList(ctx, client.MatchingFields{MACIndex: strings.ToLower(ev.MAC)})
-	default:
-		if ev.Owner == nil || ev.Owner.Kind != "LibvirtMachine" {
-			return
-		}
-		log.V(4).Info("Domain event", "kind", ev.Kind, "domain", ev.Domain, "detail", ev.Detail)
-		s.enqueue(ctx, types.NamespacedName{Namespace: ev.Owner.Namespace, Name: ev.Owner.Name})
+		s.EnqueueList(ctx, client.MatchingFields{MACIndex: strings.ToLower(ev.MAC)})
 	}
-}
-
-func (s *Source) enqueueList(ctx context.Context, opts ...client.ListOption) {
-	list := &infrav1.LibvirtMachineList{}
-	if err := s.client.List(ctx, list, opts...); err != nil {
-		ctrl.LoggerFrom(ctx).Error(err, "Listing LibvirtMachines for a host event")
-		return
-	}
-	for i := range list.Items {
-		s.send(ctx, &list.Items[i])
-	}
-}
-
-func (s *Source) enqueue(ctx context.Context, key types.NamespacedName) {
-	m := &infrav1.LibvirtMachine{}
-	if err := s.client.Get(ctx, key, m); err != nil {
-		return // gone, or not yet in the cache: its own watch covers it
-	}
-	s.send(ctx, m)
-}
-
-func (s *Source) send(ctx context.Context, m *infrav1.LibvirtMachine) {
-	if s.filter != "" && m.Labels[clusterv1.WatchLabel] != s.filter {
-		return
-	}
-	obj := &infrav1.LibvirtMachine{}
-	obj.Namespace, obj.Name = m.Namespace, m.Name
-	select {
-	case s.events <- event.TypedGenericEvent[*infrav1.LibvirtMachine]{Object: obj}:
-	case <-ctx.Done():
-	}
+	return nil
 }
 
 // WatchLease asks the host to publish a lease event for mac on network,
