@@ -47,17 +47,19 @@ func TestPlaneLifecycle(t *testing.T) {
 			}
 		}
 	})
+	// A Start that fails after spawning serve leaves the plane running (so
+	// that a user of `up` can look at it); the test must never.
+	t.Cleanup(func() {
+		if err := stopServe(context.Background(), o.StateDir); err != nil {
+			t.Errorf("stopping the plane: %v", err)
+		}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	p, err := Start(ctx, o, filepath.Join(bin, "capl-dev"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		if p != nil {
-			_ = p.Stop(context.Background())
-		}
-	}()
 
 	// Start again attaches to the running plane.
 	again, err := Start(ctx, o, filepath.Join(bin, "capl-dev"))
