@@ -26,8 +26,10 @@ import (
 
 // TestLibvirtMachine runs the LibvirtMachine controller against envtest,
 // Cluster API's own Cluster and Machine controllers and a real libvirtd.
-// The LibvirtCluster controller does not exist yet: the test creates the
-// cluster network with the engine and sets LibvirtCluster.status itself.
+// To keep these scenarios free of the HAProxy VM, the LibvirtClusters are
+// marked managed-by: the test creates the cluster network with the engine
+// and sets LibvirtCluster.status itself (the end-to-end suite runs the
+// real LibvirtCluster controller).
 // Scenarios share one management plane and run in order; booted VMs are
 // shared where possible (each costs ~2 minutes of CPU under TCG).
 func TestLibvirtMachine(t *testing.T) {
