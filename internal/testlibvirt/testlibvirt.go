@@ -5,7 +5,8 @@
 // Every object a test creates is named with Name (prefix "capltest-" and a
 // random suffix); the names this process handed out are remembered so that
 // AssertNothingOwned only judges this process's leftovers, not those of a
-// concurrent run.
+// concurrent run. It finds them with Scan, an independent listing of the
+// raw host.
 package testlibvirt
 
 import (
@@ -157,13 +158,18 @@ func DestroyPool(uri, name string) error {
 	return pool.Undefine()
 }
 
-// CheckNothingOwned returns an error listing every object on h that
-// carries a name handed out by Name in this process (or an owner whose
-// cluster is such a name).
-func CheckNothingOwned(ctx context.Context, h virt.Host) error {
-	objs, err := h.ListOwned(ctx)
+// CheckNothingOwned returns an error listing every object on the host at
+// uri that this process's tests made: a domain, network, pool, volume or
+// pool-directory entry named with a name handed out by Name (or, as the
+// namespace of the provider's names, "capl-<name>.…"), anything in such a
+// pool, and a domain or network whose owner metadata names such a name. It looks through Scan, not through pkg/virt, so an
+// object that lost (or never got) its metadata is found by its name, and
+// a file libvirt does not know about by the pool's directory; PoolRoot is
+// also listed, for the directories of test pools whose definition is gone.
+func CheckNothingOwned(uri string) error {
+	objs, err := Scan(uri, PoolRoot)
 	if err != nil {
-		return fmt.Errorf("listing owned objects: %w", err)
+		return fmt.Errorf("listing the host: %w", err)
 	}
 	namesMu.Lock()
 	mine := append([]string(nil), names...)
@@ -171,7 +177,7 @@ func CheckNothingOwned(ctx context.Context, h virt.Host) error {
 	var left []string
 	for _, o := range objs {
 		if ours(o, mine) {
-			left = append(left, fmt.Sprintf("%s %s%s", o.Kind, poolPrefix(o.Pool), o.Name))
+			left = append(left, o.String())
 		}
 	}
 	if len(left) > 0 {
@@ -180,29 +186,28 @@ func CheckNothingOwned(ctx context.Context, h virt.Host) error {
 	return nil
 }
 
-// AssertNothingOwned fails t when this process left any object behind.
-// Call it after the cleanups of the tests it judges have run.
-func AssertNothingOwned(t testing.TB, h virt.Host) {
+// AssertNothingOwned fails t when this process left any object behind on
+// the host at uri. Call it after the cleanups of the tests it judges have
+// run.
+func AssertNothingOwned(t testing.TB, uri string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := CheckNothingOwned(ctx, h); err != nil {
+	if err := CheckNothingOwned(uri); err != nil {
 		t.Error(err)
 	}
 }
 
-func ours(o virt.OwnedObject, mine []string) bool {
+// ours tells whether o belongs to one of the names in mine: named with it
+// (directly, or as the namespace of a name the provider derived,
+// "capl-<namespace>.…"), in a pool named with it, or owned by it.
+func ours(o Object, mine []string) bool {
 	for _, n := range mine {
-		if strings.HasPrefix(o.Name, n) || strings.HasPrefix(o.Pool, n) || (o.Owner != nil && o.Owner.Cluster == n) {
+		named := func(s string) bool {
+			return strings.HasPrefix(s, n) || strings.HasPrefix(s, virt.NamePrefix+n+".")
+		}
+		if named(o.Name) || named(o.Pool) || named(filepath.Base(o.Pool)) ||
+			(o.Owner != nil && (o.Owner.Cluster == n || o.Owner.Namespace == n || named(o.Owner.Name))) {
 			return true
 		}
 	}
 	return false
-}
-
-func poolPrefix(pool string) string {
-	if pool == "" {
-		return ""
-	}
-	return pool + "/"
 }

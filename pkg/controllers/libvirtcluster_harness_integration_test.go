@@ -72,7 +72,7 @@ func newClusterHarness(t *testing.T) *clusterHarness {
 	}
 	h.host = testlibvirt.Client(t, h.uri)
 	// Registered first, so it runs last: after the clusters, pool and networks.
-	t.Cleanup(func() { testlibvirt.AssertNothingOwned(t, h.host) })
+	t.Cleanup(func() { testlibvirt.AssertNothingOwned(t, h.uri) })
 
 	h.env, err = testenv.Start()
 	must(t, err)

@@ -121,7 +121,7 @@ func newHarness(t *testing.T) *harness {
 
 	h.host = testlibvirt.Client(t, h.uri)
 	// Registered first, so it runs last: after machines, pool and network.
-	t.Cleanup(func() { testlibvirt.AssertNothingOwned(t, h.host) })
+	t.Cleanup(func() { testlibvirt.AssertNothingOwned(t, h.uri) })
 
 	h.env, err = testenv.Start()
 	if err != nil {

@@ -178,7 +178,7 @@ func TestBootGuestThroughReservedLease(t *testing.T) {
 	if err := e.c.DeleteVolume(ctx, pool, base.Name); err != nil {
 		t.Fatal(err)
 	}
-	testlibvirt.AssertNothingOwned(t, e.c)
+	testlibvirt.AssertNothingOwned(t, e.uri)
 }
 
 // bootUserData writes the sentinel in runcmd, i.e. in cloud-init's final
