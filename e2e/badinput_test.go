@@ -197,16 +197,3 @@ func (s *suite) badCIDR(t *testing.T) {
 		t.Errorf("network %s left after deleting the cluster", network)
 	}
 }
-
-// networkExists tells whether libvirt holds the network.
-func (s *suite) networkExists(t *testing.T, name string) bool {
-	t.Helper()
-	objs, err := s.host.ListOwned(s.ctx)
-	must(t, err)
-	for _, o := range objs {
-		if o.Kind == virt.OwnedNetwork && o.Name == name {
-			return true
-		}
-	}
-	return false
-}

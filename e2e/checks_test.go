@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"slices"
@@ -20,7 +21,6 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // pausedCondition is Cluster API's condition on paused objects; it is
@@ -267,9 +267,8 @@ func (s *suite) checkEndpoint(t *testing.T) {
 }
 
 // checkGuests checks providerIDs against the UUIDs the guests read from
-// their firmware, and addresses against libvirt's DHCP leases.
+// their firmware, and addresses against those the guests have.
 func (s *suite) checkGuests(t *testing.T) {
-	network := s.clusterNetwork()
 	lms, err := s.clusterMachines(clusterName)
 	must(t, err)
 	uuidRE := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
@@ -291,29 +290,80 @@ func (s *suite) checkGuests(t *testing.T) {
 		if want := infrav1.ProviderIDPrefix + guestUUID; lm.Spec.ProviderID != want {
 			t.Errorf("%s: providerID %q, but the guest's firmware UUID gives %q", lm.Name, lm.Spec.ProviderID, want)
 		}
+		// The guest's own view of its addresses, from inside it: what
+		// `ip` reports on the interface with the domain's MAC, read through
+		// the guest agent (not virt.Client.Addresses, which the controller
+		// used to fill status.addresses).
 		ctx, cancel = context.WithTimeout(s.ctx, time.Minute)
-		addrs, err := s.host.Addresses(ctx, virt.AddressQuery{Network: network, MAC: lm.Status.Domain.MAC})
+		res, err := s.host.GuestExec(ctx, lm.Status.Domain.Name, "ip", []string{"-j", "addr", "show"}, nil)
 		cancel()
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("ip exited with %d: %s", res.ExitCode, res.Stderr)
+		}
 		if err != nil {
-			t.Errorf("%s: leases on %s: %v", lm.Name, network, err)
+			t.Errorf("%s: `ip -j addr show` in the guest: %v", lm.Name, err)
 			continue
 		}
-		var leased, reported []string
-		for _, a := range addrs {
-			if a.Source == virt.AddressSourceLease {
-				leased = append(leased, a.IP.String())
-			}
+		guest, err := guestIPv4(res.Stdout, lm.Status.Domain.MAC)
+		if err != nil {
+			t.Errorf("%s: %v", lm.Name, err)
+			continue
 		}
-		for _, a := range lm.Status.Addresses {
-			if a.Type == clusterv1.MachineInternalIP {
-				reported = append(reported, a.Address)
-			}
+		reported, err := sameAsGuest(lm.Status.Addresses, guest)
+		if err != nil {
+			t.Errorf("%s (MAC %s): %v", lm.Name, lm.Status.Domain.MAC, err)
 		}
-		slices.Sort(leased)
-		slices.Sort(reported)
-		if len(leased) == 0 || !slices.Equal(leased, reported) {
-			t.Errorf("%s: InternalIP addresses %v, DHCP leases of MAC %s on %s: %v", lm.Name, reported, lm.Status.Domain.MAC, network, leased)
-		}
-		t.Logf("%s: providerID %s = guest UUID, addresses %v = leases", lm.Name, lm.Spec.ProviderID, reported)
+		t.Logf("%s: providerID %s = guest UUID, addresses %v = the guest's", lm.Name, lm.Spec.ProviderID, reported)
 	}
+}
+
+// guestIPv4 returns the global IPv4 addresses of the interface with mac in
+// the JSON output of `ip -j addr show` run in a guest.
+func guestIPv4(ipJSON []byte, mac string) ([]string, error) {
+	var links []struct {
+		IfName   string `json:"ifname"`
+		Address  string `json:"address"`
+		AddrInfo []struct {
+			Family string `json:"family"`
+			Local  string `json:"local"`
+			Scope  string `json:"scope"`
+		} `json:"addr_info"`
+	}
+	if err := json.Unmarshal(ipJSON, &links); err != nil {
+		return nil, fmt.Errorf("parsing `ip -j addr show` output: %w", err)
+	}
+	var out []string
+	found := false
+	for _, l := range links {
+		if !strings.EqualFold(l.Address, mac) {
+			continue
+		}
+		found = true
+		for _, a := range l.AddrInfo {
+			if a.Family == "inet" && a.Scope == "global" {
+				out = append(out, a.Local)
+			}
+		}
+	}
+	if !found {
+		return nil, fmt.Errorf("the guest has no interface with MAC %s", mac)
+	}
+	return out, nil
+}
+
+// sameAsGuest checks that the InternalIP addresses of status.addresses are
+// exactly the guest's own (at least one), and returns them.
+func sameAsGuest(status []clusterv1.MachineAddress, guest []string) ([]string, error) {
+	var reported []string
+	for _, a := range status {
+		if a.Type == clusterv1.MachineInternalIP {
+			reported = append(reported, a.Address)
+		}
+	}
+	slices.Sort(reported)
+	guest = slices.Sorted(slices.Values(guest))
+	if len(guest) == 0 || !slices.Equal(reported, guest) {
+		return reported, fmt.Errorf("InternalIP addresses %v, but the guest has %v", reported, guest)
+	}
+	return reported, nil
 }

@@ -4,7 +4,9 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"strconv"
@@ -19,8 +21,6 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // randomDelay picks a delay in [0, upTo) from the seeded generator.
@@ -57,26 +57,14 @@ type duplicateWatch struct {
 func (s *suite) watchDuplicates(name string) *duplicateWatch {
 	ctx, cancel := context.WithCancel(s.ctx)
 	w := &duplicateWatch{stop: cancel, done: make(chan struct{})}
-	domain := scope.DomainName(namespace, name)
 	go func() {
 		defer close(w.done)
 		for ctx.Err() == nil {
-			lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
-			objs, err := s.host.ListOwned(lctx)
-			lcancel()
-			if err == nil {
-				domains, volumes := 0, 0
-				for _, o := range objs {
-					switch {
-					case o.Kind == virt.OwnedDomain && (o.Name == domain || (o.Owner != nil && o.Owner.Namespace == namespace && o.Owner.Name == name && o.Owner.Kind == "LibvirtMachine")):
-						domains++
-					case o.Kind == virt.OwnedVolume && strings.HasPrefix(o.Name, domain+"-"):
-						volumes++
-					}
-				}
+			if objs, err := s.hostObjects(); err == nil {
+				domains, volumes := machineObjects(objs, name)
 				w.mu.Lock()
-				w.maxDomains = max(w.maxDomains, domains)
-				w.maxVolumes = max(w.maxVolumes, volumes)
+				w.maxDomains = max(w.maxDomains, len(domains))
+				w.maxVolumes = max(w.maxVolumes, len(volumes))
 				w.mu.Unlock()
 			}
 			time.Sleep(500 * time.Millisecond)
@@ -147,6 +135,38 @@ func libvirtdPID() (int, error) {
 	return strconv.Atoi(fields[0])
 }
 
+// processDead tells whether process pid has exited: /proc/<pid> is gone,
+// or its state is zombie (Z) or dead (X). state is the state letter read.
+func processDead(pid int) (dead bool, state string, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+		return true, "gone", nil
+	}
+	if err != nil {
+		return false, "", err
+	}
+	state, err = procState(string(b))
+	if err != nil {
+		return false, "", err
+	}
+	return state == "Z" || state == "X" || state == "x", state, nil
+}
+
+// procState reads the state field of a /proc/<pid>/stat line: the first
+// field after the command name, which is in parentheses and may itself
+// contain spaces and parentheses.
+func procState(stat string) (string, error) {
+	i := strings.LastIndexByte(stat, ')')
+	if i < 0 {
+		return "", fmt.Errorf("malformed /proc stat %q", stat)
+	}
+	fields := strings.Fields(stat[i+1:])
+	if len(fields) == 0 {
+		return "", fmt.Errorf("malformed /proc stat %q: no state", stat)
+	}
+	return fields[0], nil
+}
+
 // restartLibvirtd kills libvirtd while a machine is being created and
 // starts it again; the machine must converge and delete cleanly.
 func (s *suite) restartLibvirtd(t *testing.T) {
@@ -160,9 +180,14 @@ func (s *suite) restartLibvirtd(t *testing.T) {
 	must(t, err)
 	t.Logf("killing libvirtd %d %.1fs after creating %s", pid, delay.Seconds(), name)
 	must(t, syscall.Kill(pid, syscall.SIGTERM))
+	// PID 1 here does not reap orphans: a dead libvirtd stays a zombie, so
+	// death is judged by the process state, not by /proc/<pid> vanishing.
 	s.waitFor(t, "libvirtd to exit", time.Minute, func() (bool, string) {
-		_, err := os.Stat(fmt.Sprintf("/proc/%d", pid))
-		return os.IsNotExist(err), "still running"
+		dead, state, err := processDead(pid)
+		if err != nil {
+			return false, err.Error()
+		}
+		return dead, "state " + state
 	})
 	// Whatever happens below, libvirtd must run again: the host is shared.
 	restarted := false
@@ -232,7 +257,7 @@ func (s *suite) deleteClusterWhileCreating(t *testing.T) {
 		}
 		return len(left) == 0, strings.Join(left, ", ")
 	})
-	if left := s.ourLibvirtObjects(false); len(left) > 0 {
+	if left := s.ourLibvirtObjects(whileClusters); len(left) > 0 {
 		t.Errorf("after deleting the Cluster, libvirt still holds: %s", strings.Join(left, ", "))
 	}
 }

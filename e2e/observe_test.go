@@ -60,13 +60,16 @@ type recorder struct {
 	// provisioned is when each Cluster's infrastructure was first seen
 	// provisioned.
 	provisioned map[string]time.Time
-	stop        context.CancelFunc
-	done        chan struct{}
+	// loadBalancers are the LibvirtClusters (by UID) whose load-balancer
+	// VM the report counted.
+	loadBalancers map[string]string
+	stop          context.CancelFunc
+	done          chan struct{}
 }
 
 func startRecorder(s *suite) *recorder {
 	ctx, cancel := context.WithCancel(s.ctx)
-	r := &recorder{s: s, machines: map[string]*timeline{}, provisioned: map[string]time.Time{}, stop: cancel, done: make(chan struct{})}
+	r := &recorder{s: s, machines: map[string]*timeline{}, provisioned: map[string]time.Time{}, loadBalancers: map[string]string{}, stop: cancel, done: make(chan struct{})}
 	s.t.Cleanup(func() { r.stop(); <-r.done })
 	go func() {
 		defer close(r.done)
@@ -97,6 +100,11 @@ func (r *recorder) observe(ctx context.Context) {
 	}
 	networks := map[string]string{} // cluster name → libvirt network
 	for _, lc := range lcs.Items {
+		if lc.Spec.LoadBalancer.Type == infrav1.LoadBalancerHAProxy && lc.Status.LoadBalancer != nil &&
+			lc.Status.LoadBalancer.Domain != nil && r.loadBalancers[string(lc.UID)] == "" {
+			r.loadBalancers[string(lc.UID)] = lc.Name
+			r.s.rep.addGuest(guestSize("load balancer", lc.Spec.LoadBalancer.VirtualHardware))
+		}
 		if lc.Status.Network != nil {
 			networks[lc.Labels[clusterv1.ClusterNameLabel]] = lc.Status.Network.Name
 		}
@@ -127,6 +135,7 @@ func (r *recorder) observe(ctx context.Context) {
 				tl.created = ct
 			}
 			r.machines[string(lm.UID)] = tl
+			r.s.rep.addGuest(guestSize("machine", lm.Spec.VirtualHardware))
 		}
 		owner := machineOwner(lm)
 		setOnce(&tl.secret, now, owner != "" && secretNamed[owner])

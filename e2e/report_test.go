@@ -11,6 +11,10 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"libvirt.org/go/libvirt"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 )
 
 // report is what the run measured; it is written as e2e-report.md and
@@ -22,6 +26,11 @@ type report struct {
 	Finished time.Time `json:"finished"`
 	Seed     uint64    `json:"seed"`
 	Passed   bool      `json:"passed"`
+	// Guests counts the VMs of the run by size, as their objects' specs
+	// say (guestSize); HostCores is the libvirt host's CPU count as libvirt
+	// reports it.
+	Guests    map[string]int `json:"guests"`
+	HostCores uint           `json:"hostCores"`
 	// Phases is the suite's timeline.
 	Phases []phaseTiming `json:"phases"`
 	// Batches are the per-machine phase figures of a group of machines
@@ -193,8 +202,8 @@ func (r *report) markdown() string {
 	}
 	fmt.Fprintf(&b, "Run %s → %s (%s), %s; fault seed %d.\n\n", r.Started.Format(time.RFC3339), r.Finished.Format(time.RFC3339),
 		r.Finished.Sub(r.Started).Round(time.Second), result, r.Seed)
-	fmt.Fprintf(&b, "Guests: TCG (domainType qemu, cpuMode maximum), 1 vCPU, 512 MiB, on a shared 2-core host. Timings are first "+
-		"observations by polling the API server and libvirt's DHCP leases every %s.\n\n", observeInterval)
+	fmt.Fprintf(&b, "%s Timings are first observations by polling the API server and libvirt's DHCP leases every %s.\n\n",
+		guestsLine(r.Guests, r.HostCores), observeInterval)
 	fmt.Fprintf(&b, "## Machine phases\n\n")
 	fmt.Fprintf(&b, "| batch | machines | eligible → domain started | lease → address | domain started → BootstrapSucceeded |\n|---|---|---|---|---|\n")
 	for _, bt := range r.Batches {
@@ -242,11 +251,69 @@ func (r *report) markdown() string {
 	return b.String()
 }
 
+// guestSize describes the virtual hardware of one VM, e.g. "machine:
+// qemu (TCG), cpuMode maximum, 1 vCPU, 512 MiB, TCG cache 64 MiB".
+func guestSize(role string, hw infrav1.VirtualHardware) string {
+	kind := string(hw.DomainType)
+	if hw.DomainType == infrav1.DomainTypeQEMU {
+		kind += " (TCG)"
+	}
+	out := fmt.Sprintf("%s: %s, cpuMode %s, %d vCPU, %d MiB", role, kind, hw.CPUMode, hw.CPUs, hw.MemoryMiB)
+	if hw.TCGTranslationCacheMiB > 0 {
+		out += fmt.Sprintf(", TCG cache %d MiB", hw.TCGTranslationCacheMiB)
+	}
+	return out
+}
+
+// addGuest counts one VM of the run under its size.
+func (r *report) addGuest(size string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.Guests == nil {
+		r.Guests = map[string]int{}
+	}
+	r.Guests[size]++
+}
+
+// guestsLine is the report's sentence about the guests and the host.
+func guestsLine(guests map[string]int, cores uint) string {
+	sizes := make([]string, 0, len(guests))
+	for size, n := range guests {
+		sizes = append(sizes, fmt.Sprintf("%d × %s", n, size))
+	}
+	slices.Sort(sizes)
+	what := "none observed"
+	if len(sizes) > 0 {
+		what = strings.Join(sizes, "; ")
+	}
+	host := "a host of unknown size"
+	if cores > 0 {
+		host = fmt.Sprintf("a shared %d-core host", cores)
+	}
+	return fmt.Sprintf("Guests (from the LibvirtMachine and LibvirtCluster specs): %s; on %s (libvirt's node info).", what, host)
+}
+
+// hostCores is the CPU count of the libvirt host at uri, read on a
+// connection of its own.
+func hostCores(uri string) (uint, error) {
+	conn, err := libvirt.NewConnect(uri)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	info, err := conn.GetNodeInfo()
+	if err != nil {
+		return 0, fmt.Errorf("libvirt node info: %w", err)
+	}
+	return info.Cpus, nil
+}
+
 func mib(b uint64) float64 { return float64(b) / (1 << 20) }
 
 // writeReport writes and prints the report.
 func (s *suite) writeReport() {
 	s.rep.Finished = time.Now()
+	s.rep.HostCores = s.cores
 	s.rep.Passed = !s.t.Failed()
 	md := s.rep.markdown()
 	s.rep.mu.Lock()

@@ -70,6 +70,11 @@ type suite struct {
 	state string
 	rng   *rand.Rand
 	seed  uint64
+	// cores is the libvirt host's CPU count, for the report.
+	cores uint
+	// imagesBefore are the base images and import markers the host held
+	// before the run (imagesBefore).
+	imagesBefore map[string]bool
 
 	demo      demoObjects
 	bootStart time.Time
@@ -117,15 +122,25 @@ func newSuite(t *testing.T) *suite {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	s.ctx = ctx
-	// Registered first, so they run last: the report covers the teardown,
-	// and the teardown runs even when the test fails half way.
-	t.Cleanup(s.writeReport)
-	t.Cleanup(cancel)
-	t.Cleanup(func() {
-		if !s.isDown() {
-			s.down(false)
-		}
-	})
+	// One cleanup tears the run down, in the order written here rather than
+	// the reverse order of registration: the run's objects are deleted and
+	// swept before the suite's libvirt client is closed, and the report,
+	// written last, covers the teardown. It runs even when the test fails
+	// half way.
+	t.Cleanup(inOrder(
+		func() {
+			if !s.isDown() {
+				s.down(false)
+			}
+		},
+		func() {
+			if s.host != nil {
+				_ = s.host.Close()
+			}
+		},
+		cancel,
+		s.writeReport,
+	))
 
 	var err error
 	s.state, err = os.MkdirTemp("", "capl-e2e-plane-")
@@ -134,10 +149,15 @@ func newSuite(t *testing.T) *suite {
 	defer dialCancel()
 	s.host, err = virt.Dial(dialCtx, s.uri, virt.WithReconnectBudget(3*time.Minute))
 	must(t, err)
-	t.Cleanup(func() { _ = s.host.Close() })
+	s.cores, err = hostCores(s.uri)
+	must(t, err)
 	// Leftovers of an earlier, interrupted run in this namespace would
-	// make every check below ambiguous.
-	if left := s.ourLibvirtObjects(false); len(left) > 0 {
+	// make every check below ambiguous. The base images and import markers
+	// already on the host are not the run's.
+	objs, err := s.hostObjects()
+	must(t, err)
+	s.imagesBefore = imagesBefore(objs)
+	if left := names(runObjects(objs, afterDown, s.imagesBefore)); len(left) > 0 {
 		t.Fatalf("libvirt still holds objects of namespace %q from an earlier run: %s (remove them first)", namespace, strings.Join(left, ", "))
 	}
 
@@ -161,6 +181,15 @@ func newSuite(t *testing.T) *suite {
 	return s
 }
 
+// inOrder returns a function that calls steps in the order given.
+func inOrder(steps ...func()) func() {
+	return func() {
+		for _, f := range steps {
+			f()
+		}
+	}
+}
+
 func (s *suite) isDown() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -177,7 +206,7 @@ func (s *suite) down(strict bool) {
 	s.downDone = true
 	s.mu.Unlock()
 	t := s.t
-	if s.state == "" || s.host == nil {
+	if s.state == "" || s.host == nil || s.imagesBefore == nil {
 		// Failed before the plane had a state directory: there is nothing
 		// to take down, and an empty StateDir would make Down take down
 		// the default plane of `make up` instead.
@@ -192,7 +221,7 @@ func (s *suite) down(strict bool) {
 		}
 		stop()
 	}
-	if left := s.ourLibvirtObjects(false); len(left) > 0 {
+	if left := s.ourLibvirtObjects(whileClusters); len(left) > 0 {
 		msg := fmt.Sprintf("after deleting every object, libvirt still holds: %s", strings.Join(left, ", "))
 		if strict {
 			t.Error(msg)
@@ -211,11 +240,16 @@ func (s *suite) down(strict bool) {
 	s.rep.note("devplane.Down removed %d domains, %d networks, %d volumes (%v), %d pools; kept: %v",
 		len(rep.Domains), len(rep.Networks), len(rep.Volumes), rep.Volumes, len(rep.Pools), rep.Kept)
 	// Whatever Down did, nothing of this run may outlive it; on a failed
-	// run this removes what is left.
-	for _, o := range s.sweepOurs(ctx) {
+	// run this removes what is left. Both look at the host on connections
+	// of their own.
+	swept, err := s.sweepOurs(ctx)
+	for _, o := range swept {
 		t.Errorf("swept after devplane.Down: %s", o)
 	}
-	if left := s.ourLibvirtObjects(true); len(left) > 0 {
+	if err != nil {
+		t.Error(err)
+	}
+	if left := s.ourLibvirtObjects(afterDown); len(left) > 0 {
 		t.Errorf("libvirt objects of the run left after the sweep: %s", strings.Join(left, ", "))
 	}
 	_ = os.RemoveAll(s.state)
@@ -287,88 +321,6 @@ func items(list client.ObjectList) []client.Object {
 		out = append(out, o.(client.Object))
 	}
 	return out
-}
-
-// runPrefix starts the name of every libvirt object the provider makes
-// for the namespace (domains, networks, overlays, seed ISOs).
-var runPrefix = scope.DomainName(namespace, "")
-
-// e2ePool is the demo's storage pool: the run's own, so that the base
-// images imported into it are the run's too and Down may remove them.
-const e2ePool = "capl-e2e-pool"
-
-// imageVolumePrefix starts the names of base images imported from a URL.
-const imageVolumePrefix = virt.NamePrefix + "image-sha256-"
-
-// ours tells whether a libvirt object belongs to this run: named for the
-// namespace, owned by it, or a volume of the run's pool.
-func ours(o virt.OwnedObject) bool {
-	return strings.HasPrefix(o.Name, runPrefix) || (o.Owner != nil && o.Owner.Namespace == namespace) ||
-		(o.Kind == virt.OwnedVolume && o.Pool == e2ePool)
-}
-
-// isBaseImage tells a cached base image from a machine's volumes.
-func isBaseImage(o virt.OwnedObject) bool {
-	return o.Kind == virt.OwnedVolume && strings.HasPrefix(o.Name, imageVolumePrefix)
-}
-
-// ourLibvirtObjects lists the run's domains, networks and volumes; base
-// images (which outlive clusters until Down) only with images.
-func (s *suite) ourLibvirtObjects(images bool) []string {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	objs, err := s.host.ListOwned(ctx)
-	if err != nil {
-		return []string{"listing libvirt objects failed: " + err.Error()}
-	}
-	var out []string
-	for _, o := range objs {
-		if ours(o) && (images || !isBaseImage(o)) {
-			out = append(out, describe(o))
-		}
-	}
-	return out
-}
-
-func describe(o virt.OwnedObject) string {
-	if o.Pool != "" {
-		return fmt.Sprintf("%s %s/%s", o.Kind, o.Pool, o.Name)
-	}
-	return fmt.Sprintf("%s %s", o.Kind, o.Name)
-}
-
-// sweepOurs deletes the run's libvirt objects (domains first, then
-// volumes, then networks) and returns what it removed. It never touches
-// objects of other namespaces: the host is shared.
-func (s *suite) sweepOurs(ctx context.Context) []string {
-	objs, err := s.host.ListOwned(ctx)
-	if err != nil {
-		s.t.Errorf("sweep: listing libvirt objects: %v", err)
-		return nil
-	}
-	var removed []string
-	for _, kind := range []virt.OwnedKind{virt.OwnedDomain, virt.OwnedVolume, virt.OwnedNetwork} {
-		for _, o := range objs {
-			if o.Kind != kind || !ours(o) {
-				continue
-			}
-			var err error
-			switch kind {
-			case virt.OwnedDomain:
-				err = s.host.DeleteDomain(ctx, o.Name)
-			case virt.OwnedVolume:
-				err = s.host.DeleteVolume(ctx, o.Pool, o.Name)
-			case virt.OwnedNetwork:
-				err = s.host.DeleteNetwork(ctx, o.Name)
-			}
-			if err != nil && !virt.IsNotFound(err) {
-				s.t.Errorf("sweep: deleting %s: %v", describe(o), err)
-				continue
-			}
-			removed = append(removed, describe(o))
-		}
-	}
-	return removed
 }
 
 // saveLogs copies the plane's logs into the artifacts directory.
@@ -490,40 +442,6 @@ func (s *suite) waitGone(t *testing.T, timeout time.Duration, objs ...client.Obj
 			return false, fmt.Sprintf("still there (finalizers %v)", o.GetFinalizers())
 		})
 	}
-}
-
-// machineLeftovers lists the libvirt objects the LibvirtMachine name may
-// still have: its domain, its volumes, and the DHCP reservations of any of
-// its MACs on the cluster network.
-func (s *suite) machineLeftovers(name, uid, network string) []string {
-	ctx, cancel := context.WithTimeout(s.ctx, 2*time.Minute)
-	defer cancel()
-	domain := scope.DomainName(namespace, name)
-	var left []string
-	objs, err := s.host.ListOwned(ctx)
-	if err != nil {
-		return []string{"listing: " + err.Error()}
-	}
-	for _, o := range objs {
-		if o.Name == domain || strings.HasPrefix(o.Name, domain+"-") ||
-			(o.Owner != nil && o.Owner.Namespace == namespace && o.Owner.Name == name && o.Owner.Kind == "LibvirtMachine") {
-			left = append(left, describe(o))
-		}
-	}
-	if network != "" && uid != "" {
-		res, err := s.host.Reservations(ctx, network)
-		if err != nil && !virt.IsNotFound(err) {
-			left = append(left, "reservations: "+err.Error())
-		}
-		for _, r := range res {
-			for _, mac := range scope.MACCandidates(uid, 4) {
-				if strings.EqualFold(r.MAC, mac.String()) {
-					left = append(left, fmt.Sprintf("reservation %s %s on %s", r.MAC, r.IP, network))
-				}
-			}
-		}
-	}
-	return left
 }
 
 // clusterNetwork is the libvirt network of the demo cluster.

@@ -33,6 +33,8 @@ type Object struct {
 	// extra directories it is that directory.
 	Pool string
 	Name string
+	// Dir is the directory a file is in.
+	Dir string
 	// Owner is the owner element of a domain's or network's metadata, nil
 	// without one.
 	Owner *virt.Owner
@@ -198,7 +200,7 @@ func dirEntries(dir, pool string, known []string) []Object {
 	var out []Object
 	for _, e := range entries {
 		if !slices.Contains(known, e.Name()) {
-			out = append(out, Object{Kind: KindFile, Pool: pool, Name: e.Name()})
+			out = append(out, Object{Kind: KindFile, Pool: pool, Name: e.Name(), Dir: dir})
 		}
 	}
 	return out
