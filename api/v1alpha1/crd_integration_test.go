@@ -3,14 +3,22 @@ package v1alpha1_test
 import (
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -104,97 +112,248 @@ func TestCRDNamesFollowTheContract(t *testing.T) {
 	}
 }
 
-// TestRoundTrip stores every kind with every field set and reads it back,
-// status included, so no field is lost to a schema mistake.
+// TestRoundTrip stores objects of every kind, spec and status, and reads
+// them back: the whole object must come back equal, so no field is lost to
+// a schema mistake (a property missing from the CRD is pruned by the API
+// server). Some fields exclude each other (an image is a volume or a URL),
+// so each kind has a few variants; together they set every field of the
+// Go types, which roundTripCoverage checks by reflection, so a field added
+// later cannot be left out of the test.
 func TestRoundTrip(t *testing.T) {
 	requireEnv(t)
 	ctx := context.Background()
+	// The API server keeps times to the second.
+	now := metav1.NewTime(time.Now().Truncate(time.Second))
+	urlImage := infrav1.ImageSource{URL: "https://images.example/debian-12.qcow2", Checksum: validChecksum}
+	volumeImage := infrav1.ImageSource{Volume: &infrav1.VolumeReference{Pool: "images", Name: "capl-debian-12.qcow2"}}
+	tcg := infrav1.VirtualHardware{CPUs: 2, MemoryMiB: 1024, DomainType: infrav1.DomainTypeQEMU, CPUMode: infrav1.CPUModeMaximum, TCGTranslationCacheMiB: 128}
+	kvm := infrav1.VirtualHardware{CPUs: 4, MemoryMiB: 4096, DomainType: infrav1.DomainTypeKVM, CPUMode: infrav1.CPUModeHostModel}
+	conditions := []metav1.Condition{{
+		Type: infrav1.DomainReadyCondition, Status: metav1.ConditionFalse, ObservedGeneration: 1,
+		LastTransitionTime: now, Reason: "DomainStarting", Message: "starting the domain",
+	}}
+	domain := &infrav1.DomainStatus{Name: "capl-default.roundtrip", UUID: "3c2b5f1e-8a7d-4c3b-9e1f-0a1b2c3d4e5f", MAC: "52:54:00:aa:bb:cc", State: "running", Host: "host-a"}
 
-	machine := validMachine("roundtrip")
-	machine.Spec.ProviderID = "libvirt:///3c2b5f1e-8a7d-4c3b-9e1f-0a1b2c3d4e5f"
-	machineStatus := infrav1.LibvirtMachineStatus{
-		Initialization: infrav1.Initialization{Provisioned: ptr.To(true)},
-		Ready:          true,
-		Addresses: []clusterv1.MachineAddress{
-			{Type: clusterv1.MachineInternalIP, Address: "192.168.150.10"},
-			{Type: clusterv1.MachineHostName, Address: "roundtrip"},
-		},
-		FailureDomain: "host-a",
-		Domain:        &infrav1.DomainStatus{Name: "capl.default.roundtrip", UUID: "3c2b5f1e-8a7d-4c3b-9e1f-0a1b2c3d4e5f", MAC: "52:54:00:aa:bb:cc", State: "running", Host: "host-a"},
-		Conditions: []metav1.Condition{{
-			Type: infrav1.DomainReadyCondition, Status: metav1.ConditionTrue, Reason: infrav1.ReadyReason, LastTransitionTime: metav1.Now(),
-		}},
+	machineSpecs := []infrav1.LibvirtMachineSpec{
+		{ProviderID: infrav1.ProviderIDPrefix + domain.UUID, Image: urlImage, VirtualHardware: tcg, DiskSizeGiB: 20,
+			Network: &infrav1.NetworkAttachment{Bridge: "br0"}},
+		{Image: volumeImage, VirtualHardware: kvm, DiskSizeGiB: 40, Network: &infrav1.NetworkAttachment{Name: "default"}},
 	}
-	roundTrip(ctx, t, machine, &infrav1.LibvirtMachine{}, func() { machine.Status = machineStatus },
-		func(got client.Object) bool {
-			g := got.(*infrav1.LibvirtMachine)
-			return g.Spec.ProviderID == machine.Spec.ProviderID && g.Spec.CPUs == 2 && g.Spec.Network.Bridge == "br0" &&
-				g.Status.Initialization.IsProvisioned() && g.Status.Ready && len(g.Status.Addresses) == 2 &&
-				g.Status.Domain.UUID == machineStatus.Domain.UUID && len(g.Status.Conditions) == 1
-		})
+	clusterSpecs := []infrav1.LibvirtClusterSpec{{
+		ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: "192.168.150.2", Port: 6443},
+		Network:              infrav1.ClusterNetwork{CIDR: "192.168.150.0/24"},
+		LoadBalancer:         infrav1.LoadBalancer{Type: infrav1.LoadBalancerHAProxy, Image: &volumeImage, VirtualHardware: tcg},
+		StoragePool:          infrav1.StoragePool{Name: "capi-libvirt", Path: "/var/lib/libvirt/capi-libvirt"},
+		FailureDomains:       []infrav1.FailureDomainSpec{{Name: "host-a", ControlPlane: ptr.To(true), Attributes: map[string]string{"rack": "r1"}}},
+	}, {
+		Network:      infrav1.ClusterNetwork{Name: "default"},
+		LoadBalancer: infrav1.LoadBalancer{Type: infrav1.LoadBalancerHAProxy, Image: &urlImage, VirtualHardware: kvm},
+	}, {
+		ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: "10.0.0.10", Port: 7443},
+		Network:              infrav1.ClusterNetwork{Bridge: "br0"},
+		LoadBalancer:         infrav1.LoadBalancer{Type: infrav1.LoadBalancerNone},
+	}}
+	templateMeta := clusterv1.ObjectMeta{Labels: map[string]string{"role": "worker"}, Annotations: map[string]string{"note": "roundtrip"}}
 
-	cluster := validCluster("roundtrip")
-	clusterStatus := infrav1.LibvirtClusterStatus{
-		Initialization: infrav1.Initialization{Provisioned: ptr.To(true)},
-		Ready:          true,
-		FailureDomains: []clusterv1.FailureDomain{{Name: "host-a", ControlPlane: ptr.To(true)}},
-		Network:        &infrav1.NetworkStatus{Name: "capl-default-roundtrip", Bridge: "capl0123456789a", CIDR: "192.168.150.0/24", Managed: true},
-		LoadBalancer: &infrav1.LoadBalancerStatus{
-			Address:  "192.168.150.2",
-			Backends: []infrav1.LoadBalancerBackend{{Machine: "cp-0", Address: "192.168.150.10", State: infrav1.BackendDraining}},
-		},
+	var machines, machineTemplates, clusters, clusterTemplates []client.Object
+	for i, spec := range machineSpecs {
+		m := &infrav1.LibvirtMachine{ObjectMeta: objectMeta("machine", i), Spec: spec, Status: infrav1.LibvirtMachineStatus{
+			Conditions:     conditions,
+			Initialization: infrav1.Initialization{Provisioned: ptr.To(true)},
+			Ready:          true,
+			Addresses: []clusterv1.MachineAddress{
+				{Type: clusterv1.MachineInternalIP, Address: "192.168.150.10"},
+				{Type: clusterv1.MachineHostName, Address: "roundtrip"},
+			},
+			FailureDomain:  "host-a",
+			Domain:         domain,
+			FailureReason:  ptr.To("CreateError"),
+			FailureMessage: ptr.To("the domain could not be defined"),
+		}}
+		machines = append(machines, m)
+		spec.ProviderID = "" // refused in templates
+		mt := &infrav1.LibvirtMachineTemplate{ObjectMeta: objectMeta("machinetemplate", i)}
+		mt.Spec.Template = infrav1.LibvirtMachineTemplateResource{ObjectMeta: templateMeta, Spec: spec}
+		machineTemplates = append(machineTemplates, mt)
 	}
-	roundTrip(ctx, t, cluster, &infrav1.LibvirtCluster{}, func() { cluster.Status = clusterStatus },
-		func(got client.Object) bool {
-			g := got.(*infrav1.LibvirtCluster)
-			return g.Spec.Network.CIDR == "192.168.150.0/24" && g.Spec.LoadBalancer.MemoryMiB == 512 &&
-				g.Status.Initialization.IsProvisioned() && g.Status.FailureDomains[0].Name == "host-a" &&
-				g.Status.LoadBalancer.Backends[0].State == infrav1.BackendDraining && g.Status.Network.Managed
-		})
+	for i, spec := range clusterSpecs {
+		c := &infrav1.LibvirtCluster{ObjectMeta: objectMeta("cluster", i), Spec: spec, Status: infrav1.LibvirtClusterStatus{
+			Conditions:     conditions,
+			Initialization: infrav1.Initialization{Provisioned: ptr.To(true)},
+			Ready:          true,
+			FailureDomains: []clusterv1.FailureDomain{{Name: "host-a", ControlPlane: ptr.To(true), Attributes: map[string]string{"rack": "r1"}}},
+			Network:        &infrav1.NetworkStatus{Name: "capl-default.roundtrip", Bridge: "capl0123456789a", CIDR: "192.168.150.0/24", Managed: true},
+			LoadBalancer: &infrav1.LoadBalancerStatus{
+				Domain:         domain,
+				Address:        "192.168.150.2",
+				Backends:       []infrav1.LoadBalancerBackend{{Machine: "cp-0", Address: "192.168.150.10", State: infrav1.BackendDraining}},
+				ConfigHash:     "sha256:0123",
+				LastReloadTime: &now,
+			},
+			FailureReason:  ptr.To("CreateError"),
+			FailureMessage: ptr.To("the network could not be created"),
+		}}
+		clusters = append(clusters, c)
+		ct := &infrav1.LibvirtClusterTemplate{ObjectMeta: objectMeta("clustertemplate", i)}
+		ct.Spec.Template = infrav1.LibvirtClusterTemplateResource{ObjectMeta: templateMeta, Spec: spec}
+		clusterTemplates = append(clusterTemplates, ct)
+	}
 
-	machineTemplate := &infrav1.LibvirtMachineTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "roundtrip", Namespace: namespace},
-		Spec: infrav1.LibvirtMachineTemplateSpec{Template: infrav1.LibvirtMachineTemplateResource{
-			ObjectMeta: clusterv1.ObjectMeta{Labels: map[string]string{"role": "worker"}},
-			Spec:       validMachine("unused").Spec,
-		}},
+	for _, kind := range []struct {
+		objs    []client.Object
+		new     func() client.Object
+		exempt  []string
+		hasStat bool
+	}{
+		{machines, func() client.Object { return &infrav1.LibvirtMachine{} }, nil, true},
+		{clusters, func() client.Object { return &infrav1.LibvirtCluster{} }, nil, true},
+		{machineTemplates, func() client.Object { return &infrav1.LibvirtMachineTemplate{} },
+			[]string{"spec.template.spec.providerID"}, false},
+		{clusterTemplates, func() client.Object { return &infrav1.LibvirtClusterTemplate{} }, nil, false},
+	} {
+		if missing := roundTripCoverage(kind.objs, kind.exempt); len(missing) > 0 {
+			t.Errorf("%T: no variant sets %v: the round trip would not notice if the CRD lost them", kind.objs[0], missing)
+		}
+		for _, want := range kind.objs {
+			got := kind.new()
+			roundTrip(ctx, t, want, got, kind.hasStat)
+			normalize(want)
+			normalize(got)
+			if !equality.Semantic.DeepEqual(want, got) {
+				t.Errorf("%T %s did not round-trip (-sent +read back):\n%s", want, want.GetName(), cmp.Diff(want, got))
+			}
+		}
 	}
-	roundTrip(ctx, t, machineTemplate, &infrav1.LibvirtMachineTemplate{}, nil, func(got client.Object) bool {
-		g := got.(*infrav1.LibvirtMachineTemplate)
-		return g.Spec.Template.ObjectMeta.Labels["role"] == "worker" && g.Spec.Template.Spec.MemoryMiB == 1024
-	})
-
-	clusterTemplate := &infrav1.LibvirtClusterTemplate{
-		ObjectMeta: metav1.ObjectMeta{Name: "roundtrip", Namespace: namespace},
-		Spec: infrav1.LibvirtClusterTemplateSpec{Template: infrav1.LibvirtClusterTemplateResource{
-			Spec: validCluster("unused").Spec,
-		}},
-	}
-	roundTrip(ctx, t, clusterTemplate, &infrav1.LibvirtClusterTemplate{}, nil, func(got client.Object) bool {
-		g := got.(*infrav1.LibvirtClusterTemplate)
-		return g.Spec.Template.Spec.FailureDomains[0].Name == "host-a"
-	})
 }
 
-// roundTrip creates obj, optionally sets its status through the status
-// subresource, reads it back into into and checks it with same.
-func roundTrip(ctx context.Context, t *testing.T, obj, into client.Object, setStatus func(), same func(client.Object) bool) {
+func objectMeta(kind string, i int) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Name: fmt.Sprintf("roundtrip-%s-%d", kind, i), Namespace: namespace,
+		Labels: map[string]string{"app": "roundtrip"}, Annotations: map[string]string{"note": "roundtrip"}}
+}
+
+// roundTrip creates a copy of obj, writes its status through the status
+// subresource when the kind has one, and reads the object back into into.
+func roundTrip(ctx context.Context, t *testing.T, obj, into client.Object, hasStatus bool) {
 	t.Helper()
-	if err := env.Client.Create(ctx, obj); err != nil {
-		t.Fatalf("create %T: %v", obj, err)
+	sent := obj.DeepCopyObject().(client.Object)
+	if err := env.Client.Create(ctx, sent); err != nil {
+		t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
 	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
-	if setStatus != nil {
-		setStatus()
-		if err := env.Client.Status().Update(ctx, obj); err != nil {
-			t.Fatalf("status update %T: %v", obj, err)
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sent) })
+	if hasStatus {
+		// Create ignores status; copy it onto what the server returned.
+		withStatus := obj.DeepCopyObject().(client.Object)
+		withStatus.SetResourceVersion(sent.GetResourceVersion())
+		if err := env.Client.Status().Update(ctx, withStatus); err != nil {
+			t.Fatalf("status update %T %s: %v", obj, obj.GetName(), err)
 		}
 	}
 	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(obj), into); err != nil {
-		t.Fatalf("get %T: %v", obj, err)
+		t.Fatalf("get %T %s: %v", obj, obj.GetName(), err)
 	}
-	if !same(into) {
-		t.Errorf("%T did not round-trip: got %+v", obj, into)
+}
+
+// normalize clears what the API server sets, so that the object sent and
+// the object read back compare equal when nothing was lost.
+func normalize(obj client.Object) {
+	obj.GetObjectKind().SetGroupVersionKind(schema.GroupVersionKind{})
+	obj.SetUID("")
+	obj.SetResourceVersion("")
+	obj.SetGeneration(0)
+	obj.SetCreationTimestamp(metav1.Time{})
+	obj.SetManagedFields(nil)
+}
+
+// roundTripCoverage returns the fields of the objects' spec and status
+// (JSON paths, "[]" for list elements) that no object sets to a non-zero
+// value, leaving out exempt ones.
+func roundTripCoverage(objs []client.Object, exempt []string) []string {
+	set := map[string]bool{}
+	all := map[string]bool{}
+	for _, o := range objs {
+		v := reflect.ValueOf(o).Elem()
+		for _, f := range []string{"Spec", "Status"} {
+			if fv := v.FieldByName(f); fv.IsValid() {
+				name := strings.ToLower(f)
+				leafPaths(fv.Type(), name, all)
+				setPaths(fv, name, set)
+			}
+		}
+	}
+	var missing []string
+	for p := range all {
+		if !set[p] && !slices.Contains(exempt, p) {
+			missing = append(missing, p)
+		}
+	}
+	slices.Sort(missing)
+	return missing
+}
+
+var timeType = reflect.TypeOf(metav1.Time{})
+
+// jsonName is the JSON name of a struct field; "" for an inlined one.
+func jsonName(f reflect.StructField) string {
+	name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+	if name == "" && !f.Anonymous {
+		return f.Name
+	}
+	return name
+}
+
+func join(path, name string) string {
+	if name == "" {
+		return path
+	}
+	return path + "." + name
+}
+
+// leafPaths adds every leaf field path of t under path to out.
+func leafPaths(t reflect.Type, path string, out map[string]bool) {
+	switch {
+	case t == timeType:
+		out[path] = true
+	case t.Kind() == reflect.Pointer:
+		leafPaths(t.Elem(), path, out)
+	case t.Kind() == reflect.Slice:
+		leafPaths(t.Elem(), path+"[]", out)
+	case t.Kind() == reflect.Struct:
+		for i := range t.NumField() {
+			if f := t.Field(i); f.IsExported() {
+				leafPaths(f.Type, join(path, jsonName(f)), out)
+			}
+		}
+	default: // scalars and maps
+		out[path] = true
+	}
+}
+
+// setPaths adds the leaf field paths under path that v sets to a non-zero
+// value to out.
+func setPaths(v reflect.Value, path string, out map[string]bool) {
+	switch {
+	case v.Type() == timeType:
+		if !v.IsZero() {
+			out[path] = true
+		}
+	case v.Kind() == reflect.Pointer:
+		if !v.IsNil() {
+			setPaths(v.Elem(), path, out)
+		}
+	case v.Kind() == reflect.Slice:
+		for i := range v.Len() {
+			setPaths(v.Index(i), path+"[]", out)
+		}
+	case v.Kind() == reflect.Struct:
+		for i := range v.NumField() {
+			if f := v.Type().Field(i); f.IsExported() {
+				setPaths(v.Field(i), join(path, jsonName(f)), out)
+			}
+		}
+	default:
+		if !v.IsZero() {
+			out[path] = true
+		}
 	}
 }
 
@@ -323,5 +482,25 @@ func TestKubectlApplyRefusesInvalidMachine(t *testing.T) {
 				t.Errorf("kubectl output does not name %q:\n%s", tt.want, out)
 			}
 		})
+	}
+}
+
+// TestRoundTripCoverage checks the check: a field no object sets is
+// reported, with its JSON path, and one that some object sets is not.
+func TestRoundTripCoverage(t *testing.T) {
+	objs := []client.Object{
+		&infrav1.LibvirtMachine{Spec: infrav1.LibvirtMachineSpec{Image: infrav1.ImageSource{URL: "https://x"}}},
+		&infrav1.LibvirtMachine{Spec: infrav1.LibvirtMachineSpec{VirtualHardware: infrav1.VirtualHardware{CPUs: 1}}},
+	}
+	missing := roundTripCoverage(objs, []string{"spec.providerID"})
+	for _, want := range []string{"spec.image.checksum", "spec.image.volume.name", "spec.memoryMiB", "status.conditions[].lastTransitionTime", "status.domain.uuid"} {
+		if !slices.Contains(missing, want) {
+			t.Errorf("missing %v lacks %s", missing, want)
+		}
+	}
+	for _, set := range []string{"spec.image.url", "spec.cpus", "spec.providerID"} {
+		if slices.Contains(missing, set) {
+			t.Errorf("missing %v has %s, which is set or exempt", missing, set)
+		}
 	}
 }

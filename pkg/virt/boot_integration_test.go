@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"libvirt.org/go/libvirt"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/cloudinit"
@@ -156,8 +158,11 @@ func TestBootGuestThroughReservedLease(t *testing.T) {
 	if err := e.c.ShutdownDomain(ctx, name, 3*time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	released := leaseGone(ctx, e.c, netSpec.Name, mac, 10*time.Second)
-	t.Logf("graceful shutdown took %v; lease released by the guest: %v", time.Since(stop).Round(time.Second), released)
+	if err := leaseGone(e.conn, netSpec.Name, mac, 30*time.Second); err != nil {
+		t.Errorf("after a graceful shutdown (%v): %v; the guest's DHCP client did not release its lease", time.Since(stop).Round(time.Second), err)
+	} else {
+		t.Logf("graceful shutdown took %v; the guest released its lease", time.Since(stop).Round(time.Second))
+	}
 
 	step = time.Now()
 	if err := e.c.DeleteDomain(ctx, name); err != nil {
@@ -240,16 +245,31 @@ func waitGuestFile(t *testing.T, c virt.Host, domain, path string, timeout time.
 	return nil
 }
 
-// leaseGone reports whether mac's lease disappears within wait.
-func leaseGone(ctx context.Context, c virt.Host, network, mac string, wait time.Duration) bool {
+// leaseGone waits up to wait for the DHCP lease of mac on network to
+// disappear, reading the leases through conn (not through the engine under
+// test), and says what it last saw when it does not.
+func leaseGone(conn *libvirt.Connect, network, mac string, wait time.Duration) error {
+	n, err := conn.LookupNetworkByName(network)
+	if err != nil {
+		return err
+	}
+	defer n.Free()
 	for deadline := time.Now().Add(wait); ; time.Sleep(time.Second) {
-		addrs, err := c.Addresses(ctx, virt.AddressQuery{Network: network, MAC: mac})
-		gone := err == nil
-		for _, a := range addrs {
-			gone = gone && a.Source != virt.AddressSourceLease
+		leases, err := n.GetDHCPLeases()
+		if err != nil {
+			return err
 		}
-		if gone || time.Now().After(deadline) {
-			return gone
+		var held []string
+		for _, l := range leases {
+			if netalloc.SameMAC(l.Mac, mac) {
+				held = append(held, l.IPaddr)
+			}
+		}
+		if len(held) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s still holds a lease of %v after %v", mac, held, wait)
 		}
 	}
 }
