@@ -83,25 +83,8 @@ func scanDomains(conn *libvirt.Connect) ([]Object, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing domains: %w", err)
 	}
-	var out []Object
-	var errs []error
-	for i := range doms {
-		name, err := doms[i].GetName()
-		doc := ""
-		if err == nil {
-			doc, err = doms[i].GetXMLDesc(0)
-		}
-		_ = doms[i].Free()
-		if virt.IsNotFound(err) {
-			continue // vanished while listing
-		}
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		out = append(out, Object{Kind: KindDomain, Name: name, Owner: owner(doc)})
-	}
-	return out, errors.Join(errs...)
+	return describeAll(doms, KindDomain, (*libvirt.Domain).GetName,
+		func(d *libvirt.Domain) (string, error) { return d.GetXMLDesc(0) }, (*libvirt.Domain).Free)
 }
 
 func scanNetworks(conn *libvirt.Connect) ([]Object, error) {
@@ -109,23 +92,30 @@ func scanNetworks(conn *libvirt.Connect) ([]Object, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing networks: %w", err)
 	}
+	return describeAll(nets, KindNetwork, (*libvirt.Network).GetName,
+		func(n *libvirt.Network) (string, error) { return n.GetXMLDesc(0) }, (*libvirt.Network).Free)
+}
+
+// describeAll turns listed domains or networks into Objects with their
+// owner metadata, freeing each; one that vanished while listing is
+// skipped.
+func describeAll[T any](objs []T, kind string, name, xml func(*T) (string, error), free func(*T) error) ([]Object, error) {
 	var out []Object
 	var errs []error
-	for i := range nets {
-		name, err := nets[i].GetName()
+	for i := range objs {
+		n, err := name(&objs[i])
 		doc := ""
 		if err == nil {
-			doc, err = nets[i].GetXMLDesc(0)
+			doc, err = xml(&objs[i])
 		}
-		_ = nets[i].Free()
-		if virt.IsNotFound(err) {
-			continue
-		}
-		if err != nil {
+		_ = free(&objs[i])
+		switch {
+		case virt.IsNotFound(err):
+		case err != nil:
 			errs = append(errs, err)
-			continue
+		default:
+			out = append(out, Object{Kind: kind, Name: n, Owner: owner(doc)})
 		}
-		out = append(out, Object{Kind: KindNetwork, Name: name, Owner: owner(doc)})
 	}
 	return out, errors.Join(errs...)
 }
