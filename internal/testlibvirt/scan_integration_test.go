@@ -13,9 +13,9 @@ import (
 // TestCheckNothingOwnedSeesWhatListOwnedCannot leaves, on the real host,
 // the leaks pkg/virt's ListOwned is blind to (a domain and a network
 // without our metadata, a volume file the pool was never refreshed for, an
-// import marker, the directory of a pool whose definition is gone) and
-// checks that CheckNothingOwned names each of them, then nothing once they
-// are removed.
+// import marker, the directory of a pool whose definition is gone, a file
+// in a pool the test still uses) and checks that CheckNothingOwned names
+// each of them but not the pool in use, then nothing once they are removed.
 func TestCheckNothingOwnedSeesWhatListOwnedCannot(t *testing.T) {
 	uri := URI(t)
 	conn, err := libvirt.NewConnect(uri)
@@ -67,6 +67,12 @@ func TestCheckNothingOwnedSeesWhatListOwnedCannot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A pool of this test, still in use: expected, but not a file in it.
+	live := Pool(t, uri, Client(t, uri))
+	stray := filepath.Join(PoolRoot, live, "stray.qcow2")
+	if err := os.WriteFile(stray, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	// The directory of a test pool whose definition is gone.
 	orphanDir := filepath.Join(PoolRoot, name+"-pool")
 	if err := os.Mkdir(orphanDir, 0o755); err != nil {
@@ -84,9 +90,15 @@ func TestCheckNothingOwnedSeesWhatListOwnedCannot(t *testing.T) {
 		"file " + other + "/" + name + "-root.qcow2",
 		"file " + other + "/" + name + "-base.qcow2.partial",
 		"file " + PoolRoot + "/" + name + "-pool",
+		"file " + live + "/stray.qcow2",
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("CheckNothingOwned does not name %q: %v", want, err)
+		}
+	}
+	for _, notWant := range []string{"pool " + live, "file " + PoolRoot + "/" + live + ","} {
+		if strings.Contains(err.Error()+",", notWant) {
+			t.Errorf("CheckNothingOwned names %q, a pool the test still uses: %v", notWant, err)
 		}
 	}
 
@@ -100,6 +112,9 @@ func TestCheckNothingOwnedSeesWhatListOwnedCannot(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := os.RemoveAll(orphanDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(stray); err != nil {
 		t.Fatal(err)
 	}
 	if err := CheckNothingOwned(uri); err != nil {
