@@ -151,7 +151,8 @@ func TestRoundTrip(t *testing.T) {
 	}, {
 		ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: "10.0.0.10", Port: 7443},
 		Network:              infrav1.ClusterNetwork{Bridge: "br0"},
-		LoadBalancer:         infrav1.LoadBalancer{Type: infrav1.LoadBalancerNone},
+		// domainType is the CRD's default, so the object read back has it.
+		LoadBalancer: infrav1.LoadBalancer{Type: infrav1.LoadBalancerNone, VirtualHardware: infrav1.VirtualHardware{DomainType: infrav1.DomainTypeKVM}},
 	}}
 	templateMeta := clusterv1.ObjectMeta{Labels: map[string]string{"role": "worker"}, Annotations: map[string]string{"note": "roundtrip"}}
 
