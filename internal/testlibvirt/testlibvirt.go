@@ -173,10 +173,11 @@ func DestroyPool(uri, name string) error {
 // uri that this process's tests made: a domain, network, pool, volume or
 // pool-directory entry named with a name handed out by Name (or, as the
 // namespace of the provider's names, "capl-<name>.…"), anything in such a
-// pool, and a domain or network whose owner metadata names such a name. It looks through Scan, not through pkg/virt, so an
-// object that lost (or never got) its metadata is found by its name, and
-// a file libvirt does not know about by the pool's directory; PoolRoot is
-// also listed, for the directories of test pools whose definition is gone.
+// pool, and a domain or network whose owner metadata names such a name.
+// It looks through Scan, not through pkg/virt, so an object that lost (or
+// never got) its metadata is found by its name, and a file libvirt does
+// not know about by the pool's directory; PoolRoot is also listed, for the
+// directories of test pools whose definition is gone.
 // A pool made by Pool whose cleanup has not run yet, and its directory, are
 // expected; what is in them is not.
 func CheckNothingOwned(uri string) error {
