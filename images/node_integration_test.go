@@ -30,14 +30,7 @@ import (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if uri := os.Getenv(testlibvirt.EnvURI); uri != "" && code == 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		c, err := virt.Dial(ctx, uri)
-		if err == nil {
-			err = testlibvirt.CheckNothingOwned(ctx, c)
-			_ = c.Close()
-		}
-		cancel()
-		if err != nil {
+		if err := testlibvirt.CheckNothingOwned(uri); err != nil {
 			fmt.Fprintln(os.Stderr, "FAIL:", err)
 			code = 1
 		}
