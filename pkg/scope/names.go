@@ -109,7 +109,10 @@ func NameNamespace(name string) (namespace string, ok bool) {
 		return "", false
 	}
 	namespace, _, ok = strings.Cut(rest, ".")
-	return namespace, ok && namespace != ""
+	if !ok || namespace == "" {
+		return "", false
+	}
+	return namespace, true
 }
 
 // DomainUUID is the domain UUID of the LibvirtMachine with this UID: a

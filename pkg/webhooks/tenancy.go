@@ -1,6 +1,8 @@
 package webhooks
 
 import (
+	"strings"
+
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
@@ -61,6 +63,9 @@ func (r references) machine(namespace string, spec *infrav1.LibvirtMachineSpec, 
 }
 
 func (r references) image(ref infrav1.VolumeReference, pool string, path *field.Path) field.ErrorList {
+	if strings.HasSuffix(ref.Name, partialVolumeSuffix) {
+		return nil // validateImageSource says why
+	}
 	f, err := r.policy.CheckImageVolume(ref, pool)
 	if err == nil {
 		return nil
