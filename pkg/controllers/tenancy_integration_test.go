@@ -48,7 +48,7 @@ func TestTenantIsolation(t *testing.T) {
 		machine string
 		ref     infrav1.VolumeReference
 	}{
-		{"steal-root", infrav1.VolumeReference{Name: rootA}},            // in the cluster's pool
+		{"steal-root", infrav1.VolumeReference{Name: rootA}},               // in the cluster's pool
 		{"steal-seed", infrav1.VolumeReference{Pool: h.pool, Name: seedA}}, // pool named
 	}
 	for _, c := range cases {
