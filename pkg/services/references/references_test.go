@@ -119,7 +119,9 @@ func TestCluster(t *testing.T) {
 		{"HAProxy image on another namespace's seed", func(c *infrav1.LibvirtCluster) {
 			c.Spec.LoadBalancer.Image = &infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: seedA}}
 		}, want{infrav1.LoadBalancerReadyCondition, infrav1.ImageNotAllowedReason}},
-		{"default HAProxy image", func(c *infrav1.LibvirtCluster) { c.Spec.StoragePool = infrav1.StoragePool{Name: "team-b", Path: "/var/lib/libvirt/team-b"} },
+		{"default HAProxy image", func(c *infrav1.LibvirtCluster) {
+			c.Spec.StoragePool = infrav1.StoragePool{Name: "team-b", Path: "/var/lib/libvirt/team-b"}
+		},
 			want{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
