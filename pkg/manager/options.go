@@ -108,11 +108,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.StoragePoolDirs, "storage-pool-dirs", slices.Clone(tenancy.DefaultPoolDirs),
 		"Directories on the libvirt host below which LibvirtClusters may have storage pools created (comma-separated). / and system directories are refused even if listed.")
 	fs.StringSliceVar(&o.StoragePools, "storage-pools", nil,
-		"Storage pools LibvirtClusters and LibvirtMachines may use (comma-separated); empty allows any pool name.")
+		"Storage pools LibvirtClusters and LibvirtMachines may use (comma-separated); empty or * allows any pool name.")
 	fs.StringSliceVar(&o.ImagePools, "image-pools", slices.Clone(tenancy.DefaultImagePools),
 		"Storage pools whose volumes are base images any namespace may name in image.volume (comma-separated); images the provider imported from a URL are always allowed.")
 	fs.StringSliceVar(&o.HostBridges, "host-bridges", nil,
-		"Host bridges clusters and machines may be plugged into (comma-separated); empty allows any bridge but those of the provider's networks.")
+		"Host bridges clusters and machines may be plugged into (comma-separated); empty or * allows any bridge but those of the provider's networks.")
 	fs.StringSliceVar(&o.LibvirtNetworks, "libvirt-networks", nil,
-		"Existing libvirt networks clusters and machines may name (comma-separated); empty allows any network but those the provider made for other namespaces.")
+		"Existing libvirt networks clusters and machines may name (comma-separated); empty or * allows any network but those the provider made for other namespaces.")
 }

@@ -10,15 +10,15 @@ import (
 )
 
 // TestTenancyFlags: the flags' defaults are tenancy's, and the release
-// manifest's empty variables (--storage-pools=) mean empty lists.
+// manifest's defaults parse (* allows any name: tenancy's tests).
 func TestTenancyFlags(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		want tenancy.Policy
 	}{
 		{nil, tenancy.DefaultPolicy()},
-		{[]string{"--storage-pool-dirs=/var/lib/libvirt", "--storage-pools=", "--image-pools=capi-libvirt", "--host-bridges=", "--libvirt-networks="},
-			tenancy.Policy{PoolDirs: []string{"/var/lib/libvirt"}, Pools: []string{}, ImagePools: []string{"capi-libvirt"}, Bridges: []string{}, Networks: []string{}}},
+		{[]string{"--storage-pool-dirs=/var/lib/libvirt", "--storage-pools=*", "--image-pools=capi-libvirt", "--host-bridges=*", "--libvirt-networks=*"},
+			tenancy.Policy{PoolDirs: []string{"/var/lib/libvirt"}, Pools: []string{"*"}, ImagePools: []string{"capi-libvirt"}, Bridges: []string{"*"}, Networks: []string{"*"}}},
 		{[]string{"--storage-pool-dirs=/srv/pools,/var/lib/libvirt", "--storage-pools=a,b", "--image-pools=images", "--host-bridges=br0", "--libvirt-networks=default"},
 			tenancy.Policy{PoolDirs: []string{"/srv/pools", "/var/lib/libvirt"}, Pools: []string{"a", "b"}, ImagePools: []string{"images"},
 				Bridges: []string{"br0"}, Networks: []string{"default"}}},

@@ -49,9 +49,14 @@ var sharedDirs = []string{
 	"/var/tmp",
 }
 
+// Any in a list of names allows every name, like an empty list; it is how
+// the release manifest's variables say "any" (clusterctl takes an empty
+// default for a missing value).
+const Any = "*"
+
 // Policy is what the operator lets tenants name; the manager's flags set
-// it (pkg/manager). Empty lists of names mean "any name", within the rules
-// that always hold.
+// it (pkg/manager). Empty lists of names (or Any) mean "any name", within
+// the rules that always hold.
 type Policy struct {
 	// PoolDirs are the directories below which a LibvirtCluster may have
 	// the provider create its storage pool.
@@ -156,7 +161,7 @@ func (p Policy) CheckPoolPath(path string) error {
 
 // CheckPoolName refuses a pool the operator did not list, when they did.
 func (p Policy) CheckPoolName(name string) error {
-	if len(p.Pools) == 0 || slices.Contains(p.Pools, name) {
+	if allows(p.Pools, name) {
 		return nil
 	}
 	return fmt.Errorf("must be one of the storage pools %s (the manager's --storage-pools)", strings.Join(p.Pools, ", "))
@@ -219,7 +224,7 @@ func (p Policy) CheckNetwork(namespace, name string) error {
 		}
 		return nil
 	}
-	if len(p.Networks) == 0 || slices.Contains(p.Networks, name) {
+	if allows(p.Networks, name) {
 		return nil
 	}
 	return fmt.Errorf("must be one of the libvirt networks %s (the manager's --libvirt-networks) or a network the provider made for a cluster of this namespace",
@@ -233,10 +238,16 @@ func (p Policy) CheckBridge(bridge string) error {
 	if netalloc.IsBridgeName(bridge) {
 		return errors.New("is the bridge of a network the provider made for a cluster: name that cluster's network, if it is this namespace's")
 	}
-	if len(p.Bridges) == 0 || slices.Contains(p.Bridges, bridge) {
+	if allows(p.Bridges, bridge) {
 		return nil
 	}
 	return fmt.Errorf("must be one of the host bridges %s (the manager's --host-bridges)", strings.Join(p.Bridges, ", "))
+}
+
+// allows tells whether a list of names the operator may leave open lets
+// name through.
+func allows(list []string, name string) bool {
+	return len(list) == 0 || slices.Contains(list, Any) || slices.Contains(list, name)
 }
 
 func listOrNone(names []string) string {

@@ -69,6 +69,9 @@ func TestCheckPool(t *testing.T) {
 	if _, err := DefaultPolicy().CheckPool("anything", ""); err != nil {
 		t.Errorf("without --storage-pools any existing pool is allowed: %v", err)
 	}
+	if _, err := (Policy{PoolDirs: DefaultPoolDirs, Pools: []string{Any}}).CheckPool("anything", ""); err != nil {
+		t.Errorf("--storage-pools=* allows any existing pool: %v", err)
+	}
 }
 
 func TestCheckImageVolume(t *testing.T) {
@@ -126,6 +129,8 @@ func TestCheckNetworkAndBridge(t *testing.T) {
 		{open, "default", ""},
 		{listed, "default", ""},
 		{listed, "lab", "--libvirt-networks"},
+		{Policy{Networks: []string{Any}}, "lab", ""},
+		{Policy{Networks: []string{Any}}, scope.ClusterNetworkName("team-b", "prod"), "namespace team-b"},
 		{listed, scope.ClusterNetworkName("team-a", "prod"), ""},
 		{listed, scope.ClusterNetworkName("team-b", "prod"), "namespace team-b"},
 	} {
@@ -142,6 +147,8 @@ func TestCheckNetworkAndBridge(t *testing.T) {
 		{open, provider, "bridge of a network the provider made"},
 		{listed, "br0", ""},
 		{listed, "virbr0", "--host-bridges"},
+		{Policy{Bridges: []string{Any}}, "virbr0", ""},
+		{Policy{Bridges: []string{Any}}, provider, "bridge of a network the provider made"},
 		{Policy{Bridges: []string{provider}}, provider, "bridge of a network the provider made"},
 	} {
 		check(t, "CheckBridge("+tc.bridge+")", tc.policy.CheckBridge(tc.bridge), tc.want)
