@@ -40,7 +40,9 @@ func (s *suite) badInput(t *testing.T) {
 	cases := map[string]func(t *testing.T){
 		"missing image": func(t *testing.T) {
 			s.badMachine(t, extraPrefix+"bad-missing-image", func(lm *infrav1.LibvirtMachine) {
-				lm.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: "capl-e2e-no-such-image.qcow2"}}
+				// An imported image's name: allowed in any pool (the demo's
+				// is no image pool, see docs/configuration.md), and absent.
+				lm.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: scope.ImageVolumeName(strings.Repeat("0", 64))}}
 			}, infrav1.DiskReadyCondition, []string{infrav1.ImageNotFoundReason})
 		},
 		"bad checksum": func(t *testing.T) {

@@ -76,6 +76,12 @@ const (
 	ImageChecksumMismatchReason = "ImageChecksumMismatch"
 	// PoolFullReason: the storage pool has no space left.
 	PoolFullReason = "PoolFull"
+	// ImageNotAllowedReason: image.volume names no base image: a volume
+	// the provider manages for a machine or load balancer (of any
+	// namespace), or a volume outside the operator's image pools. Nothing
+	// is created; replace the object. Also on LibvirtCluster's
+	// LoadBalancerReady for loadBalancer.image.
+	ImageNotAllowedReason = "ImageNotAllowed"
 
 	// BootstrapDataReadyCondition tells whether the NoCloud seed ISO built
 	// from the bootstrap Secret is uploaded.
@@ -139,4 +145,14 @@ const (
 	// LibvirtErrorReason: libvirt returned an error the provider retries;
 	// the message carries it.
 	LibvirtErrorReason = "LibvirtError"
+	// StoragePoolNotAllowedReason: the storage pool's path is not below
+	// the operator's storage pool directories (or is a system directory),
+	// or its name is not among the operator's pools. Nothing is created.
+	// On LibvirtCluster's StoragePoolReady and LibvirtMachine's DiskReady.
+	StoragePoolNotAllowedReason = "StoragePoolNotAllowed"
+	// NetworkNotAllowedReason: the network is another namespace's cluster
+	// network, the bridge is one of the provider's networks, or the
+	// operator did not list it. Nothing is created. On LibvirtCluster's
+	// NetworkReady and LibvirtMachine's AddressReserved.
+	NetworkNotAllowedReason = "NetworkNotAllowed"
 )

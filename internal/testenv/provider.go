@@ -14,11 +14,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"sigs.k8s.io/cluster-api/util/flags"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
 
 // Provider is the provider's manager (pkg/manager, as the binary wires it)
@@ -29,8 +31,9 @@ type Provider struct {
 }
 
 // ProviderOptions are the manager options of the provider in tests: no
-// metrics, health probes or leader election, and the webhook server on a
-// free port with a throwaway self-signed certificate in dir.
+// metrics, health probes or leader election, the webhook server on a
+// free port with a throwaway self-signed certificate in dir, and the
+// flags' tenancy policy.
 func ProviderOptions(dir string) (manager.Options, error) {
 	port, err := freePort()
 	if err != nil {
@@ -47,6 +50,8 @@ func ProviderOptions(dir string) (manager.Options, error) {
 		SyncPeriod:         10 * time.Minute,
 		WebhookPort:        port,
 		WebhookCertDir:     dir,
+		StoragePoolDirs:    slices.Clone(tenancy.DefaultPoolDirs),
+		ImagePools:         slices.Clone(tenancy.DefaultImagePools),
 	}, nil
 }
 

@@ -33,6 +33,8 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/loadbalancer"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/network"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/pool"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/references"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -51,6 +53,9 @@ type LibvirtClusterReconciler struct {
 	Recorder record.EventRecorder
 	// WatchFilterValue limits reconciliation to objects labelled with it.
 	WatchFilterValue string
+	// Tenancy is what a cluster's namespace may name (pool, network,
+	// HAProxy image); checked before anything is created.
+	Tenancy tenancy.Policy
 }
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=libvirtclusters;libvirtclusters/status;libvirtclusters/finalizers,verbs=get;list;watch;update;patch
@@ -117,6 +122,7 @@ func (r *LibvirtClusterReconciler) reconcileNormal(ctx context.Context, s *scope
 	}
 	s.SetFailureDomains()
 	if err := runSteps(ctx, []step{
+		{"references", references.NewCluster(s, r.Tenancy).Reconcile},
 		{"storage pool", pool.New(s).Reconcile},
 		{"network", network.New(s).Reconcile},
 		{"load balancer", loadbalancer.New(s).Reconcile},

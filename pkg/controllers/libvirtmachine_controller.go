@@ -30,7 +30,9 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/hostevents"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/references"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -57,6 +59,9 @@ type LibvirtMachineReconciler struct {
 	ShutdownTimeout time.Duration
 	// LoadBalancer, when set, deregisters control-plane machines on delete.
 	LoadBalancer LoadBalancerDeregisterer
+	// Tenancy is what a machine's namespace may name (pools, base images,
+	// networks); checked before anything is created.
+	Tenancy tenancy.Policy
 
 	events *hostevents.Source
 }
@@ -153,6 +158,7 @@ func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope
 	// the domain step watches over the machine from then on.
 	if !s.IsProvisioned() {
 		steps = []step{
+			{"references", references.NewMachine(s, r.Tenancy).Reconcile},
 			{"address", address.New(s).Reconcile},
 			{"disk", disk.New(s).Reconcile},
 			{"seed", seed.New(s).Reconcile},

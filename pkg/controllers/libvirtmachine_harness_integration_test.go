@@ -187,6 +187,8 @@ func (h *harness) startProvider(wrap func(virt.Host) virt.Host) *testenv.Provide
 		h.t.Fatal(err)
 	}
 	opts.LibvirtURI = h.uri
+	// Volumes named in the tests' image.volume live in the test pool.
+	opts.ImagePools = append(opts.ImagePools, h.pool)
 	p, err := h.env.StartProvider(opts, manager.Wiring{
 		Host: host, HostName: manager.HostNameFromURI(h.uri),
 		MachineShutdownTimeout: 15 * time.Second, SkipControllerNameValidation: true,

@@ -103,6 +103,10 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 	if err := virt.RegisterMetrics(ctrlmetrics.Registry); err != nil {
 		return nil, fmt.Errorf("registering the libvirt call metrics: %w", err)
 	}
+	policy := opts.Tenancy()
+	if err := policy.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid --storage-pool-dirs: %w", err)
+	}
 	tlsOptions, metricsOptions, err := flags.GetManagerOptions(opts.Diagnostics)
 	if err != nil {
 		return nil, fmt.Errorf("invalid diagnostics flags: %w", err)
@@ -150,6 +154,7 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 		HostName:         w.HostName,
 		Recorder:         mgr.GetEventRecorderFor("libvirtcluster-controller"), //nolint:staticcheck // Cluster API's utilities take a record.EventRecorder.
 		WatchFilterValue: opts.WatchFilterValue,
+		Tenancy:          policy,
 	}).SetupWithManager(context.Background(), mgr, controller.Options{MaxConcurrentReconciles: opts.ClusterConcurrency}); err != nil {
 		return nil, fmt.Errorf("setting up the LibvirtCluster controller: %w", err)
 	}
@@ -161,11 +166,12 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 		WatchFilterValue: opts.WatchFilterValue,
 		ShutdownTimeout:  w.MachineShutdownTimeout,
 		LoadBalancer:     &loadbalancer.Deregisterer{},
+		Tenancy:          policy,
 	}).SetupWithManager(context.Background(), mgr, controller.Options{MaxConcurrentReconciles: opts.MachineConcurrency}); err != nil {
 		return nil, fmt.Errorf("setting up the LibvirtMachine controller: %w", err)
 	}
 
-	if err := webhooks.SetupWithManager(mgr, webhooks.Options{Volumes: w.Host, Reader: mgr.GetClient()}); err != nil {
+	if err := webhooks.SetupWithManager(mgr, webhooks.Options{Volumes: w.Host, Reader: mgr.GetClient(), Tenancy: &policy}); err != nil {
 		return nil, fmt.Errorf("setting up the webhooks: %w", err)
 	}
 

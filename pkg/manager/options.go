@@ -4,10 +4,13 @@
 package manager
 
 import (
+	"slices"
 	"time"
 
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/cluster-api/util/flags"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
 
 // DefaultLibvirtURI is the libvirt connection used when none is given.
@@ -50,6 +53,18 @@ type Options struct {
 	WebhookPort int
 	// WebhookCertDir holds tls.crt and tls.key for the webhook server.
 	WebhookCertDir string
+
+	// StoragePoolDirs, StoragePools, ImagePools, HostBridges and
+	// LibvirtNetworks are what tenants may name (tenancy.Policy).
+	StoragePoolDirs, StoragePools, ImagePools, HostBridges, LibvirtNetworks []string
+}
+
+// Tenancy is the policy of what tenants may name that the options set.
+func (o *Options) Tenancy() tenancy.Policy {
+	return tenancy.Policy{
+		PoolDirs: o.StoragePoolDirs, Pools: o.StoragePools, ImagePools: o.ImagePools,
+		Bridges: o.HostBridges, Networks: o.LibvirtNetworks,
+	}
 }
 
 // AddFlags binds every option to a flag named as Cluster API providers name
@@ -89,4 +104,15 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.WebhookPort, "webhook-port", 9443, "Webhook server port.")
 	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs/",
 		"Directory holding the webhook server's tls.crt and tls.key.")
+
+	fs.StringSliceVar(&o.StoragePoolDirs, "storage-pool-dirs", slices.Clone(tenancy.DefaultPoolDirs),
+		"Directories on the libvirt host below which LibvirtClusters may have storage pools created (comma-separated). / and system directories are refused even if listed.")
+	fs.StringSliceVar(&o.StoragePools, "storage-pools", nil,
+		"Storage pools LibvirtClusters and LibvirtMachines may use (comma-separated); empty or * allows any pool name.")
+	fs.StringSliceVar(&o.ImagePools, "image-pools", slices.Clone(tenancy.DefaultImagePools),
+		"Storage pools whose volumes are base images any namespace may name in image.volume (comma-separated); images the provider imported from a URL are always allowed.")
+	fs.StringSliceVar(&o.HostBridges, "host-bridges", nil,
+		"Host bridges clusters and machines may be plugged into (comma-separated); empty or * allows any bridge but those of the provider's networks.")
+	fs.StringSliceVar(&o.LibvirtNetworks, "libvirt-networks", nil,
+		"Existing libvirt networks clusters and machines may name (comma-separated); empty or * allows any network but those the provider made for other namespaces.")
 }

@@ -3,6 +3,7 @@ package netalloc
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"strings"
 )
 
 // bridgePrefix marks the bridges this provider creates.
@@ -19,4 +20,15 @@ const maxInterfaceName = 15
 func BridgeName(networkName string) string {
 	sum := sha256.Sum256([]byte(networkName))
 	return bridgePrefix + hex.EncodeToString(sum[:])[:maxInterfaceName-len(bridgePrefix)]
+}
+
+// IsBridgeName tells whether name has the form BridgeName gives: the
+// bridge of a network the provider created.
+func IsBridgeName(name string) bool {
+	sum, ok := strings.CutPrefix(name, bridgePrefix)
+	if !ok || len(sum) != maxInterfaceName-len(bridgePrefix) {
+		return false
+	}
+	_, err := hex.DecodeString(sum + "0") // an odd number of digits
+	return err == nil && strings.ToLower(sum) == sum
 }

@@ -46,3 +46,16 @@ func validInterfaceName(name string) string {
 	}
 	return ""
 }
+
+func TestIsBridgeName(t *testing.T) {
+	for _, n := range []string{"capi-libvirt", "capltest-abcdef", "default", "x"} {
+		if b := BridgeName(n); !IsBridgeName(b) {
+			t.Errorf("IsBridgeName(%s) = false", b)
+		}
+	}
+	for _, b := range []string{"br0", "virbr0", "capl", "capl0123456789", "capl0123456789ab", "caplABCDEF01234", "capl0123456789g"} {
+		if IsBridgeName(b) {
+			t.Errorf("IsBridgeName(%s) = true", b)
+		}
+	}
+}

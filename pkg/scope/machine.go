@@ -198,7 +198,8 @@ func (n NetworkRef) String() string {
 	return ""
 }
 
-func parseNetworkRef(s string) NetworkRef {
+// ParseNetworkRef reads a NetworkAnnotation value; zero when it is none.
+func ParseNetworkRef(s string) NetworkRef {
 	if v, ok := strings.CutPrefix(s, "network:"); ok {
 		return NetworkRef{Name: v}
 	}
@@ -212,7 +213,7 @@ func parseNetworkRef(s string) NetworkRef {
 // once something was created on it, else spec.network, else the
 // LibvirtCluster's status.network. Zero when none is known yet.
 func (s *MachineScope) Network() NetworkRef {
-	if recorded := parseNetworkRef(s.LibvirtMachine.Annotations[NetworkAnnotation]); !recorded.IsZero() {
+	if recorded := ParseNetworkRef(s.LibvirtMachine.Annotations[NetworkAnnotation]); !recorded.IsZero() {
 		return recorded
 	}
 	if o := s.LibvirtMachine.Spec.Network; o != nil && (o.Name != "" || o.Bridge != "") {

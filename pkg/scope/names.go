@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"net"
 	"strconv"
+	"strings"
 
 	"github.com/google/uuid"
 
@@ -63,10 +64,55 @@ func SeedVolumeName(domain string) string { return domain + seedSuffix }
 // imported into: content-addressed, so machines and clusters share it and a
 // changed image never reuses a stale volume.
 func ImageVolumeName(sha256Hex string) string {
-	if len(sha256Hex) > 32 {
-		sha256Hex = sha256Hex[:32]
+	if len(sha256Hex) > imageHexLen {
+		sha256Hex = sha256Hex[:imageHexLen]
 	}
 	return imagePrefix + sha256Hex
+}
+
+// imageHexLen is how many hex digits of the checksum an imported image's
+// volume name keeps (ImageVolumeName).
+const imageHexLen = 32
+
+// partialSuffix ends the marker volume of an import under way (pkg/virt).
+const partialSuffix = ".partial"
+
+// IsImageVolumeName tells whether name is one ImageVolumeName gives: a
+// base image the provider imported, named after its content.
+func IsImageVolumeName(name string) bool {
+	sum, ok := strings.CutPrefix(name, imagePrefix)
+	if !ok || len(sum) != imageHexLen {
+		return false
+	}
+	_, err := hex.DecodeString(sum)
+	return err == nil && strings.ToLower(sum) == sum
+}
+
+// IsManagedVolumeName tells whether name is a volume the provider makes for
+// one machine or load balancer (its root disk or seed ISO, of any
+// namespace) or the marker of an import under way: volumes that belong to
+// one object and must never back another's disk.
+func IsManagedVolumeName(name string) bool {
+	if strings.HasSuffix(name, partialSuffix) {
+		return true
+	}
+	return strings.HasPrefix(name, virt.NamePrefix) &&
+		(strings.HasSuffix(name, overlaySuffix) || strings.HasSuffix(name, seedSuffix))
+}
+
+// NameNamespace is the namespace a name derived by DomainName (a domain,
+// or a cluster's network: ClusterNetworkName) belongs to; ok is false for
+// names DomainName cannot give, which have no '.' after the prefix.
+func NameNamespace(name string) (namespace string, ok bool) {
+	rest, ok := strings.CutPrefix(name, virt.NamePrefix)
+	if !ok {
+		return "", false
+	}
+	namespace, _, ok = strings.Cut(rest, ".")
+	if !ok || namespace == "" {
+		return "", false
+	}
+	return namespace, true
 }
 
 // DomainUUID is the domain UUID of the LibvirtMachine with this UID: a

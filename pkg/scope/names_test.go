@@ -100,3 +100,35 @@ func TestMACCandidates(t *testing.T) {
 		seen[m.String()] = true
 	}
 }
+
+// TestNameKinds: the helpers pkg/tenancy judges names with recognise
+// exactly the names this file derives.
+func TestNameKinds(t *testing.T) {
+	long := DomainName(strings.Repeat("n", 63), strings.Repeat("m", 253))
+	for _, d := range []string{DomainName("ns", "m"), LoadBalancerDomainName("ns", "c"), long} {
+		for _, v := range []string{OverlayVolumeName(d), SeedVolumeName(d)} {
+			if !IsManagedVolumeName(v) || IsImageVolumeName(v) {
+				t.Errorf("%s: managed %v, image %v", v, IsManagedVolumeName(v), IsImageVolumeName(v))
+			}
+		}
+	}
+	img := ImageVolumeName(strings.Repeat("0f", 32))
+	if !IsImageVolumeName(img) || IsManagedVolumeName(img) || !IsManagedVolumeName(img+".partial") {
+		t.Errorf("%s misjudged", img)
+	}
+	for _, n := range []string{"capl-debian-12.qcow2", "ubuntu-root.qcow2", "capi-libvirt-haproxy.qcow2", ImageVolumeName("abc"), img + "0"} {
+		if IsManagedVolumeName(n) || IsImageVolumeName(n) {
+			t.Errorf("%s taken for a managed or imported volume", n)
+		}
+	}
+	for _, tc := range []struct{ name, ns string }{
+		{ClusterNetworkName("team-a", "prod"), "team-a"},
+		{DomainName("a-b", "c.d"), "a-b"},
+		{long, strings.Repeat("n", 63)},
+		{"capl-nodot", ""}, {"default", ""}, {"capl-.x", ""},
+	} {
+		if ns, ok := NameNamespace(tc.name); ns != tc.ns || ok != (tc.ns != "") {
+			t.Errorf("NameNamespace(%s) = %q, %v; want %q", tc.name, ns, ok, tc.ns)
+		}
+	}
+}

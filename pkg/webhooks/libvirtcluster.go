@@ -17,7 +17,9 @@ import (
 // +kubebuilder:webhook:verbs=create;update,path=/validate-infrastructure-cluster-x-k8s-io-v1alpha1-libvirtclustertemplate,mutating=false,failurePolicy=fail,matchPolicy=Equivalent,groups=infrastructure.cluster.x-k8s.io,resources=libvirtclustertemplates,versions=v1alpha1,name=validation.libvirtclustertemplate.infrastructure.cluster.x-k8s.io,sideEffects=None,admissionReviewVersions=v1
 
 // LibvirtCluster defaults and validates LibvirtClusters.
-type LibvirtCluster struct{}
+type LibvirtCluster struct {
+	refs references
+}
 
 var (
 	_ admission.Defaulter[*infrav1.LibvirtCluster] = &LibvirtCluster{}
@@ -31,14 +33,16 @@ func (*LibvirtCluster) Default(_ context.Context, c *infrav1.LibvirtCluster) err
 }
 
 // ValidateCreate checks a new LibvirtCluster.
-func (*LibvirtCluster) ValidateCreate(_ context.Context, c *infrav1.LibvirtCluster) (admission.Warnings, error) {
-	errs, warnings := validateClusterSpec(&c.Spec, field.NewPath("spec"), false)
+func (w *LibvirtCluster) ValidateCreate(_ context.Context, c *infrav1.LibvirtCluster) (admission.Warnings, error) {
+	path := field.NewPath("spec")
+	errs, warnings := validateClusterSpec(&c.Spec, path, false)
+	errs = append(errs, w.refs.cluster(c.Namespace, &c.Spec, c.Annotations, path, annotationsPath)...)
 	return warnings, invalid("LibvirtCluster", c.Name, errs)
 }
 
 // ValidateUpdate checks a changed LibvirtCluster: what the cluster's
 // machines and endpoint were built on cannot move under them.
-func (*LibvirtCluster) ValidateUpdate(_ context.Context, oldC, newC *infrav1.LibvirtCluster) (admission.Warnings, error) {
+func (w *LibvirtCluster) ValidateUpdate(_ context.Context, oldC, newC *infrav1.LibvirtCluster) (admission.Warnings, error) {
 	path := field.NewPath("spec")
 	errs, warnings := validateClusterSpec(&newC.Spec, path, false)
 	// Objects stored before the defaulting webhook existed compare as if
@@ -53,6 +57,8 @@ func (*LibvirtCluster) ValidateUpdate(_ context.Context, oldC, newC *infrav1.Lib
 		": the cluster's machines and load balancer are plugged into it; create a new cluster to move")...)
 	errs = append(errs, immutable(path.Child("loadBalancer", "type"), oldSpec.LoadBalancer.Type, newC.Spec.LoadBalancer.Type,
 		": it decides who owns the control-plane endpoint")...)
+	errs = append(errs, ratchet(w.refs.cluster(newC.Namespace, &newC.Spec, newC.Annotations, path, annotationsPath),
+		w.refs.cluster(oldC.Namespace, oldSpec, oldC.Annotations, path, annotationsPath))...)
 	return warnings, invalid("LibvirtCluster", newC.Name, errs)
 }
 
@@ -62,7 +68,9 @@ func (*LibvirtCluster) ValidateDelete(context.Context, *infrav1.LibvirtCluster) 
 }
 
 // LibvirtClusterTemplate defaults and validates LibvirtClusterTemplates.
-type LibvirtClusterTemplate struct{}
+type LibvirtClusterTemplate struct {
+	refs references
+}
 
 var (
 	_ admission.Defaulter[*infrav1.LibvirtClusterTemplate] = &LibvirtClusterTemplate{}
@@ -76,17 +84,22 @@ func (*LibvirtClusterTemplate) Default(_ context.Context, t *infrav1.LibvirtClus
 }
 
 // ValidateCreate checks a new LibvirtClusterTemplate.
-func (*LibvirtClusterTemplate) ValidateCreate(_ context.Context, t *infrav1.LibvirtClusterTemplate) (admission.Warnings, error) {
-	errs, warnings := validateClusterSpec(&t.Spec.Template.Spec, field.NewPath("spec", "template", "spec"), true)
+func (w *LibvirtClusterTemplate) ValidateCreate(_ context.Context, t *infrav1.LibvirtClusterTemplate) (admission.Warnings, error) {
+	path := field.NewPath("spec", "template", "spec")
+	errs, warnings := validateClusterSpec(&t.Spec.Template.Spec, path, true)
+	errs = append(errs, w.refs.cluster(t.Namespace, &t.Spec.Template.Spec, t.Spec.Template.ObjectMeta.Annotations, path, templateAnnotationsPath)...)
 	return warnings, invalid("LibvirtClusterTemplate", t.Name, errs)
 }
 
 // ValidateUpdate checks a changed LibvirtClusterTemplate: its spec is
 // immutable except in the topology controller's dry-run requests.
-func (*LibvirtClusterTemplate) ValidateUpdate(ctx context.Context, oldT, newT *infrav1.LibvirtClusterTemplate) (admission.Warnings, error) {
-	errs, warnings := validateClusterSpec(&newT.Spec.Template.Spec, field.NewPath("spec", "template", "spec"), true)
+func (w *LibvirtClusterTemplate) ValidateUpdate(ctx context.Context, oldT, newT *infrav1.LibvirtClusterTemplate) (admission.Warnings, error) {
+	path := field.NewPath("spec", "template", "spec")
+	errs, warnings := validateClusterSpec(&newT.Spec.Template.Spec, path, true)
 	oldSpec := oldT.Spec.Template.Spec.DeepCopy()
 	DefaultClusterSpec(oldSpec)
+	errs = append(errs, ratchet(w.refs.cluster(newT.Namespace, &newT.Spec.Template.Spec, newT.Spec.Template.ObjectMeta.Annotations, path, templateAnnotationsPath),
+		w.refs.cluster(oldT.Namespace, oldSpec, oldT.Spec.Template.ObjectMeta.Annotations, path, templateAnnotationsPath))...)
 	if err := checkTemplateSpecUnchanged(ctx, newT, *oldSpec, newT.Spec.Template.Spec); err != nil {
 		errs = append(errs, err)
 	}

@@ -17,6 +17,7 @@ import (
 // LibvirtMachine defaults and validates LibvirtMachines.
 type LibvirtMachine struct {
 	images imageChecker
+	refs   references
 }
 
 var (
@@ -35,8 +36,10 @@ func (*LibvirtMachine) Default(_ context.Context, m *infrav1.LibvirtMachine) err
 func (w *LibvirtMachine) ValidateCreate(ctx context.Context, m *infrav1.LibvirtMachine) (admission.Warnings, error) {
 	path := field.NewPath("spec")
 	errs, warnings := validateMachineSpec(&m.Spec, path)
+	pool := w.images.machinePool(ctx, m)
+	errs = append(errs, w.refs.machine(m.Namespace, &m.Spec, pool, m.Annotations, path, annotationsPath)...)
 	if len(errs) == 0 {
-		warnings = append(warnings, w.images.diskWarnings(ctx, &m.Spec, w.images.machinePool(ctx, m), path)...)
+		warnings = append(warnings, w.images.diskWarnings(ctx, &m.Spec, pool, path)...)
 	}
 	return warnings, invalid("LibvirtMachine", m.Name, errs)
 }
@@ -45,7 +48,7 @@ func (w *LibvirtMachine) ValidateCreate(ctx context.Context, m *infrav1.LibvirtM
 // providerID (which the provider sets once) is immutable: a machine is
 // replaced, not changed, and the provider never recreates a VM to follow
 // an edit.
-func (*LibvirtMachine) ValidateUpdate(_ context.Context, oldM, newM *infrav1.LibvirtMachine) (admission.Warnings, error) {
+func (w *LibvirtMachine) ValidateUpdate(ctx context.Context, oldM, newM *infrav1.LibvirtMachine) (admission.Warnings, error) {
 	path := field.NewPath("spec")
 	errs, warnings := validateMachineSpec(&newM.Spec, path)
 	oldSpec := oldM.Spec.DeepCopy()
@@ -67,6 +70,10 @@ func (*LibvirtMachine) ValidateUpdate(_ context.Context, oldM, newM *infrav1.Lib
 	} {
 		errs = append(errs, immutable(path.Child(f.name), f.old, f.new, why)...)
 	}
+	if w.refs.policy != nil {
+		errs = append(errs, ratchet(w.refs.machine(newM.Namespace, &newM.Spec, w.images.machinePool(ctx, newM), newM.Annotations, path, annotationsPath),
+			w.refs.machine(oldM.Namespace, oldSpec, w.images.machinePool(ctx, oldM), oldM.Annotations, path, annotationsPath))...)
+	}
 	return warnings, invalid("LibvirtMachine", newM.Name, errs)
 }
 
@@ -78,6 +85,7 @@ func (*LibvirtMachine) ValidateDelete(context.Context, *infrav1.LibvirtMachine) 
 // LibvirtMachineTemplate defaults and validates LibvirtMachineTemplates.
 type LibvirtMachineTemplate struct {
 	images imageChecker
+	refs   references
 }
 
 var (
@@ -97,6 +105,7 @@ func (*LibvirtMachineTemplate) Default(_ context.Context, t *infrav1.LibvirtMach
 func (w *LibvirtMachineTemplate) ValidateCreate(ctx context.Context, t *infrav1.LibvirtMachineTemplate) (admission.Warnings, error) {
 	path := field.NewPath("spec", "template", "spec")
 	errs, warnings := validateMachineSpec(&t.Spec.Template.Spec, path)
+	errs = append(errs, w.refs.machine(t.Namespace, &t.Spec.Template.Spec, "", t.Spec.Template.ObjectMeta.Annotations, path, templateAnnotationsPath)...)
 	if len(errs) == 0 {
 		warnings = append(warnings, w.images.diskWarnings(ctx, &t.Spec.Template.Spec, "", path)...)
 	}
@@ -106,10 +115,13 @@ func (w *LibvirtMachineTemplate) ValidateCreate(ctx context.Context, t *infrav1.
 // ValidateUpdate checks a changed LibvirtMachineTemplate: its spec is
 // immutable except in the topology controller's dry-run requests, while
 // spec.template.metadata may change (Cluster API propagates it in place).
-func (*LibvirtMachineTemplate) ValidateUpdate(ctx context.Context, oldT, newT *infrav1.LibvirtMachineTemplate) (admission.Warnings, error) {
-	errs, warnings := validateMachineSpec(&newT.Spec.Template.Spec, field.NewPath("spec", "template", "spec"))
+func (w *LibvirtMachineTemplate) ValidateUpdate(ctx context.Context, oldT, newT *infrav1.LibvirtMachineTemplate) (admission.Warnings, error) {
+	path := field.NewPath("spec", "template", "spec")
+	errs, warnings := validateMachineSpec(&newT.Spec.Template.Spec, path)
 	oldSpec := oldT.Spec.Template.Spec.DeepCopy()
 	DefaultMachineSpec(oldSpec)
+	errs = append(errs, ratchet(w.refs.machine(newT.Namespace, &newT.Spec.Template.Spec, "", newT.Spec.Template.ObjectMeta.Annotations, path, templateAnnotationsPath),
+		w.refs.machine(oldT.Namespace, oldSpec, "", oldT.Spec.Template.ObjectMeta.Annotations, path, templateAnnotationsPath))...)
 	if err := checkTemplateSpecUnchanged(ctx, newT, *oldSpec, newT.Spec.Template.Spec); err != nil {
 		errs = append(errs, err)
 	}

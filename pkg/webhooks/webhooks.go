@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/topology"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
 
 // Options are what the webhooks need beyond the objects they judge.
@@ -36,6 +37,9 @@ type Options struct {
 	// storage pool holds images given without a pool. Nil leaves such
 	// images unchecked.
 	Reader client.Reader
+	// Tenancy is the operator's policy of what a namespace may name
+	// (pools, image volumes, networks, bridges). Nil checks none of it.
+	Tenancy *tenancy.Policy
 }
 
 // SetupWithManager registers the defaulting and validating webhooks of
@@ -43,10 +47,11 @@ type Options struct {
 // LibvirtMachineTemplate with mgr's webhook server.
 func SetupWithManager(mgr ctrl.Manager, opts Options) error {
 	images := imageChecker{volumes: opts.Volumes, reader: opts.Reader}
-	cluster := &LibvirtCluster{}
-	clusterTemplate := &LibvirtClusterTemplate{}
-	machine := &LibvirtMachine{images: images}
-	machineTemplate := &LibvirtMachineTemplate{images: images}
+	refs := references{policy: opts.Tenancy}
+	cluster := &LibvirtCluster{refs: refs}
+	clusterTemplate := &LibvirtClusterTemplate{refs: refs}
+	machine := &LibvirtMachine{images: images, refs: refs}
+	machineTemplate := &LibvirtMachineTemplate{images: images, refs: refs}
 	for _, complete := range []func() error{
 		ctrl.NewWebhookManagedBy(mgr, &infrav1.LibvirtCluster{}).WithDefaulter(cluster).WithValidator(cluster).Complete,
 		ctrl.NewWebhookManagedBy(mgr, &infrav1.LibvirtClusterTemplate{}).WithDefaulter(clusterTemplate).WithValidator(clusterTemplate).Complete,

@@ -1,0 +1,139 @@
+// Package references refuses, before anything is created in libvirt, what
+// a LibvirtMachine or LibvirtCluster names outside what its namespace may
+// use (pkg/tenancy): another namespace's root disks, seeds and networks,
+// pools and bridges the operator did not allow. The webhooks refuse the
+// same on admission; this step covers objects they never saw (webhook
+// absent, failing open, or bypassed) and values that do not come from the
+// spec (the placement annotations, the cluster's status.network).
+package references
+
+import (
+	"context"
+	"fmt"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
+)
+
+// refused stops the reconcile until the object or the policy changes: the
+// references are immutable or the user's to edit, and a policy change
+// restarts the manager, which reconciles everything again.
+func refused(what string) error { return services.Requeue(0, what+" not allowed") }
+
+// Machine checks a LibvirtMachine's pool, network and base image.
+type Machine struct {
+	scope  *scope.MachineScope
+	policy tenancy.Policy
+}
+
+// NewMachine returns the reference check of s under policy.
+func NewMachine(s *scope.MachineScope, policy tenancy.Policy) *Machine {
+	return &Machine{scope: s, policy: policy}
+}
+
+// Reconcile refuses the machine, with DiskReady or AddressReserved False,
+// when it names what its namespace may not use; it runs before any step
+// creates something.
+func (m *Machine) Reconcile(context.Context) error {
+	s, p := m.scope, m.policy
+	pool := s.Pool()
+	if f, err := p.CheckPool(pool.Name, pool.Path); err != nil {
+		s.MarkFalse(infrav1.DiskReadyCondition, infrav1.StoragePoolNotAllowedReason, "Storage pool %s %q %v", f, poolField(pool.Name, pool.Path, f), err)
+		return refused("storage pool")
+	}
+	if err := checkNetwork(p, s.Namespace(), s.Network()); err != nil {
+		s.MarkFalse(infrav1.AddressReservedCondition, infrav1.NetworkNotAllowedReason, "%s %v", describe(s.Network()), err)
+		return refused("network")
+	}
+	if v := s.Image().Volume; v != nil {
+		if f, err := p.CheckImageVolume(*v, pool.Name); err != nil {
+			s.MarkFalse(infrav1.DiskReadyCondition, infrav1.ImageNotAllowedReason, "spec.image.volume.%s %q %v", f, volumeField(*v, f), err)
+			return refused("image")
+		}
+	}
+	return nil
+}
+
+// Cluster checks a LibvirtCluster's pool, network and HAProxy image.
+type Cluster struct {
+	scope  *scope.ClusterScope
+	policy tenancy.Policy
+}
+
+// NewCluster returns the reference check of s under policy.
+func NewCluster(s *scope.ClusterScope, policy tenancy.Policy) *Cluster {
+	return &Cluster{scope: s, policy: policy}
+}
+
+// Reconcile refuses the cluster, with StoragePoolReady, NetworkReady or
+// LoadBalancerReady False, when it names what its namespace may not use;
+// it runs before the steps that create the pool, the network and the
+// HAProxy VM.
+func (c *Cluster) Reconcile(context.Context) error {
+	s, p := c.scope, c.policy
+	var err error
+	spec := s.SpecPool()
+	if f, perr := p.CheckPool(spec.Name, spec.Path); perr != nil {
+		s.MarkFalse(infrav1.StoragePoolReadyCondition, infrav1.StoragePoolNotAllowedReason, "spec.storagePool.%s %q %v", f, poolField(spec.Name, spec.Path, f), perr)
+		err = refused("storage pool")
+	} else if recorded := s.Pool().Name; recorded != spec.Name {
+		if perr := p.CheckPoolName(recorded); perr != nil {
+			s.MarkFalse(infrav1.StoragePoolReadyCondition, infrav1.StoragePoolNotAllowedReason, "Annotation %s %q %v", scope.PoolAnnotation, recorded, perr)
+			err = refused("storage pool")
+		}
+	}
+	n := scope.NetworkRef{Name: s.LibvirtCluster.Spec.Network.Name, Bridge: s.LibvirtCluster.Spec.Network.Bridge}
+	if nerr := checkNetwork(p, s.Namespace(), n); nerr != nil {
+		s.MarkFalse(infrav1.NetworkReadyCondition, infrav1.NetworkNotAllowedReason, "%s %v", describe(n), nerr)
+		err = refused("network")
+	}
+	if s.LoadBalancerEnabled() {
+		if v := s.LoadBalancer().Image().Volume; v != nil {
+			if f, ierr := p.CheckImageVolume(*v, s.Pool().Name); ierr != nil {
+				s.MarkFalse(infrav1.LoadBalancerReadyCondition, infrav1.ImageNotAllowedReason, "spec.loadBalancer.image.volume.%s %q %v", f, volumeField(*v, f), ierr)
+				err = refused("load balancer image")
+			}
+		}
+	}
+	return err
+}
+
+// Delete does nothing: the check creates nothing.
+func (*Cluster) Delete(context.Context) error { return nil }
+
+// Delete does nothing: the check creates nothing.
+func (*Machine) Delete(context.Context) error { return nil }
+
+func checkNetwork(p tenancy.Policy, namespace string, n scope.NetworkRef) error {
+	switch {
+	case n.Name != "":
+		return p.CheckNetwork(namespace, n.Name)
+	case n.Bridge != "":
+		return p.CheckBridge(n.Bridge)
+	}
+	return nil
+}
+
+// describe names a network for a condition message.
+func describe(n scope.NetworkRef) string {
+	if n.Name != "" {
+		return fmt.Sprintf("Network %q", n.Name)
+	}
+	return fmt.Sprintf("Host bridge %q", n.Bridge)
+}
+
+func poolField(name, path, field string) string {
+	if field == "path" {
+		return path
+	}
+	return name
+}
+
+func volumeField(v infrav1.VolumeReference, field string) string {
+	if field == "pool" {
+		return v.Pool
+	}
+	return v.Name
+}

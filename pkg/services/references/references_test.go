@@ -1,0 +1,151 @@
+package references_test
+
+import (
+	"context"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/internal/fakehost"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/references"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
+)
+
+var (
+	policy   = tenancy.Policy{PoolDirs: []string{"/var/lib/libvirt"}, ImagePools: []string{"images"}}
+	networkA = scope.ClusterNetworkName("team-a", "prod")
+	seedA    = scope.SeedVolumeName(scope.DomainName("team-a", "cp-0"))
+)
+
+// want is the condition a refused reference sets; zero when accepted.
+type want struct{ condition, reason string }
+
+func checkOutcome(t *testing.T, obj conditions.Getter, err error, w want) {
+	t.Helper()
+	if w.condition == "" {
+		if err != nil {
+			t.Fatalf("refused: %v (%+v)", err, obj.GetConditions())
+		}
+		return
+	}
+	if rq, ok := services.AsRequeue(err); !ok || rq.After != 0 {
+		t.Fatalf("error %v, want a wait for a change", err)
+	}
+	c := conditions.Get(obj, w.condition)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != w.reason || c.Message == "" {
+		t.Fatalf("%s = %+v, want False/%s with a message", w.condition, c, w.reason)
+	}
+	t.Logf("%s: %s", c.Reason, c.Message)
+}
+
+func TestMachine(t *testing.T) {
+	scheme, err := manager.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*infrav1.LibvirtCluster, *infrav1.LibvirtMachine)
+		want   want
+	}{
+		{"own network, imported image", nil, want{}},
+		{"another namespace's seed", func(_ *infrav1.LibvirtCluster, m *infrav1.LibvirtMachine) {
+			m.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Pool: "images", Name: seedA}}
+		}, want{infrav1.DiskReadyCondition, infrav1.ImageNotAllowedReason}},
+		{"a volume of the cluster's pool, no image pool", func(_ *infrav1.LibvirtCluster, m *infrav1.LibvirtMachine) {
+			m.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: "ubuntu.qcow2"}}
+		}, want{infrav1.DiskReadyCondition, infrav1.ImageNotAllowedReason}},
+		{"the cluster's pool in /etc", func(c *infrav1.LibvirtCluster, _ *infrav1.LibvirtMachine) {
+			c.Spec.StoragePool.Path = "/etc/pool"
+		}, want{infrav1.DiskReadyCondition, infrav1.StoragePoolNotAllowedReason}},
+		{"another namespace's network in the cluster's status", func(c *infrav1.LibvirtCluster, _ *infrav1.LibvirtMachine) {
+			c.Status.Network.Name = networkA
+		}, want{infrav1.AddressReservedCondition, infrav1.NetworkNotAllowedReason}},
+		{"forged network annotation", func(_ *infrav1.LibvirtCluster, m *infrav1.LibvirtMachine) {
+			m.Annotations = map[string]string{scope.NetworkAnnotation: "bridge:" + netalloc.BridgeName(networkA)}
+		}, want{infrav1.AddressReservedCondition, infrav1.NetworkNotAllowedReason}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "prod"}}
+			lc.Spec.StoragePool = infrav1.StoragePool{Name: "team-b", Path: "/var/lib/libvirt/team-b"}
+			lc.Status.Network = &infrav1.NetworkStatus{Name: scope.ClusterNetworkName("team-b", "prod")}
+			lm := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "cp-0"}}
+			lm.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: scope.ImageVolumeName("ab12ab12ab12ab12ab12ab12ab12ab12")}}
+			if tc.mutate != nil {
+				tc.mutate(lc, lm)
+			}
+			s, err := scope.NewMachineScope(scope.MachineScopeParams{
+				Client: fake.NewClientBuilder().WithScheme(scheme).Build(), LibvirtCluster: lc, LibvirtMachine: lm, Host: fakehost.New(),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkOutcome(t, lm, references.NewMachine(s, policy).Reconcile(context.Background()), tc.want)
+		})
+	}
+}
+
+func TestCluster(t *testing.T) {
+	scheme, err := manager.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*infrav1.LibvirtCluster)
+		want   want
+	}{
+		{"defaults", nil, want{}},
+		{"pool at /", func(c *infrav1.LibvirtCluster) { c.Spec.StoragePool = infrav1.StoragePool{Name: "root", Path: "/"} },
+			want{infrav1.StoragePoolReadyCondition, infrav1.StoragePoolNotAllowedReason}},
+		{"pool outside the pool directories", func(c *infrav1.LibvirtCluster) { c.Spec.StoragePool = infrav1.StoragePool{Name: "x", Path: "/srv/x"} },
+			want{infrav1.StoragePoolReadyCondition, infrav1.StoragePoolNotAllowedReason}},
+		{"recorded pool not listed", func(c *infrav1.LibvirtCluster) {
+			c.Annotations = map[string]string{scope.PoolAnnotation: "default"}
+		}, want{}}, // no --storage-pools: any existing pool
+		{"another namespace's network", func(c *infrav1.LibvirtCluster) { c.Spec.Network.Name = networkA },
+			want{infrav1.NetworkReadyCondition, infrav1.NetworkNotAllowedReason}},
+		{"a provider network's bridge", func(c *infrav1.LibvirtCluster) {
+			c.Spec.Network.Bridge, c.Spec.LoadBalancer.Type = netalloc.BridgeName(networkA), infrav1.LoadBalancerNone
+		}, want{infrav1.NetworkReadyCondition, infrav1.NetworkNotAllowedReason}},
+		{"HAProxy image on another namespace's seed", func(c *infrav1.LibvirtCluster) {
+			c.Spec.LoadBalancer.Image = &infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: seedA}}
+		}, want{infrav1.LoadBalancerReadyCondition, infrav1.ImageNotAllowedReason}},
+		{"default HAProxy image", func(c *infrav1.LibvirtCluster) {
+			c.Spec.StoragePool = infrav1.StoragePool{Name: "team-b", Path: "/var/lib/libvirt/team-b"}
+		},
+			want{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "prod"}}
+			if tc.mutate != nil {
+				tc.mutate(lc)
+			}
+			s, err := scope.NewClusterScope(scope.ClusterScopeParams{
+				Client: fake.NewClientBuilder().WithScheme(scheme).Build(), LibvirtCluster: lc, Host: fakehost.New(),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkOutcome(t, lc, references.NewCluster(s, policy).Reconcile(context.Background()), tc.want)
+		})
+	}
+	strict := policy
+	strict.Pools = []string{"capi-libvirt"}
+	lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "prod",
+		Annotations: map[string]string{scope.PoolAnnotation: "default"}}}
+	s, err := scope.NewClusterScope(scope.ClusterScopeParams{Client: fake.NewClientBuilder().WithScheme(scheme).Build(), LibvirtCluster: lc, Host: fakehost.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkOutcome(t, lc, references.NewCluster(s, strict).Reconcile(context.Background()),
+		want{infrav1.StoragePoolReadyCondition, infrav1.StoragePoolNotAllowedReason})
+}

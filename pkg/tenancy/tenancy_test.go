@@ -1,0 +1,187 @@
+package tenancy
+
+import (
+	"strings"
+	"testing"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+)
+
+func TestCheckPoolPath(t *testing.T) {
+	p := DefaultPolicy()
+	wide := Policy{PoolDirs: []string{"/srv", "/var/lib/libvirt"}}
+	for _, tc := range []struct {
+		policy Policy
+		path   string
+		want   string // "" accepts; otherwise a fragment of the error
+	}{
+		{p, "/var/lib/libvirt/capi-libvirt", ""},
+		{p, "/var/lib/libvirt/tenants/a", ""},
+		{wide, "/srv/pools/x", ""},
+		{p, "/", "contains the system directory /bin"},
+		{p, "/etc", "system directory /etc"},
+		{p, "/etc/libvirt-pool", "system directory /etc"},
+		{p, "/usr/share/x", "system directory /usr"},
+		{p, "/root", "system directory /root"},
+		{p, "/boot/x", "system directory /boot"},
+		{p, "/var/lib/libvirt", "contains the system directory /var/lib/libvirt/boot"},
+		{p, "/var/lib/libvirt/qemu", "system directory /var/lib/libvirt/qemu"},
+		{p, "/var/lib/libvirt/dnsmasq/x", "system directory /var/lib/libvirt/dnsmasq"},
+		{p, "/var", "contains the system directory /var/lock"},
+		{p, "/var/lib", "contains the system directory"},
+		{p, "/srv/x", "below one of /var/lib/libvirt"},
+		{p, "/var/lib/libvirtx", "below one of /var/lib/libvirt"},
+		{p, "/var/lib/libvirt/../../../etc", "must not contain .."},
+		{p, "/var/lib/libvirt/a/", "clean path: /var/lib/libvirt/a"},
+		{p, "/var/lib/libvirt//a", "clean path: /var/lib/libvirt/a"},
+		{p, "/var/lib/libvirt/./a", "clean path: /var/lib/libvirt/a"},
+		{p, "var/lib/libvirt/a", "absolute"},
+		// Listed or not, system directories stay out.
+		{Policy{PoolDirs: []string{"/etc", "/"}}, "/etc/x", "system directory /etc"},
+		{Policy{PoolDirs: []string{"/"}}, "/proc/1", "system directory /proc"},
+		{wide, "/srv", "is /srv itself"},
+		{Policy{PoolDirs: []string{"/tmp"}}, "/tmp", "is /tmp itself"},
+	} {
+		err := tc.policy.CheckPoolPath(tc.path)
+		check(t, "CheckPoolPath("+tc.path+")", err, tc.want)
+	}
+}
+
+func TestCheckPool(t *testing.T) {
+	p := Policy{PoolDirs: DefaultPoolDirs, Pools: []string{"tenants"}}
+	for _, tc := range []struct {
+		name, path, field, want string
+	}{
+		{"tenants", "/var/lib/libvirt/tenants", "", ""},
+		{"tenants", "", "", ""},
+		{"other", "", "name", "--storage-pools"},
+		{"other", "/var/lib/libvirt/other", "name", "--storage-pools"},
+		{"tenants", "/etc/tenants", "path", "system directory /etc"},
+	} {
+		f, err := p.CheckPool(tc.name, tc.path)
+		check(t, "CheckPool("+tc.name+", "+tc.path+")", err, tc.want)
+		if f != tc.field {
+			t.Errorf("CheckPool(%s, %s) blames %q, want %q", tc.name, tc.path, f, tc.field)
+		}
+	}
+	if _, err := DefaultPolicy().CheckPool("anything", ""); err != nil {
+		t.Errorf("without --storage-pools any existing pool is allowed: %v", err)
+	}
+	if _, err := (Policy{PoolDirs: DefaultPoolDirs, Pools: []string{Any}}).CheckPool("anything", ""); err != nil {
+		t.Errorf("--storage-pools=* allows any existing pool: %v", err)
+	}
+}
+
+func TestCheckImageVolume(t *testing.T) {
+	p := DefaultPolicy() // image pool capi-libvirt
+	domainA := scope.DomainName("team-a", "cp-0")
+	lbA := scope.LoadBalancerDomainName("team-a", "prod")
+	imported := scope.ImageVolumeName(strings.Repeat("ab", 32))
+	for _, tc := range []struct {
+		ref         infrav1.VolumeReference
+		defaultPool string
+		field, want string
+	}{
+		// Base images.
+		{infrav1.VolumeReference{Name: imported}, "tenant-pool", "", ""},
+		{infrav1.VolumeReference{Pool: "elsewhere", Name: imported}, "", "", ""},
+		{infrav1.VolumeReference{Name: "ubuntu.qcow2"}, "capi-libvirt", "", ""},
+		{infrav1.VolumeReference{Pool: "capi-libvirt", Name: "ubuntu.qcow2"}, "tenant-pool", "", ""},
+		{infrav1.VolumeReference{Name: "capl-debian-12.qcow2"}, "capi-libvirt", "", ""},
+		{infrav1.VolumeReference{Name: infrav1.DefaultLoadBalancerImageVolume}, "tenant-pool", "", ""},
+		// Unknown pool (a template): left to the controller.
+		{infrav1.VolumeReference{Name: "ubuntu.qcow2"}, "", "", ""},
+		// Another namespace's (or any) machine's and load balancer's volumes,
+		// even in an image pool.
+		{infrav1.VolumeReference{Name: scope.OverlayVolumeName(domainA)}, "capi-libvirt", "name", "manages for a machine"},
+		{infrav1.VolumeReference{Name: scope.SeedVolumeName(domainA)}, "capi-libvirt", "name", "manages for a machine"},
+		{infrav1.VolumeReference{Pool: "capi-libvirt", Name: scope.SeedVolumeName(domainA)}, "", "name", "manages for a machine"},
+		{infrav1.VolumeReference{Name: scope.OverlayVolumeName(lbA)}, "", "name", "manages for a machine"},
+		{infrav1.VolumeReference{Name: scope.SeedVolumeName(lbA)}, "", "name", "manages for a machine"},
+		{infrav1.VolumeReference{Name: imported + ".partial"}, "capi-libvirt", "name", "import under way"},
+		// Volumes outside the image pools.
+		{infrav1.VolumeReference{Name: "ubuntu.qcow2"}, "tenant-pool", "name", "pool tenant-pool is none"},
+		{infrav1.VolumeReference{Pool: "default", Name: "ubuntu.qcow2"}, "capi-libvirt", "pool", "pool default is none"},
+		{infrav1.VolumeReference{Name: scope.ImageVolumeName(strings.Repeat("AB", 32))}, "tenant-pool", "name", "is none"},
+	} {
+		f, err := p.CheckImageVolume(tc.ref, tc.defaultPool)
+		what := "CheckImageVolume(" + tc.ref.Pool + "/" + tc.ref.Name + ", " + tc.defaultPool + ")"
+		check(t, what, err, tc.want)
+		if f != tc.field {
+			t.Errorf("%s blames %q, want %q", what, f, tc.field)
+		}
+	}
+}
+
+func TestCheckNetworkAndBridge(t *testing.T) {
+	open := DefaultPolicy()
+	listed := Policy{PoolDirs: DefaultPoolDirs, Networks: []string{"default"}, Bridges: []string{"br0"}}
+	for _, tc := range []struct {
+		policy  Policy
+		network string
+		want    string
+	}{
+		{open, scope.ClusterNetworkName("team-a", "prod"), ""},
+		{open, scope.ClusterNetworkName("team-b", "prod"), "namespace team-b"},
+		{open, scope.ClusterNetworkName("team-a-b", "prod"), "namespace team-a-b"},
+		{open, "default", ""},
+		{listed, "default", ""},
+		{listed, "lab", "--libvirt-networks"},
+		{Policy{Networks: []string{Any}}, "lab", ""},
+		{Policy{Networks: []string{Any}}, scope.ClusterNetworkName("team-b", "prod"), "namespace team-b"},
+		{listed, scope.ClusterNetworkName("team-a", "prod"), ""},
+		{listed, scope.ClusterNetworkName("team-b", "prod"), "namespace team-b"},
+	} {
+		check(t, "CheckNetwork(team-a, "+tc.network+")", tc.policy.CheckNetwork("team-a", tc.network), tc.want)
+	}
+	provider := netalloc.BridgeName(scope.ClusterNetworkName("team-b", "prod"))
+	for _, tc := range []struct {
+		policy Policy
+		bridge string
+		want   string
+	}{
+		{open, "br0", ""},
+		{open, "virbr0", ""},
+		{open, provider, "bridge of a network the provider made"},
+		{listed, "br0", ""},
+		{listed, "virbr0", "--host-bridges"},
+		{Policy{Bridges: []string{Any}}, "virbr0", ""},
+		{Policy{Bridges: []string{Any}}, provider, "bridge of a network the provider made"},
+		{Policy{Bridges: []string{provider}}, provider, "bridge of a network the provider made"},
+	} {
+		check(t, "CheckBridge("+tc.bridge+")", tc.policy.CheckBridge(tc.bridge), tc.want)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		dirs []string
+		want string
+	}{
+		{DefaultPoolDirs, ""},
+		{[]string{"/srv/pools", "/var/lib/libvirt"}, ""},
+		{nil, "no storage pool directory"},
+		{[]string{"/"}, "anywhere"},
+		{[]string{"/etc"}, "system directory /etc"},
+		{[]string{"/var/lib/libvirt/qemu"}, "system directory"},
+		{[]string{"srv"}, "absolute"},
+		{[]string{"/srv/../etc"}, ".."},
+		{[]string{"/srv/"}, "clean"},
+	} {
+		check(t, "Validate("+strings.Join(tc.dirs, ",")+")", Policy{PoolDirs: tc.dirs}.Validate(), tc.want)
+	}
+}
+
+func check(t *testing.T, what string, err error, want string) {
+	t.Helper()
+	switch {
+	case want == "" && err != nil:
+		t.Errorf("%s refused: %v", what, err)
+	case want != "" && err == nil:
+		t.Errorf("%s accepted, want an error with %q", what, want)
+	case want != "" && !strings.Contains(err.Error(), want):
+		t.Errorf("%s: %v, want %q in it", what, err, want)
+	}
+}

@@ -1,0 +1,140 @@
+package webhooks
+
+import (
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
+)
+
+// references refuses what an object names outside what its namespace may
+// use (pkg/tenancy): another namespace's disks, seeds and networks, pools
+// and bridges the operator did not allow. The controllers apply the same
+// rules before they create anything, for objects the webhook never saw.
+type references struct {
+	// policy is the operator's; nil checks nothing (tests of other rules).
+	policy *tenancy.Policy
+}
+
+// annotationsPath and templateAnnotationsPath are where an object's
+// annotations, and those a template gives the objects made from it, are.
+var (
+	annotationsPath         = field.NewPath("metadata", "annotations")
+	templateAnnotationsPath = field.NewPath("spec", "template", "metadata", "annotations")
+)
+
+// cluster checks a LibvirtCluster spec at path in namespace, and the
+// annotations (at annPath) the objects made from it carry.
+func (r references) cluster(namespace string, spec *infrav1.LibvirtClusterSpec, annotations map[string]string, path, annPath *field.Path) field.ErrorList {
+	if r.policy == nil {
+		return nil
+	}
+	p := r.policy
+	var errs field.ErrorList
+	pool := scope.ClusterPool(&infrav1.LibvirtCluster{Spec: *spec})
+	if f, err := p.CheckPool(pool.Name, pool.Path); err != nil {
+		errs = append(errs, field.Invalid(path.Child("storagePool", f), map[string]string{"name": pool.Name, "path": pool.Path}[f], err.Error()))
+	}
+	errs = append(errs, r.network(namespace, spec.Network.Name, spec.Network.Bridge, path.Child("network"))...)
+	if img := spec.LoadBalancer.Image; img != nil && img.Volume != nil {
+		errs = append(errs, r.image(*img.Volume, pool.Name, path.Child("loadBalancer", "image", "volume"))...)
+	}
+	return append(errs, r.annotations(namespace, annotations, annPath)...)
+}
+
+// machine checks a LibvirtMachine spec at path in namespace whose images
+// without a pool are in pool ("" when unknown), and the annotations (at
+// annPath) the machines made from it carry.
+func (r references) machine(namespace string, spec *infrav1.LibvirtMachineSpec, pool string, annotations map[string]string, path, annPath *field.Path) field.ErrorList {
+	if r.policy == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	if spec.Image.Volume != nil {
+		errs = append(errs, r.image(*spec.Image.Volume, pool, path.Child("image", "volume"))...)
+	}
+	if n := spec.Network; n != nil {
+		errs = append(errs, r.network(namespace, n.Name, n.Bridge, path.Child("network"))...)
+	}
+	return append(errs, r.annotations(namespace, annotations, annPath)...)
+}
+
+func (r references) image(ref infrav1.VolumeReference, pool string, path *field.Path) field.ErrorList {
+	if strings.HasSuffix(ref.Name, partialVolumeSuffix) {
+		return nil // validateImageSource says why
+	}
+	f, err := r.policy.CheckImageVolume(ref, pool)
+	if err == nil {
+		return nil
+	}
+	value := ref.Name
+	if f == "pool" {
+		value = ref.Pool
+	}
+	return field.ErrorList{field.Invalid(path.Child(f), value, err.Error())}
+}
+
+func (r references) network(namespace, name, bridge string, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if name != "" {
+		if err := r.policy.CheckNetwork(namespace, name); err != nil {
+			errs = append(errs, field.Invalid(path.Child("name"), name, err.Error()))
+		}
+	}
+	if bridge != "" {
+		if err := r.policy.CheckBridge(bridge); err != nil {
+			errs = append(errs, field.Invalid(path.Child("bridge"), bridge, err.Error()))
+		}
+	}
+	return errs
+}
+
+// annotations checks the placement the provider records on its objects
+// (scope.PoolAnnotation, scope.NetworkAnnotation): it is honoured before
+// the spec, so a value written by hand is a reference like any other.
+func (r references) annotations(namespace string, annotations map[string]string, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	if pool := annotations[scope.PoolAnnotation]; pool != "" {
+		if err := r.policy.CheckPoolName(pool); err != nil {
+			errs = append(errs, field.Invalid(path.Key(scope.PoolAnnotation), pool, err.Error()))
+		}
+	}
+	if v := annotations[scope.NetworkAnnotation]; v != "" {
+		n := scope.ParseNetworkRef(v)
+		var err error
+		switch {
+		case n.Name != "":
+			err = r.policy.CheckNetwork(namespace, n.Name)
+		case n.Bridge != "":
+			err = r.policy.CheckBridge(n.Bridge)
+		}
+		if err != nil {
+			errs = append(errs, field.Invalid(path.Key(scope.NetworkAnnotation), v, err.Error()))
+		}
+	}
+	return errs
+}
+
+// ratchet drops the errors of an update that old had as well (same field,
+// same value): a reference refused only since the operator tightened the
+// policy must not block the updates that finish or delete the object
+// (the provider's own patches, finalizer removal).
+func ratchet(errs, old field.ErrorList) field.ErrorList {
+	var out field.ErrorList
+	for _, e := range errs {
+		seen := false
+		for _, o := range old {
+			if o.Field == e.Field && o.BadValue == e.BadValue {
+				seen = true
+				break
+			}
+		}
+		if !seen {
+			out = append(out, e)
+		}
+	}
+	return out
+}

@@ -1,0 +1,274 @@
+package webhooks
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
+)
+
+// The tenant of these tests is namespace team-b; team-a is the neighbour
+// whose disks, seeds and network it must not reach.
+const tenant = "team-b"
+
+var (
+	domainA     = scope.DomainName("team-a", "cp-0")
+	rootA       = scope.OverlayVolumeName(domainA)
+	seedA       = scope.SeedVolumeName(domainA)
+	lbSeedA     = scope.SeedVolumeName(scope.LoadBalancerDomainName("team-a", "prod"))
+	networkA    = scope.ClusterNetworkName("team-a", "prod")
+	bridgeA     = netalloc.BridgeName(networkA)
+	ownNetwork  = scope.ClusterNetworkName(tenant, "prod")
+	importedImg = scope.ImageVolumeName(strings.Repeat("5e", 32))
+
+	poolKey    = "[" + scope.PoolAnnotation + "]"
+	networkKey = "[" + scope.NetworkAnnotation + "]"
+)
+
+// Policies: the flags' defaults, and an operator who listed everything.
+var (
+	defaultPolicy = tenancy.DefaultPolicy()
+	strictPolicy  = tenancy.Policy{
+		PoolDirs: []string{"/var/lib/libvirt"}, Pools: []string{"capi-libvirt", "tenants"},
+		ImagePools: []string{"capi-libvirt"}, Bridges: []string{"br0"}, Networks: []string{"default"},
+	}
+)
+
+// refusedFields returns the fields an admission error names, or nil.
+func refusedFields(t *testing.T, err error) []string {
+	t.Helper()
+	if err == nil {
+		return nil
+	}
+	var status *apierrors.StatusError
+	if !errors.As(err, &status) || !apierrors.IsInvalid(err) || status.ErrStatus.Details == nil {
+		t.Fatalf("not an Invalid error: %v", err)
+	}
+	var out []string
+	for _, c := range status.ErrStatus.Details.Causes {
+		out = append(out, c.Field)
+	}
+	return out
+}
+
+func checkFields(t *testing.T, name string, err error, want []string) {
+	t.Helper()
+	got := refusedFields(t, err)
+	if !slices.Equal(got, want) {
+		t.Errorf("%s: refused %v, want %v (%v)", name, got, want, err)
+	}
+}
+
+func TestClusterReferences(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name   string
+		policy tenancy.Policy
+		mutate func(*infrav1.LibvirtClusterSpec, *metav1.ObjectMeta)
+		want   []string // refused fields below spec (or metadata.annotations), none to accept
+	}{
+		{"defaults", defaultPolicy, nil, nil},
+		{"pool below the pool directories", defaultPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
+			s.StoragePool = infrav1.StoragePool{Name: "team-b", Path: "/var/lib/libvirt/team-b"}
+		}, nil},
+		{"own network", strictPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) { s.Network.Name = ownNetwork }, nil},
+		{"listed network", strictPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) { s.Network.Name = "default" }, nil},
+		{"imported HAProxy image in any pool", defaultPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
+			s.LoadBalancer.Image = &infrav1.ImageSource{Volume: &infrav1.VolumeReference{Pool: "anywhere", Name: importedImg}}
+		}, nil},
+		{"pool at /", defaultPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
+			s.StoragePool = infrav1.StoragePool{Name: "root", Path: "/"}
+		}, []string{"spec.storagePool.path"}},
+		{"pool in /etc", defaultPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
+			s.StoragePool = infrav1.StoragePool{Name: "etc", Path: "/etc"}
+		}, []string{"spec.storagePool.path"}},
+		{"pool in /etc even if listed", tenancy.Policy{PoolDirs: []string{"/etc"}}, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
+			s.StoragePool = infrav1.StoragePool{Name: "etc", Path: "/etc/pool"}
+		}, []string{"spec.storagePool.path"}},
+		{"pool over libvirt's domain state", defaultPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
+			s.StoragePool = infrav1.StoragePool{Name: "q", Path: "/var/lib/libvirt/qemu"}
+		}, []string{"spec.storagePool.path"}},
+		{"pool escaping with ..", defaultPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
+			s.StoragePool = infrav1.StoragePool{Name: "x", Path: "/var/lib/libvirt/../../../etc"}
+		}, []string{"spec.storagePool.path"}},
+		{"pool outside the pool directories", defaultPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
+			s.StoragePool = infrav1.StoragePool{Name: "x", Path: "/srv/x"}
+		}, []string{"spec.storagePool.path"}},
+		{"pool not listed", strictPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
+			s.StoragePool = infrav1.StoragePool{Name: "default"}
+		}, []string{"spec.storagePool.name"}},
+		{"another namespace's network", defaultPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) { s.Network.Name = networkA },
+			[]string{"spec.network.name"}},
+		{"network not listed", strictPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) { s.Network.Name = "lab" },
+			[]string{"spec.network.name"}},
+		{"another namespace's network's bridge", defaultPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
+			s.Network.Bridge, s.LoadBalancer.Type = bridgeA, infrav1.LoadBalancerNone
+			s.ControlPlaneEndpoint.Host = "192.168.1.10"
+		}, []string{"spec.network.bridge"}},
+		{"bridge not listed", strictPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
+			s.Network.Bridge, s.LoadBalancer.Type = "virbr0", infrav1.LoadBalancerNone
+			s.ControlPlaneEndpoint.Host = "192.168.1.10"
+		}, []string{"spec.network.bridge"}},
+		{"HAProxy image on another namespace's seed", defaultPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
+			s.LoadBalancer.Image = &infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: lbSeedA}}
+		}, []string{"spec.loadBalancer.image.volume.name"}},
+		{"HAProxy image outside the image pools", defaultPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
+			s.LoadBalancer.Image = &infrav1.ImageSource{Volume: &infrav1.VolumeReference{Pool: "default", Name: "haproxy.qcow2"}}
+		}, []string{"spec.loadBalancer.image.volume.pool"}},
+		{"HAProxy image in a pool that is not an image pool", defaultPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
+			s.StoragePool = infrav1.StoragePool{Name: "team-b", Path: "/var/lib/libvirt/team-b"}
+			s.LoadBalancer.Image = &infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: "haproxy.qcow2"}}
+		}, []string{"spec.loadBalancer.image.volume.name"}},
+		{"recorded pool not listed", strictPolicy, func(_ *infrav1.LibvirtClusterSpec, m *metav1.ObjectMeta) {
+			m.Annotations = map[string]string{scope.PoolAnnotation: "default"}
+		}, []string{"metadata.annotations" + poolKey}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "prod"}}
+			if tc.mutate != nil {
+				tc.mutate(&c.Spec, &c.ObjectMeta)
+			}
+			w := &LibvirtCluster{refs: references{policy: &tc.policy}}
+			must(t, w.Default(ctx, c))
+			_, err := w.ValidateCreate(ctx, c)
+			checkFields(t, "LibvirtCluster", err, tc.want)
+
+			// A template refuses the same at spec.template.
+			tmpl := &infrav1.LibvirtClusterTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "prod"}}
+			tmpl.Spec.Template.Spec = c.Spec
+			tmpl.Spec.Template.Spec.ControlPlaneEndpoint.Host = ""
+			if c.Spec.LoadBalancer.Type == infrav1.LoadBalancerNone {
+				return // a template cannot name the endpoint host that type None needs
+			}
+			tmpl.Spec.Template.ObjectMeta.Annotations = c.Annotations
+			_, err = (&LibvirtClusterTemplate{refs: references{policy: &tc.policy}}).ValidateCreate(ctx, tmpl)
+			checkFields(t, "LibvirtClusterTemplate", err, templatePaths(tc.want))
+		})
+	}
+}
+
+func TestMachineReferences(t *testing.T) {
+	ctx := context.Background()
+	volume := func(pool, name string) infrav1.ImageSource {
+		return infrav1.ImageSource{Volume: &infrav1.VolumeReference{Pool: pool, Name: name}}
+	}
+	for _, tc := range []struct {
+		name        string
+		policy      tenancy.Policy
+		image       infrav1.ImageSource
+		network     *infrav1.NetworkAttachment
+		annotations map[string]string
+		want        []string
+	}{
+		{"imported image", defaultPolicy, volume("", importedImg), nil, nil, nil},
+		{"image of an image pool", defaultPolicy, volume("capi-libvirt", "ubuntu.qcow2"), nil, nil, nil},
+		{"image from a url", defaultPolicy, infrav1.ImageSource{URL: "https://example.com/x.qcow2", Checksum: "sha256:" + strings.Repeat("5e", 32)}, nil, nil, nil},
+		{"own network", strictPolicy, volume("", importedImg), &infrav1.NetworkAttachment{Name: ownNetwork}, nil, nil},
+		{"listed bridge", strictPolicy, volume("", importedImg), &infrav1.NetworkAttachment{Bridge: "br0"}, nil, nil},
+		{"provider's own placement", strictPolicy, volume("", importedImg), nil,
+			map[string]string{scope.PoolAnnotation: "tenants", scope.NetworkAnnotation: "network:" + ownNetwork}, nil},
+		{"another namespace's root disk", defaultPolicy, volume("", rootA), nil, nil, []string{"spec.image.volume.name"}},
+		{"another namespace's seed ISO", defaultPolicy, volume("capi-libvirt", seedA), nil, nil, []string{"spec.image.volume.name"}},
+		{"another namespace's load balancer seed", defaultPolicy, volume("", lbSeedA), nil, nil, []string{"spec.image.volume.name"}},
+		{"an import under way", defaultPolicy, volume("", importedImg+".partial"), nil, nil, []string{"spec.image.volume.name"}},
+		{"a volume outside the image pools", defaultPolicy, volume("default", "ubuntu.qcow2"), nil, nil, []string{"spec.image.volume.pool"}},
+		{"a volume of its own pool that is not an image pool", defaultPolicy, volume("", "ubuntu.qcow2"), nil,
+			map[string]string{scope.PoolAnnotation: "team-b"}, []string{"spec.image.volume.name"}},
+		{"another namespace's network", defaultPolicy, volume("", importedImg), &infrav1.NetworkAttachment{Name: networkA}, nil,
+			[]string{"spec.network.name"}},
+		{"another namespace's network's bridge", defaultPolicy, volume("", importedImg), &infrav1.NetworkAttachment{Bridge: bridgeA}, nil,
+			[]string{"spec.network.bridge"}},
+		{"network not listed", strictPolicy, volume("", importedImg), &infrav1.NetworkAttachment{Name: "lab"}, nil,
+			[]string{"spec.network.name"}},
+		{"bridge not listed", strictPolicy, volume("", importedImg), &infrav1.NetworkAttachment{Bridge: "virbr0"}, nil,
+			[]string{"spec.network.bridge"}},
+		{"forged pool", strictPolicy, volume("", importedImg), nil, map[string]string{scope.PoolAnnotation: "default"},
+			[]string{"metadata.annotations" + poolKey}},
+		{"forged network", defaultPolicy, volume("", importedImg), nil, map[string]string{scope.NetworkAnnotation: "network:" + networkA},
+			[]string{"metadata.annotations" + networkKey}},
+		{"forged bridge", defaultPolicy, volume("", importedImg), nil, map[string]string{scope.NetworkAnnotation: "bridge:" + bridgeA},
+			[]string{"metadata.annotations" + networkKey}},
+		{"everything at once", strictPolicy, volume("", seedA), &infrav1.NetworkAttachment{Name: networkA},
+			map[string]string{scope.PoolAnnotation: "default"},
+			[]string{"spec.image.volume.name", "spec.network.name", "metadata.annotations" + poolKey}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "cp-0", Annotations: tc.annotations}}
+			m.Spec.Image, m.Spec.Network = tc.image, tc.network
+			w := &LibvirtMachine{refs: references{policy: &tc.policy}}
+			must(t, w.Default(ctx, m))
+			_, err := w.ValidateCreate(ctx, m)
+			checkFields(t, "LibvirtMachine", err, tc.want)
+
+			// A template knows no pool for images without one.
+			tmpl := &infrav1.LibvirtMachineTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "cp"}}
+			tmpl.Spec.Template.Spec = m.Spec
+			tmpl.Spec.Template.ObjectMeta.Annotations = tc.annotations
+			want := templatePaths(tc.want)
+			if tc.name == "a volume of its own pool that is not an image pool" {
+				want = nil // left to the controller, which knows the pool
+			}
+			_, err = (&LibvirtMachineTemplate{refs: references{policy: &tc.policy}}).ValidateCreate(ctx, tmpl)
+			checkFields(t, "LibvirtMachineTemplate", err, want)
+		})
+	}
+}
+
+// TestReferencesOnUpdate: an update is refused for a reference it
+// introduces, but not for one the object already had (refused only since
+// the operator changed the policy), so that such objects can still be
+// finished and deleted.
+func TestReferencesOnUpdate(t *testing.T) {
+	ctx := context.Background()
+	policy := defaultPolicy
+	cw := &LibvirtCluster{refs: references{policy: &policy}}
+	old := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "prod"}}
+	old.Spec.StoragePool = infrav1.StoragePool{Name: "old", Path: "/srv/old"} // stored under another policy
+	DefaultClusterSpec(&old.Spec)
+	finalized := old.DeepCopy()
+	finalized.Finalizers = []string{infrav1.ClusterFinalizer}
+	_, err := cw.ValidateUpdate(ctx, old, finalized)
+	checkFields(t, "unrelated update", err, nil)
+	moved := old.DeepCopy()
+	moved.Spec.StoragePool.Path = "/etc/old"
+	_, err = cw.ValidateUpdate(ctx, old, moved)
+	checkFields(t, "pool moved to /etc", err, []string{"spec.storagePool.path"})
+
+	mw := &LibvirtMachine{refs: references{policy: &policy}}
+	oldM := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "cp-0"}}
+	oldM.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: importedImg}}
+	DefaultMachineSpec(&oldM.Spec)
+	forged := oldM.DeepCopy()
+	forged.Annotations = map[string]string{scope.NetworkAnnotation: "network:" + networkA}
+	_, err = mw.ValidateUpdate(ctx, oldM, forged)
+	checkFields(t, "network annotation forged on update", err, []string{"metadata.annotations" + networkKey})
+	recorded := oldM.DeepCopy()
+	recorded.Annotations = map[string]string{scope.NetworkAnnotation: "network:" + ownNetwork, scope.PoolAnnotation: "capi-libvirt"}
+	_, err = mw.ValidateUpdate(ctx, oldM, recorded)
+	checkFields(t, "the provider recording its placement", err, nil)
+}
+
+// templatePaths moves spec and metadata paths under spec.template.
+func templatePaths(paths []string) []string {
+	var out []string
+	for _, p := range paths {
+		out = append(out, "spec.template."+p)
+	}
+	return out
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
