@@ -230,6 +230,7 @@ func TestChooseDomainType(t *testing.T) {
 	}
 	// auto decides from this host; whatever it picks must be consistent.
 	c, err := ChooseDomainType("auto", "")
+	t.Logf("auto on this host: %s", c.Reason)
 	if err != nil || (c.DomainType == "qemu") != (c.TCGCacheMiB == DefaultTCGCacheMiB) || c.Reason == "" {
 		t.Errorf("auto: %+v, %v", c, err)
 	}
