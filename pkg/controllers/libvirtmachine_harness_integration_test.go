@@ -67,6 +67,9 @@ type harness struct {
 	logs     *syncBuffer
 	logPath  string
 
+	// options, when set, adjusts the manager options of startProvider.
+	options func(*manager.Options)
+
 	mu           sync.Mutex
 	provider     *testenv.Provider
 	providerConn *virt.Client
@@ -187,6 +190,9 @@ func (h *harness) startProvider(wrap func(virt.Host) virt.Host) *testenv.Provide
 		h.t.Fatal(err)
 	}
 	opts.LibvirtURI = h.uri
+	if h.options != nil {
+		h.options(&opts)
+	}
 	p, err := h.env.StartProvider(opts, manager.Wiring{
 		Host: host, HostName: manager.HostNameFromURI(h.uri),
 		MachineShutdownTimeout: 15 * time.Second, SkipControllerNameValidation: true,

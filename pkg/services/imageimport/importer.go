@@ -45,13 +45,16 @@ type Options struct {
 	MinBackoff, MaxBackoff time.Duration
 }
 
-// withDefaults fills in the zero fields.
+// withDefaults fills in the zero fields: an import is never unbounded.
 func (o Options) withDefaults() Options {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
 			*d = v
 		}
 	}
+	def(&o.Fetch.ConnectTimeout, DefaultConnectTimeout)
+	def(&o.Fetch.HeaderTimeout, DefaultHeaderTimeout)
+	def(&o.Fetch.IdleTimeout, DefaultIdleTimeout)
 	def(&o.Deadline, DefaultDeadline)
 	def(&o.MinBackoff, DefaultMinBackoff)
 	def(&o.MaxBackoff, DefaultMaxBackoff)
