@@ -91,13 +91,7 @@ const uploadChunk = 1 << 20
 // run concurrently ("pool has asynchronous jobs running"). A channel rather
 // than a mutex, so waiting behind a long import honours ctx.
 func (c *Client) lockPool(ctx context.Context, pool string) (func(), error) {
-	c.poolMu.Lock()
-	l, ok := c.poolLocks[pool]
-	if !ok {
-		l = make(chan struct{}, 1)
-		c.poolLocks[pool] = l
-	}
-	c.poolMu.Unlock()
+	l := c.poolLock(pool)
 	select {
 	case l <- struct{}{}:
 		return func() { <-l }, nil
@@ -106,15 +100,21 @@ func (c *Client) lockPool(ctx context.Context, pool string) (func(), error) {
 	}
 }
 
-// tryLockPool takes the pool's lock when it is free.
-func (c *Client) tryLockPool(pool string) (func(), bool) {
+// poolLock is the one-slot semaphore of pool.
+func (c *Client) poolLock(pool string) chan struct{} {
 	c.poolMu.Lock()
+	defer c.poolMu.Unlock()
 	l, ok := c.poolLocks[pool]
 	if !ok {
 		l = make(chan struct{}, 1)
 		c.poolLocks[pool] = l
 	}
-	c.poolMu.Unlock()
+	return l
+}
+
+// tryLockPool takes the pool's lock when it is free.
+func (c *Client) tryLockPool(pool string) (func(), bool) {
+	l := c.poolLock(pool)
 	select {
 	case l <- struct{}{}:
 		return func() { <-l }, true
