@@ -228,7 +228,10 @@ func testEndpointAndCrashes(h *clusterHarness, m *lbCluster) {
 	var reloadedPID string
 	plan := newCrashPlan("EnsureNetwork", "ReserveAddress", "ImportImage", "EnsureOverlay", "UploadVolume",
 		"EnsureDomain", "StartDomain", "GuestWriteFile", applyStep)
-	h.run(plan, 6*time.Minute, func(step string) {
+	// A step's bound covers a TCG boot to the guest agent; cp-0 boots
+	// alongside the HAProxy VM (the cluster is provisioned once that runs),
+	// so on a busy host two VMs share it.
+	h.run(plan, 10*time.Minute, func(step string) {
 		lc := h.lc(m.name)
 		switch step {
 		case "EnsureNetwork":
