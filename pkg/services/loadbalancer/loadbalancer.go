@@ -81,7 +81,7 @@ func (svc *Service) Reconcile(ctx context.Context) error {
 	}
 	watch := []func(context.Context) error{domain.New(svc.vm, shutdownTimeout).Reconcile, svc.provisioned, svc.reconcileConfig}
 	if svc.scope.IsProvisioned() {
-		// Once the endpoint serves, the VM's reservation, disk and seed are
+		// Once the VM ran (provisioned), its reservation, disk and seed are
 		// settled: ensuring them on every reconcile would only cost libvirt
 		// calls. They are ensured again when the domain has to be defined
 		// anew and one of them is missing.
