@@ -65,7 +65,7 @@ func (s *suite) badInput(t *testing.T) {
 		"cidr conflicts with a host route": s.badCIDR,
 	}
 	// All at once, whatever -parallel says: each mostly waits for the
-	// load balancer to boot. t.Run may be called from several goroutines.
+	// cluster infrastructure (the HAProxy VM started). t.Run may be called from several goroutines.
 	var wg sync.WaitGroup
 	for name, fn := range cases {
 		wg.Add(1)

@@ -18,6 +18,9 @@ const (
 	LoadBalancerDisabledReason = "Disabled"
 	// WaitingForLoadBalancerReason: the HAProxy VM is booting.
 	WaitingForLoadBalancerReason = "WaitingForLoadBalancer"
+	// LoadBalancerNotServingReason: HAProxy has not accepted connections
+	// for longer than the VM needs to boot; the provider keeps trying.
+	LoadBalancerNotServingReason = "LoadBalancerNotServing"
 
 	// NetworkInactiveReason: the named libvirt network exists but is not
 	// running; the provider does not start networks it does not own.
@@ -82,6 +85,12 @@ const (
 	// is created; replace the object. Also on LibvirtCluster's
 	// LoadBalancerReady for loadBalancer.image.
 	ImageNotAllowedReason = "ImageNotAllowed"
+	// WaitingForImageImportReason: the base image at url is being
+	// imported into the pool; the message shows the progress.
+	WaitingForImageImportReason = "WaitingForImageImport"
+	// ImageImportFailedReason: the import of the image at url failed (a
+	// timeout, a refused connection, an HTTP error); it is retried with backoff.
+	ImageImportFailedReason = "ImageImportFailed"
 
 	// BootstrapDataReadyCondition tells whether the NoCloud seed ISO built
 	// from the bootstrap Secret is uploaded.

@@ -230,10 +230,10 @@ type DomainChoice struct {
 // default, sized from guest memory, costs several hundred MiB per VM.
 const DefaultTCGCacheMiB = 128
 
-// ChooseDomainType resolves "auto": kvm with host-passthrough when /dev/kvm
-// opens read-write and the host is not itself a guest (no "hypervisor" flag
-// in /proc/cpuinfo: nested or paravirtual KVM rarely boots a stock kernel in
-// reasonable time), otherwise qemu (TCG) with CPU mode maximum and a
+// ChooseDomainType resolves "auto" (see chooseAccelerator): kvm with
+// host-passthrough when /dev/kvm opens read-write and the CPU offers
+// hardware virtualisation (vmx or svm in /proc/cpuinfo, also under nested
+// virtualisation), otherwise qemu (TCG) with CPU mode maximum and a
 // DefaultTCGCacheMiB translation cache. "kvm" and "qemu" are taken as given
 // with the matching CPU mode unless cpuMode is set.
 func ChooseDomainType(domainType, cpuMode string) (DomainChoice, error) {
@@ -257,18 +257,60 @@ func ChooseDomainType(domainType, cpuMode string) (DomainChoice, error) {
 }
 
 func autoDomainType(kvm, tcg DomainChoice) DomainChoice {
+	var probe kvmProbe
 	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
-	if err != nil {
-		tcg.Reason = fmt.Sprintf("qemu (TCG, slow): /dev/kvm is not usable (%v)", err)
-		return tcg
+	if err == nil {
+		_ = f.Close()
 	}
-	_ = f.Close()
+	probe.openErr = err
 	cpuinfo, err := os.ReadFile("/proc/cpuinfo")
-	if err == nil && hasCPUFlag(string(cpuinfo), "hypervisor") {
-		tcg.Reason = "qemu (TCG, slow): this host is itself a virtual machine, and nested KVM rarely boots a stock kernel in reasonable time"
+	if err != nil {
+		probe.cpuinfoErr = err
+	}
+	probe.cpuinfo = string(cpuinfo)
+	return chooseAccelerator(probe, kvm, tcg)
+}
+
+// kvmProbe is what the auto choice learnt about the host.
+type kvmProbe struct {
+	// openErr is the error of opening /dev/kvm read-write.
+	openErr error
+	// cpuinfo is /proc/cpuinfo, unless reading it failed with cpuinfoErr.
+	cpuinfo    string
+	cpuinfoErr error
+}
+
+// chooseAccelerator decides between kvm and tcg. KVM needs /dev/kvm and a
+// CPU with hardware virtualisation: a /dev/kvm without vmx or svm is a
+// paravirtual KVM (kvm_pvm) that interprets a stock guest kernel
+// instruction by instruction, about 100× slower than TCG. A host that is
+// itself a VM ("hypervisor" flag) but offers vmx or svm runs nested KVM
+// well (CI runners, cloud and Proxmox guests).
+func chooseAccelerator(p kvmProbe, kvm, tcg DomainChoice) DomainChoice {
+	if p.openErr != nil {
+		tcg.Reason = fmt.Sprintf("qemu (TCG, slow): /dev/kvm is not usable (%v)", p.openErr)
 		return tcg
 	}
-	kvm.Reason = "kvm: /dev/kvm is usable and this host is not a virtual machine"
+	if p.cpuinfoErr != nil {
+		tcg.Reason = fmt.Sprintf("qemu (TCG, slow): cannot tell whether the CPU offers hardware virtualisation (%v)", p.cpuinfoErr)
+		return tcg
+	}
+	ext := ""
+	switch {
+	case hasCPUFlag(p.cpuinfo, "vmx"):
+		ext = "vmx (Intel VT-x)"
+	case hasCPUFlag(p.cpuinfo, "svm"):
+		ext = "svm (AMD-V)"
+	default:
+		tcg.Reason = "qemu (TCG): /dev/kvm opens but the CPU offers neither vmx nor svm, so this KVM is paravirtual or emulated " +
+			"(e.g. kvm_pvm) and would interpret a stock guest kernel far slower than TCG runs it"
+		return tcg
+	}
+	where := "this host"
+	if hasCPUFlag(p.cpuinfo, "hypervisor") {
+		where = "this virtual machine (nested virtualisation)"
+	}
+	kvm.Reason = fmt.Sprintf("kvm: /dev/kvm opens and the CPU of %s offers %s", where, ext)
 	return kvm
 }
 

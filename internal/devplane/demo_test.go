@@ -230,8 +230,43 @@ func TestChooseDomainType(t *testing.T) {
 	}
 	// auto decides from this host; whatever it picks must be consistent.
 	c, err := ChooseDomainType("auto", "")
+	t.Logf("auto on this host: %s", c.Reason)
 	if err != nil || (c.DomainType == "qemu") != (c.TCGCacheMiB == DefaultTCGCacheMiB) || c.Reason == "" {
 		t.Errorf("auto: %+v, %v", c, err)
+	}
+}
+
+func TestChooseAccelerator(t *testing.T) {
+	kvm := DomainChoice{DomainType: "kvm"}
+	tcg := DomainChoice{DomainType: "qemu"}
+	const (
+		bare      = "processor\t: 0\nflags\t\t: fpu vme vmx lahf_lm\n"
+		amd       = "processor\t: 0\nflags\t\t: fpu svm lahf_lm\n"
+		nested    = "processor\t: 0\nflags\t\t: fpu vmx hypervisor lahf_lm\n"
+		pvm       = "processor\t: 0\nflags\t\t: fpu vme hypervisor lahf_lm\n" // this project's build host: kvm_pvm
+		noVirtCPU = "processor\t: 0\nflags\t\t: fpu vme lahf_lm\n"
+	)
+	for _, tc := range []struct {
+		name       string
+		probe      kvmProbe
+		want       string
+		wantReason string
+	}{
+		{"bare metal, Intel", kvmProbe{cpuinfo: bare}, "kvm", "offers vmx"},
+		{"bare metal, AMD", kvmProbe{cpuinfo: amd}, "kvm", "offers svm"},
+		{"nested virtualisation", kvmProbe{cpuinfo: nested}, "kvm", "nested virtualisation"},
+		{"paravirtual KVM without vmx/svm", kvmProbe{cpuinfo: pvm}, "qemu", "neither vmx nor svm"},
+		{"KVM device without vmx/svm", kvmProbe{cpuinfo: noVirtCPU}, "qemu", "neither vmx nor svm"},
+		{"no /dev/kvm", kvmProbe{openErr: os.ErrNotExist, cpuinfo: bare}, "qemu", "/dev/kvm is not usable"},
+		{"/dev/kvm not permitted", kvmProbe{openErr: os.ErrPermission, cpuinfo: nested}, "qemu", "permission denied"},
+		{"cpuinfo unreadable", kvmProbe{cpuinfoErr: os.ErrPermission}, "qemu", "cannot tell"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := chooseAccelerator(tc.probe, kvm, tcg)
+			if c.DomainType != tc.want || !strings.Contains(c.Reason, tc.wantReason) {
+				t.Errorf("chose %s (%s), want %s with a reason saying %q", c.DomainType, c.Reason, tc.want, tc.wantReason)
+			}
+		})
 	}
 }
 

@@ -30,6 +30,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/hostevents"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/loadbalancer"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/network"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/pool"
@@ -56,6 +57,8 @@ type LibvirtClusterReconciler struct {
 	// Tenancy is what a cluster's namespace may name (pool, network,
 	// HAProxy image); checked before anything is created.
 	Tenancy tenancy.Policy
+	// Images imports the HAProxy VM's image when given by URL.
+	Images *imageimport.Importer
 }
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=libvirtclusters;libvirtclusters/status;libvirtclusters/finalizers,verbs=get;list;watch;update;patch
@@ -125,7 +128,7 @@ func (r *LibvirtClusterReconciler) reconcileNormal(ctx context.Context, s *scope
 		{"references", references.NewCluster(s, r.Tenancy).Reconcile},
 		{"storage pool", pool.New(s).Reconcile},
 		{"network", network.New(s).Reconcile},
-		{"load balancer", loadbalancer.New(s).Reconcile},
+		{"load balancer", loadbalancer.New(s, r.Images).Reconcile},
 	}); err != nil {
 		return requeueOutcome(err)
 	}
@@ -148,7 +151,7 @@ func (r *LibvirtClusterReconciler) reconcileDelete(ctx context.Context, s *scope
 	}
 	s.MarkFalse(infrav1.LoadBalancerReadyCondition, infrav1.DeletingReason, "Deleting the load balancer")
 	s.MarkFalse(infrav1.NetworkReadyCondition, infrav1.DeletingReason, "Deleting the network")
-	for _, svc := range []services.Service{loadbalancer.New(s), network.New(s)} {
+	for _, svc := range []services.Service{loadbalancer.New(s, r.Images), network.New(s)} {
 		if err := svc.Delete(ctx); err != nil {
 			return requeueOutcome(err)
 		}
@@ -187,8 +190,8 @@ func requeueOutcome(err error) (ctrl.Result, error) {
 // SetupWithManager registers the reconciler, its watches and the libvirt
 // event source of the HAProxy VMs with the manager.
 func (r *LibvirtClusterReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
-	if r.Host == nil {
-		return errors.New("LibvirtClusterReconciler needs a libvirt host")
+	if r.Host == nil || r.Images == nil {
+		return errors.New("LibvirtClusterReconciler needs a libvirt host and an image importer")
 	}
 	// The HAProxy VMs' domains name their LibvirtCluster as owner: the
 	// guest agent connecting is when the configuration can be written, and
@@ -211,6 +214,7 @@ func (r *LibvirtClusterReconciler) SetupWithManager(ctx context.Context, mgr ctr
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToLibvirtCluster)).
 		Watches(&infrav1.LibvirtMachine{}, handler.EnqueueRequestsFromMapFunc(r.libvirtMachineToLibvirtCluster)).
 		WatchesRawSource(events.Source()).
+		WatchesRawSource(r.Images.Source("LibvirtCluster")).
 		Complete(r)
 }
 

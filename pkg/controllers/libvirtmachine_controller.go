@@ -31,6 +31,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/hostevents"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/references"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -62,6 +63,8 @@ type LibvirtMachineReconciler struct {
 	// Tenancy is what a machine's namespace may name (pools, base images,
 	// networks); checked before anything is created.
 	Tenancy tenancy.Policy
+	// Images imports base images given by URL, outside the reconciles.
+	Images *imageimport.Importer
 
 	events *hostevents.Source
 }
@@ -160,7 +163,7 @@ func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope
 		steps = []step{
 			{"references", references.NewMachine(s, r.Tenancy).Reconcile},
 			{"address", address.New(s).Reconcile},
-			{"disk", disk.New(s).Reconcile},
+			{"disk", disk.New(s, r.Images).Reconcile},
 			{"seed", seed.New(s).Reconcile},
 		}
 	}
@@ -186,7 +189,7 @@ func (r *LibvirtMachineReconciler) reconcileDelete(ctx context.Context, s *scope
 	for _, svc := range []services.Service{
 		domain.New(s, r.ShutdownTimeout),
 		seed.New(s),
-		disk.New(s),
+		disk.New(s, r.Images),
 		address.New(s),
 	} {
 		if err := svc.Delete(ctx); err != nil {
@@ -242,8 +245,8 @@ func (r *LibvirtMachineReconciler) libvirtCluster(ctx context.Context, c *cluste
 // SetupWithManager registers the reconciler, its watches and the libvirt
 // event source with the manager.
 func (r *LibvirtMachineReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
-	if r.Host == nil {
-		return errors.New("LibvirtMachineReconciler needs a libvirt host")
+	if r.Host == nil || r.Images == nil {
+		return errors.New("LibvirtMachineReconciler needs a libvirt host and an image importer")
 	}
 	if err := hostevents.IndexMAC(ctx, mgr.GetFieldIndexer()); err != nil {
 		return fmt.Errorf("indexing LibvirtMachines by MAC: %w", err)
@@ -266,5 +269,6 @@ func (r *LibvirtMachineReconciler) SetupWithManager(ctx context.Context, mgr ctr
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(clusterToMachines),
 			builder.WithPredicates(predicates.ClusterPausedTransitionsOrInfrastructureProvisioned(mgr.GetScheme(), log))).
 		WatchesRawSource(r.events.Source()).
+		WatchesRawSource(r.Images.Source("LibvirtMachine")).
 		Complete(r)
 }

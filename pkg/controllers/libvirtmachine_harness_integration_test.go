@@ -67,6 +67,9 @@ type harness struct {
 	logs     *syncBuffer
 	logPath  string
 
+	// options, when set, adjusts the manager options of startProvider.
+	options func(*manager.Options)
+
 	mu           sync.Mutex
 	provider     *testenv.Provider
 	providerConn *virt.Client
@@ -189,6 +192,9 @@ func (h *harness) startProvider(wrap func(virt.Host) virt.Host) *testenv.Provide
 	opts.LibvirtURI = h.uri
 	// Volumes named in the tests' image.volume live in the test pool.
 	opts.ImagePools = append(opts.ImagePools, h.pool)
+	if h.options != nil {
+		h.options(&opts)
+	}
 	p, err := h.env.StartProvider(opts, manager.Wiring{
 		Host: host, HostName: manager.HostNameFromURI(h.uri),
 		MachineShutdownTimeout: 15 * time.Second, SkipControllerNameValidation: true,

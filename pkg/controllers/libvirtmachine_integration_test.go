@@ -49,6 +49,7 @@ func TestLibvirtMachine(t *testing.T) {
 	t.Run("BadBootstrapFormat", func(t *testing.T) { h.t = t; testBadFormat(h, clusterA) })
 	t.Run("DeleteDuringCreation", func(t *testing.T) { h.t = t; testDeleteDuringCreation(h, clusterA) })
 	t.Run("LibvirtdRestartedMidReconcile", func(t *testing.T) { h.t = t; testLibvirtdRestart(h, clusterA) })
+	t.Run("StuckImageServers", func(t *testing.T) { h.t = t; testStuckImageServers(h, clusterA) })
 	t.Run("BootedMachines", func(t *testing.T) { h.t = t; testBootedMachines(h, clusterA) })
 	h.t = t
 	h.cleanupMachines() // leftovers of a failed scenario, so the checks below judge the rest

@@ -27,6 +27,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/controllers"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/loadbalancer"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/webhooks"
@@ -148,6 +149,10 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 		return nil, fmt.Errorf("creating manager: %w", err)
 	}
 
+	images := imageimport.New(w.Host, opts.ImageImport)
+	if err := mgr.Add(images); err != nil {
+		return nil, err
+	}
 	if err := (&controllers.LibvirtClusterReconciler{
 		Client:           mgr.GetClient(),
 		Host:             w.Host,
@@ -155,6 +160,7 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 		Recorder:         mgr.GetEventRecorderFor("libvirtcluster-controller"), //nolint:staticcheck // Cluster API's utilities take a record.EventRecorder.
 		WatchFilterValue: opts.WatchFilterValue,
 		Tenancy:          policy,
+		Images:           images,
 	}).SetupWithManager(context.Background(), mgr, controller.Options{MaxConcurrentReconciles: opts.ClusterConcurrency}); err != nil {
 		return nil, fmt.Errorf("setting up the LibvirtCluster controller: %w", err)
 	}
@@ -167,6 +173,7 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 		ShutdownTimeout:  w.MachineShutdownTimeout,
 		LoadBalancer:     &loadbalancer.Deregisterer{},
 		Tenancy:          policy,
+		Images:           images,
 	}).SetupWithManager(context.Background(), mgr, controller.Options{MaxConcurrentReconciles: opts.MachineConcurrency}); err != nil {
 		return nil, fmt.Errorf("setting up the LibvirtMachine controller: %w", err)
 	}

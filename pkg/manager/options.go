@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/flags"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 )
 
 // DefaultLibvirtURI is the libvirt connection used when none is given.
@@ -48,6 +49,10 @@ type Options struct {
 	ClusterConcurrency, MachineConcurrency int
 	// SyncPeriod is the minimum interval at which every object is reconciled again.
 	SyncPeriod time.Duration
+
+	// ImageImport bounds the downloads of base images given by URL and
+	// spaces the retries of failed ones.
+	ImageImport imageimport.Options
 
 	// WebhookPort and WebhookCertDir configure the webhook server.
 	WebhookPort int
@@ -100,6 +105,19 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Number of LibvirtMachines to process simultaneously.")
 	fs.DurationVar(&o.SyncPeriod, "sync-period", 10*time.Minute,
 		"The minimum interval at which watched resources are reconciled (e.g. 15m).")
+
+	fs.DurationVar(&o.ImageImport.Fetch.ConnectTimeout, "image-import-connect-timeout", imageimport.DefaultConnectTimeout,
+		"Bound on connecting to an image URL's server (TCP and TLS).")
+	fs.DurationVar(&o.ImageImport.Fetch.HeaderTimeout, "image-import-header-timeout", imageimport.DefaultHeaderTimeout,
+		"Bound on the wait for an image server's response headers once the request was sent.")
+	fs.DurationVar(&o.ImageImport.Fetch.IdleTimeout, "image-import-idle-timeout", imageimport.DefaultIdleTimeout,
+		"An image download that receives no data for this long fails.")
+	fs.DurationVar(&o.ImageImport.Deadline, "image-import-timeout", imageimport.DefaultDeadline,
+		"Bound on one attempt of an image import, download and upload into the pool.")
+	fs.DurationVar(&o.ImageImport.MinBackoff, "image-import-min-backoff", imageimport.DefaultMinBackoff,
+		"Wait before the first retry of a failed image import; it doubles with each failure.")
+	fs.DurationVar(&o.ImageImport.MaxBackoff, "image-import-max-backoff", imageimport.DefaultMaxBackoff,
+		"Longest wait between retries of a failed image import.")
 
 	fs.IntVar(&o.WebhookPort, "webhook-port", 9443, "Webhook server port.")
 	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs/",

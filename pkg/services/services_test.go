@@ -28,6 +28,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/disk"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/internal/fakehost"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -218,11 +219,68 @@ func TestDiskErrorsBecomeReasons(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			tc.setup(f)
-			err := disk.New(f.scope()).Reconcile(context.Background())
+			err := disk.New(f.scope(), &syncImporter{host: f.host}).Reconcile(context.Background())
 			if _, ok := services.AsRequeue(err); !ok {
 				t.Fatalf("err = %v, want a requeue", err)
 			}
 			wantCondition(t, f.lm, infrav1.DiskReadyCondition, metav1.ConditionFalse, tc.reason)
+		})
+	}
+}
+
+// syncImporter imports in the caller, at once: the disk service's handling
+// of an import's outcome without the importer's goroutines.
+type syncImporter struct {
+	host     virt.Host
+	released []imageimport.Waiter
+}
+
+func (i *syncImporter) Ensure(k imageimport.Key, _ imageimport.Waiter) imageimport.Status {
+	info, err := i.host.ImportImage(context.Background(), virt.ImageImport{Pool: k.Pool, Volume: k.Volume, Source: k.Source, SHA256: k.SHA256})
+	if err != nil {
+		return imageimport.Status{Phase: imageimport.Failed, Attempt: 1, Err: err, RetryAt: time.Now().Add(time.Minute)}
+	}
+	return imageimport.Status{Phase: imageimport.Done, Attempt: 1, Volume: info}
+}
+
+func (i *syncImporter) Release(w imageimport.Waiter) { i.released = append(i.released, w) }
+
+// runningImporter reports an import under way.
+type runningImporter struct{ st imageimport.Status }
+
+func (i runningImporter) Ensure(imageimport.Key, imageimport.Waiter) imageimport.Status { return i.st }
+func (runningImporter) Release(imageimport.Waiter)                                      {}
+
+func TestDiskImportReasons(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		st      imageimport.Status
+		reason  string
+		message string
+	}{
+		{"running", imageimport.Status{Phase: imageimport.Running, Attempt: 1, Read: 3 << 20, Total: 12 << 20, Elapsed: 3 * time.Second},
+			infrav1.WaitingForImageImportReason, "3.0 MiB of 12.0 MiB (25%), 1.0 MiB/s"},
+		{"no answer yet", imageimport.Status{Phase: imageimport.Running, Attempt: 2, Elapsed: 4 * time.Second},
+			infrav1.WaitingForImageImportReason, "(attempt 2): waiting for the source to answer (4s so far)"},
+		{"timed out", imageimport.Status{Phase: imageimport.Failed, Attempt: 1, Err: errors.New("timeout awaiting response headers"), RetryAt: time.Now().Add(time.Minute)},
+			infrav1.ImageImportFailedReason, "timeout awaiting response headers"},
+		{"not found", imageimport.Status{Phase: imageimport.Failed, Attempt: 1, Err: fmt.Errorf("%w: 404", virt.ErrImageNotFound), RetryAt: time.Now().Add(time.Minute)},
+			infrav1.ImageNotFoundReason, "404"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.lm.Spec.Image = infrav1.ImageSource{URL: "http://images.example/img.qcow2", Checksum: "sha256:" + strings.Repeat("a", 64)}
+			err := disk.New(f.scope(), runningImporter{tc.st}).Reconcile(context.Background())
+			if rq, ok := services.AsRequeue(err); !ok || rq.After <= 0 {
+				t.Fatalf("err = %v, want a timed requeue", err)
+			}
+			c := wantCondition(t, f.lm, infrav1.DiskReadyCondition, metav1.ConditionFalse, tc.reason)
+			if c != nil && !strings.Contains(c.Message, tc.message) {
+				t.Errorf("message %q does not say %q", c.Message, tc.message)
+			}
+			if f.host.Called("EnsureOverlay") {
+				t.Error("overlay created before the image")
+			}
 		})
 	}
 }
@@ -233,7 +291,7 @@ func TestDiskImportsByChecksum(t *testing.T) {
 	f.host.Images["file:///img.qcow2"] = sum
 	f.lm.Spec.Image = infrav1.ImageSource{URL: "file:///img.qcow2", Checksum: "sha256:" + sum}
 	s := f.scope()
-	if err := disk.New(s).Reconcile(context.Background()); err != nil {
+	if err := disk.New(s, &syncImporter{host: f.host}).Reconcile(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := f.host.Volumes["pool/"+scope.ImageVolumeName(sum)]; !ok {
@@ -246,8 +304,12 @@ func TestDiskImportsByChecksum(t *testing.T) {
 	if f.host.Pools["pool"].Path != "/pools/pool" {
 		t.Errorf("pool not ensured: %v", f.host.Pools)
 	}
-	if err := disk.New(s).Delete(context.Background()); err != nil {
+	images := &syncImporter{host: f.host}
+	if err := disk.New(s, images).Delete(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	if len(images.released) != 1 || images.released[0].Name != f.lm.Name {
+		t.Errorf("Delete released %v, want the machine's wait", images.released)
 	}
 	if _, ok := f.host.Volumes["pool/"+s.OverlayVolume()]; ok {
 		t.Error("overlay survived Delete")
@@ -327,7 +389,7 @@ func TestSeedMissingSecret(t *testing.T) {
 func provision(t *testing.T, f *fixture) *scope.MachineScope {
 	t.Helper()
 	s := f.scope()
-	for _, svc := range []services.Service{address.New(s), disk.New(s), seed.New(s)} {
+	for _, svc := range []services.Service{address.New(s), disk.New(s, &syncImporter{host: f.host}), seed.New(s)} {
 		if err := svc.Reconcile(context.Background()); err != nil {
 			t.Fatal(err)
 		}

@@ -34,6 +34,24 @@ type ImageImport struct {
 	Source string
 	// SHA256 is the expected hex digest of Source's bytes.
 	SHA256 string
+	// Fetch bounds an http(s) download; a zero field sets no bound. The
+	// caller's context bounds the whole import.
+	Fetch FetchLimits
+	// Progress, when set, is called as the source is read, with the bytes
+	// read so far and the source's length.
+	Progress func(done, total int64)
+}
+
+// FetchLimits bound the phases of an image download, so that a server that
+// stops answering fails the import rather than holding it forever.
+type FetchLimits struct {
+	// ConnectTimeout bounds the TCP (and TLS) connection.
+	ConnectTimeout time.Duration
+	// HeaderTimeout bounds the wait for the response headers once the
+	// request was sent.
+	HeaderTimeout time.Duration
+	// IdleTimeout bounds any wait for the next bytes of the body.
+	IdleTimeout time.Duration
 }
 
 // OverlaySpec describes a copy-on-write disk on a base volume.
@@ -73,19 +91,49 @@ const uploadChunk = 1 << 20
 // run concurrently ("pool has asynchronous jobs running"). A channel rather
 // than a mutex, so waiting behind a long import honours ctx.
 func (c *Client) lockPool(ctx context.Context, pool string) (func(), error) {
-	c.poolMu.Lock()
-	l, ok := c.poolLocks[pool]
-	if !ok {
-		l = make(chan struct{}, 1)
-		c.poolLocks[pool] = l
-	}
-	c.poolMu.Unlock()
+	l := c.poolLock(pool)
 	select {
 	case l <- struct{}{}:
 		return func() { <-l }, nil
 	case <-ctx.Done():
 		return nil, fmt.Errorf("waiting for pool %s: %w", pool, ctx.Err())
 	}
+}
+
+// poolLock is the one-slot semaphore of pool.
+func (c *Client) poolLock(pool string) chan struct{} {
+	c.poolMu.Lock()
+	defer c.poolMu.Unlock()
+	l, ok := c.poolLocks[pool]
+	if !ok {
+		l = make(chan struct{}, 1)
+		c.poolLocks[pool] = l
+	}
+	return l
+}
+
+// tryLockPool takes the pool's lock when it is free.
+func (c *Client) tryLockPool(pool string) (func(), bool) {
+	l := c.poolLock(pool)
+	select {
+	case l <- struct{}{}:
+		return func() { <-l }, true
+	default:
+		return nil, false
+	}
+}
+
+// poolServes tells whether spec's pool exists, is active and has spec's path.
+func (c *Client) poolServes(ctx context.Context, spec PoolSpec) bool {
+	err := c.withConn(ctx, "EnsurePool", func(conn *libvirt.Connect) error {
+		return withPool(conn, spec.Name, func(p *libvirt.StoragePool) error {
+			if active, err := p.IsActive(); err != nil || !active {
+				return errors.Join(err, errors.New("inactive"))
+			}
+			return checkPoolPath(p, spec)
+		})
+	})
+	return err == nil
 }
 
 // EnsurePool defines, builds, starts and autostarts a directory pool and
@@ -96,9 +144,19 @@ func (c *Client) EnsurePool(ctx context.Context, spec PoolSpec) error {
 	if spec.Name == "" || !filepath.IsAbs(spec.Path) {
 		return fmt.Errorf("pool needs a name and an absolute path, got %q %q", spec.Name, spec.Path)
 	}
-	unlock, err := c.lockPool(ctx, spec.Name)
-	if err != nil {
-		return err
+	unlock, ok := c.tryLockPool(spec.Name)
+	if !ok {
+		// An import holds the pool for as long as its upload runs. A pool
+		// that exists, serves and is the one asked for needs nothing from
+		// this call but the refresh, which the import does when it ends:
+		// do not wait for it.
+		if c.poolServes(ctx, spec) {
+			return nil
+		}
+		var err error
+		if unlock, err = c.lockPool(ctx, spec.Name); err != nil {
+			return err
+		}
 	}
 	defer unlock()
 	return c.withConn(ctx, "EnsurePool", func(conn *libvirt.Connect) error {

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 )
@@ -154,5 +155,25 @@ func TestParseInfo(t *testing.T) {
 	info := ParseInfo(out)
 	if info["Pid"] != "812" || info["description"] != "capl-config-0123" || info["Version"] != "2.6.12-1+deb12u4" {
 		t.Errorf("ParseInfo = %v", info)
+	}
+}
+
+func TestNotServingReason(t *testing.T) {
+	now := time.Date(2026, 11, 24, 1, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name  string
+		since time.Time
+		want  string
+	}{
+		{"never False before", time.Time{}, infrav1.WaitingForLoadBalancerReason},
+		{"booting", now.Add(-3 * time.Minute), infrav1.WaitingForLoadBalancerReason},
+		{"at the bound", now.Add(-servingBound), infrav1.WaitingForLoadBalancerReason},
+		{"past the bound", now.Add(-servingBound - time.Second), infrav1.LoadBalancerNotServingReason},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := notServingReason(tc.since, now, servingBound); got != tc.want {
+				t.Errorf("notServingReason = %s, want %s", got, tc.want)
+			}
+		})
 	}
 }

@@ -21,6 +21,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"sigs.k8s.io/cluster-api/util/conditions"
+
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
@@ -41,6 +43,10 @@ const (
 	// shutdownTimeout is short: the VM holds no state, and it is only
 	// deleted once no machine of the cluster remains.
 	shutdownTimeout = time.Second
+	// servingBound is how long HAProxy may take to serve before
+	// LoadBalancerReady says it does not (LoadBalancerNotServing) rather
+	// than that it is on its way: a TCG VM on a busy host boots in minutes.
+	servingBound = 15 * time.Minute
 )
 
 // userData is the HAProxy VM's cloud-config. It configures nothing: the
@@ -53,24 +59,29 @@ const userData = `#cloud-config
 
 // Service owns the LoadBalancerReady condition.
 type Service struct {
-	scope *scope.ClusterScope
-	vm    *scope.LoadBalancerScope
+	scope  *scope.ClusterScope
+	vm     *scope.LoadBalancerScope
+	images disk.Importer
 }
 
 var _ services.Service = (*Service)(nil)
 
-// New returns the load balancer service of s.
-func New(s *scope.ClusterScope) *Service { return &Service{scope: s, vm: s.LoadBalancer()} }
+// New returns the load balancer service of s; images imports the VM's
+// image when spec.loadBalancer.image names a URL.
+func New(s *scope.ClusterScope, images disk.Importer) *Service {
+	return &Service{scope: s, vm: s.LoadBalancer(), images: images}
+}
 
-// Reconcile serves the endpoint and reports the cluster provisioned once
-// it accepts connections (type HAProxy) or is set (type None).
+// Reconcile serves the endpoint. The cluster is provisioned once the
+// HAProxy VM runs (type HAProxy) or the endpoint is set (type None);
+// LoadBalancerReady turns True when the endpoint accepts connections.
 func (svc *Service) Reconcile(ctx context.Context) error {
 	if !svc.scope.LoadBalancerEnabled() {
 		return svc.reconcileUserEndpoint()
 	}
-	watch := []func(context.Context) error{domain.New(svc.vm, shutdownTimeout).Reconcile, svc.reconcileConfig}
+	watch := []func(context.Context) error{domain.New(svc.vm, shutdownTimeout).Reconcile, svc.provisioned, svc.reconcileConfig}
 	if svc.scope.IsProvisioned() {
-		// Once the endpoint serves, the VM's reservation, disk and seed are
+		// Once the VM ran (provisioned), its reservation, disk and seed are
 		// settled: ensuring them on every reconcile would only cost libvirt
 		// calls. They are ensured again when the domain has to be defined
 		// anew and one of them is missing.
@@ -80,9 +91,18 @@ func (svc *Service) Reconcile(ctx context.Context) error {
 	}
 	return runAll(ctx, append([]func(context.Context) error{
 		svc.reconcileAddress,
-		disk.New(svc.vm).Reconcile,
+		disk.New(svc.vm, svc.images).Reconcile,
 		seed.NewWithUserData(svc.vm, []byte(userData)).Reconcile,
 	}, watch...))
+}
+
+// provisioned reports the infrastructure provisioned once the HAProxy VM
+// runs: its address is the published endpoint, and the control plane's
+// first machine, which needs it only minutes into its own boot, then boots
+// alongside it rather than after it.
+func (svc *Service) provisioned(context.Context) error {
+	svc.scope.SetProvisioned()
+	return nil
 }
 
 // runAll runs steps in order until one fails.
@@ -198,7 +218,7 @@ func (svc *Service) reconcileConfig(ctx context.Context) error {
 	}
 	running, err := RunningConfigID(ctx, s.Host, svc.vm.DomainName())
 	if errors.Is(err, virt.ErrAgentUnavailable) {
-		s.MarkFalse(infrav1.LoadBalancerReadyCondition, infrav1.WaitingForLoadBalancerReason, "Waiting for the HAProxy VM's guest agent")
+		svc.notServing("Waiting for the HAProxy VM's guest agent")
 		return services.Requeue(recheckAgent, "guest agent not answering")
 	}
 	if err != nil {
@@ -214,10 +234,36 @@ func (svc *Service) reconcileConfig(ctx context.Context) error {
 	// running configuration is recorded without reloading again.
 	st.ConfigHash, st.Backends = id, backends
 	if err := svc.serving(); err != nil {
-		s.MarkFalse(infrav1.LoadBalancerReadyCondition, infrav1.WaitingForLoadBalancerReason, "HAProxy does not accept connections yet: %v", err)
+		svc.notServing(fmt.Sprintf("HAProxy does not accept connections yet: %v", err))
 		return services.Requeue(recheckServing, "endpoint not serving")
 	}
 	return nil
+}
+
+// notServing sets LoadBalancerReady False while HAProxy does not serve:
+// WaitingForLoadBalancer, or LoadBalancerNotServing once that has lasted
+// longer than servingBound.
+func (svc *Service) notServing(message string) {
+	s := svc.scope
+	var since time.Time
+	if c := conditions.Get(s.LibvirtCluster, infrav1.LoadBalancerReadyCondition); c != nil && c.Status == metav1.ConditionFalse {
+		since = c.LastTransitionTime.Time
+	}
+	reason := notServingReason(since, time.Now(), servingBound)
+	if reason == infrav1.LoadBalancerNotServingReason {
+		message = fmt.Sprintf("HAProxy has not served for %s (since %s): %s; look at the VM's console (virsh console %s)",
+			time.Since(since).Round(time.Second), since.UTC().Format(time.RFC3339), message, svc.vm.DomainName())
+	}
+	s.MarkFalse(infrav1.LoadBalancerReadyCondition, reason, "%s", message)
+}
+
+// notServingReason is LoadBalancerReady's reason when the endpoint has not
+// served since since (zero: it just stopped, or never was False before).
+func notServingReason(since, now time.Time, bound time.Duration) string {
+	if !since.IsZero() && now.Sub(since) > bound {
+		return infrav1.LoadBalancerNotServingReason
+	}
+	return infrav1.WaitingForLoadBalancerReason
 }
 
 // apply loads cfg into HAProxy and records it.
@@ -251,7 +297,7 @@ func (svc *Service) apply(ctx context.Context, cfg []byte, id string, backends [
 }
 
 // serving dials the endpoint from the manager's host and sets
-// LoadBalancerReady and provisioned when it accepts connections.
+// LoadBalancerReady when it accepts connections.
 func (svc *Service) serving() error {
 	s := svc.scope
 	ep := s.LibvirtCluster.Spec.ControlPlaneEndpoint
@@ -264,7 +310,6 @@ func (svc *Service) serving() error {
 	backends := s.LoadBalancerStatus().Backends
 	s.MarkTrue(infrav1.LoadBalancerReadyCondition, infrav1.ReadyReason,
 		fmt.Sprintf("HAProxy accepts connections on %s; backends [%s]", addr, describe(backends)))
-	s.SetProvisioned()
 	return nil
 }
 
@@ -292,7 +337,7 @@ func (svc *Service) Delete(ctx context.Context) error {
 	for _, step := range []services.Service{
 		domain.New(svc.vm, shutdownTimeout),
 		seed.NewWithUserData(svc.vm, nil),
-		disk.New(svc.vm),
+		disk.New(svc.vm, svc.images),
 		address.New(svc.vm),
 	} {
 		if err := step.Delete(ctx); err != nil {

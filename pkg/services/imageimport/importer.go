@@ -1,0 +1,325 @@
+// Package imageimport runs the imports of base images into storage pools
+// outside the reconciles that need them: one import per image and pool,
+// shared by every object waiting for it, bounded by timeouts, cancelled
+// when nobody waits any more and retried with backoff after a failure.
+// Reconciles ask for an import's status (Ensure) without ever blocking on
+// the network, and are triggered again through Source when it ends.
+package imageimport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// Defaults of Options, also the manager flags' defaults.
+const (
+	DefaultConnectTimeout = 30 * time.Second
+	DefaultHeaderTimeout  = time.Minute
+	DefaultIdleTimeout    = 2 * time.Minute
+	DefaultDeadline       = 2 * time.Hour
+	DefaultMinBackoff     = 10 * time.Second
+	DefaultMaxBackoff     = 10 * time.Minute
+)
+
+// Options bound the imports.
+type Options struct {
+	// Fetch bounds the phases of a download.
+	Fetch virt.FetchLimits
+	// Deadline bounds one attempt of an import, download and upload.
+	Deadline time.Duration
+	// MinBackoff and MaxBackoff space the attempts after failures: the
+	// wait doubles from MinBackoff up to MaxBackoff.
+	MinBackoff, MaxBackoff time.Duration
+}
+
+// withDefaults fills in the zero fields: an import is never unbounded.
+func (o Options) withDefaults() Options {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&o.Fetch.ConnectTimeout, DefaultConnectTimeout)
+	def(&o.Fetch.HeaderTimeout, DefaultHeaderTimeout)
+	def(&o.Fetch.IdleTimeout, DefaultIdleTimeout)
+	def(&o.Deadline, DefaultDeadline)
+	def(&o.MinBackoff, DefaultMinBackoff)
+	def(&o.MaxBackoff, DefaultMaxBackoff)
+	return o
+}
+
+// Backoff is the wait after the n-th consecutive failure (n ≥ 1).
+func (o Options) Backoff(n int) time.Duration {
+	d := o.MinBackoff
+	for i := 1; i < n && d < o.MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, o.MaxBackoff)
+}
+
+// Key identifies an import: one image into one pool.
+type Key struct {
+	Pool, Volume, Source, SHA256 string
+}
+
+// Waiter is an object whose reconcile waits for an import; Source
+// triggers its reconcile when the import ends.
+type Waiter struct {
+	Kind, Namespace, Name string
+}
+
+// Phase is where an import stands.
+type Phase string
+
+// The phases of an import.
+const (
+	Running Phase = "Running"
+	Done    Phase = "Done"
+	Failed  Phase = "Failed"
+)
+
+// Status is an import's state as Ensure reports it.
+type Status struct {
+	Phase Phase
+	// Read and Total are the bytes read from the source so far and its
+	// length (zero until the source answered); Elapsed is the attempt's age.
+	Read, Total int64
+	Elapsed     time.Duration
+	// Attempt counts the attempts, the running or last one included.
+	Attempt int
+	// Err is the last attempt's failure; RetryAt is when the next attempt
+	// may start (Failed only).
+	Err     error
+	RetryAt time.Time
+	// Volume is the imported image (Done only).
+	Volume virt.VolumeInfo
+}
+
+// Progress describes a running import: "12.0 MiB of 150.0 MiB (8%),
+// 2.0 MiB/s", or what it waits for before the source answered.
+func (s Status) Progress() string {
+	if s.Total == 0 && s.Read == 0 {
+		return fmt.Sprintf("waiting for the source to answer (%s so far)", s.Elapsed.Round(time.Second))
+	}
+	text := fmt.Sprintf("%s of %s", bytesIEC(float64(s.Read)), bytesIEC(float64(s.Total)))
+	if s.Total > 0 {
+		text += fmt.Sprintf(" (%d%%)", s.Read*100/s.Total)
+	}
+	if secs := s.Elapsed.Seconds(); secs >= 1 {
+		text += fmt.Sprintf(", %s/s", bytesIEC(float64(s.Read)/secs))
+	}
+	return text
+}
+
+// bytesIEC formats n bytes with a binary unit.
+func bytesIEC(n float64) string {
+	if n < 1024 {
+		return fmt.Sprintf("%.0f B", n)
+	}
+	units := []string{"KiB", "MiB", "GiB", "TiB"}
+	i := -1
+	for n >= 1024 && i < len(units)-1 {
+		n /= 1024
+		i++
+	}
+	return fmt.Sprintf("%.1f %s", n, units[i])
+}
+
+// Importer runs the imports; it is a manager Runnable (Start cancels every
+// import when the manager stops).
+type Importer struct {
+	host virt.Host
+	opts Options
+	now  func() time.Time
+
+	// ctx outlives reconciles (imports do); it ends with Start's.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	jobs    map[Key]*job
+	sources map[string]chan event.GenericEvent // kind → reconcile triggers
+}
+
+// job is one image's import and those waiting for it.
+type job struct {
+	key     Key
+	waiters map[Waiter]struct{}
+	status  Status
+	// attempt is the running attempt; nil when none runs.
+	attempt  *attempt
+	failures int
+}
+
+// attempt is one run of ImportImage.
+type attempt struct {
+	started     time.Time
+	cancel      context.CancelFunc
+	read, total atomic.Int64
+}
+
+// New returns an Importer into host's pools.
+func New(host virt.Host, opts Options) *Importer {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Importer{
+		host: host, opts: opts.withDefaults(), now: time.Now, ctx: ctx, cancel: cancel,
+		jobs: map[Key]*job{}, sources: map[string]chan event.GenericEvent{},
+	}
+}
+
+// Source is the controller-runtime source of reconcile requests for the
+// waiters of kind kind: each gets one when its import ends. Call it before
+// the manager starts.
+func (im *Importer) Source(kind string) source.Source {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	ch, ok := im.sources[kind]
+	if !ok {
+		ch = make(chan event.GenericEvent, 1024)
+		im.sources[kind] = ch
+	}
+	return source.Channel(ch, &handler.EnqueueRequestForObject{})
+}
+
+// Start waits for ctx to end, then cancels the imports and waits for them
+// to clean up.
+func (im *Importer) Start(ctx context.Context) error {
+	<-ctx.Done()
+	im.cancel()
+	im.wg.Wait()
+	return nil
+}
+
+// NeedLeaderElection is false: only reconciles start imports, and the
+// imports of a replica that stops must end with it.
+func (im *Importer) NeedLeaderElection() bool { return false }
+
+// Ensure registers w as waiting for key's import, starts the import unless
+// it runs, is done, or waits out its backoff, and returns its status. It
+// never blocks on libvirt or the network.
+func (im *Importer) Ensure(key Key, w Waiter) Status {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	j, ok := im.jobs[key]
+	if !ok {
+		j = &job{key: key, waiters: map[Waiter]struct{}{}}
+		im.jobs[key] = j
+	}
+	j.waiters[w] = struct{}{}
+	switch {
+	case j.status.Phase == Done:
+	case j.status.Phase == Failed && im.now().Before(j.status.RetryAt):
+	case j.attempt == nil:
+		im.startLocked(j)
+	}
+	st := j.status
+	if a := j.attempt; a != nil {
+		st.Read, st.Total, st.Elapsed = a.read.Load(), a.total.Load(), im.now().Sub(a.started)
+	}
+	return st
+}
+
+// Release ends w's wait on every import: an import nobody waits for any
+// more is cancelled, and the volume it was writing removed.
+func (im *Importer) Release(w Waiter) {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	for key, j := range im.jobs {
+		if _, ok := j.waiters[w]; !ok {
+			continue
+		}
+		delete(j.waiters, w)
+		if len(j.waiters) > 0 {
+			continue
+		}
+		if j.attempt != nil {
+			j.attempt.cancel()
+			j.attempt = nil
+		}
+		delete(im.jobs, key)
+	}
+}
+
+func (im *Importer) startLocked(j *job) {
+	ctx, cancel := context.WithTimeout(im.ctx, im.opts.Deadline)
+	a := &attempt{started: im.now(), cancel: cancel}
+	j.attempt = a
+	j.status = Status{Phase: Running, Attempt: j.status.Attempt + 1}
+	im.wg.Add(1)
+	go func() {
+		defer im.wg.Done()
+		defer cancel()
+		im.run(ctx, j, a)
+	}()
+}
+
+// run is one attempt; it records the outcome and triggers the waiters'
+// reconciles, unless the attempt was cancelled meanwhile.
+func (im *Importer) run(ctx context.Context, j *job, a *attempt) {
+	log := ctrl.Log.WithName("imageimport").WithValues("source", j.key.Source, "pool", j.key.Pool, "volume", j.key.Volume)
+	log.Info("Importing image")
+	info, err := im.host.ImportImage(ctx, virt.ImageImport{
+		Pool: j.key.Pool, Volume: j.key.Volume, Source: j.key.Source, SHA256: j.key.SHA256,
+		Fetch:    im.opts.Fetch,
+		Progress: func(read, total int64) { a.read.Store(read); a.total.Store(total) },
+	})
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		err = fmt.Errorf("import did not finish within %s: %w", im.opts.Deadline, err)
+	}
+	im.mu.Lock()
+	if j.attempt != a {
+		im.mu.Unlock()
+		log.Info("Image import cancelled: nothing waits for it", "err", fmt.Sprint(err))
+		return
+	}
+	j.attempt = nil
+	if err == nil {
+		j.failures = 0
+		j.status = Status{Phase: Done, Attempt: j.status.Attempt, Read: a.read.Load(), Total: a.total.Load(),
+			Elapsed: im.now().Sub(a.started), Volume: info}
+		log.Info("Image imported", "took", j.status.Elapsed.Round(time.Millisecond).String())
+	} else {
+		j.failures++
+		wait := im.opts.Backoff(j.failures)
+		j.status = Status{Phase: Failed, Attempt: j.status.Attempt, Read: a.read.Load(), Total: a.total.Load(),
+			Elapsed: im.now().Sub(a.started), Err: err, RetryAt: im.now().Add(wait)}
+		log.Info("Image import failed", "err", err.Error(), "retryIn", wait.String())
+	}
+	waiters := make([]Waiter, 0, len(j.waiters))
+	for w := range j.waiters {
+		waiters = append(waiters, w)
+	}
+	im.mu.Unlock()
+	for _, w := range waiters {
+		im.notify(w)
+	}
+}
+
+// notify triggers w's reconcile.
+func (im *Importer) notify(w Waiter) {
+	im.mu.Lock()
+	ch := im.sources[w.Kind]
+	im.mu.Unlock()
+	if ch == nil {
+		return // no controller listens: its requeue comes back anyway
+	}
+	obj := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: w.Namespace, Name: w.Name}}
+	select {
+	case ch <- event.GenericEvent{Object: client.Object(obj)}:
+	case <-im.ctx.Done():
+	}
+}
