@@ -10,8 +10,8 @@ import (
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/cluster-api/util/flags"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
 
 // DefaultLibvirtURI is the libvirt connection used when none is given.
