@@ -18,13 +18,18 @@ KUSTOMIZE := $(BIN)/kustomize
 # checkout so that a fresh clone on the same host reuses them).
 export CAPL_IMAGE_DIR ?= /var/cache/capi-libvirt/images
 TEST_IMAGE := $(CAPL_IMAGE_DIR)/capl-debian-12.qcow2
+# The Kubernetes release of the node image: the k8s.io/kubernetes pin of the
+# tools module its binaries (and envtest's) are built from.
+KUBERNETES_VERSION ?= $(shell awk '$$1 == "k8s.io/kubernetes" {print $$2; exit}' hack/tools/envtest/go.mod)
+NODE_IMAGE := $(CAPL_IMAGE_DIR)/capl-node-$(KUBERNETES_VERSION).qcow2
 LIBVIRT_URI ?= qemu:///system
 
 # Tests run against the real libvirtd and the test image; a test that needs
 # them skips only when these are unset, which the Makefile never leaves them.
 TEST_ENV = KUBEBUILDER_ASSETS="$$(hack/envtest.sh)" \
 	CAPL_TEST_LIBVIRT_URI=$(LIBVIRT_URI) \
-	CAPL_TEST_IMAGE=$(TEST_IMAGE)
+	CAPL_TEST_IMAGE=$(TEST_IMAGE) \
+	CAPL_TEST_NODE_IMAGE=$(NODE_IMAGE)
 # -p 1: packages share one libvirtd, and reconnect tests restart it; a restart
 # must not break another package's calls mid-test.
 GO_TEST_FLAGS ?= -count=1 -p 1 -timeout=40m
@@ -69,8 +74,9 @@ down: ## Delete the demo cluster, stop the management plane and remove every VM,
 ##@ Test
 
 .PHONY: test
-test: envtest images clusterctl ## Unit and integration tests (envtest + real libvirtd).
+test: envtest images node-image clusterctl ## Unit and integration tests (envtest + real libvirtd, the node image booted).
 	$(TEST_ENV) go test $(GO_TEST_FLAGS) ./...
+	cd images/node/oci && go test -count=1 ./...
 
 # Where the end-to-end suite writes its benchmark report and logs.
 ARTIFACTS ?= $(ROOT)/_artifacts
@@ -98,6 +104,10 @@ envtest: ## Build kube-apiserver and etcd for envtest from the Go module proxy (
 images: ## Build the offline test images (cached in $(CAPL_IMAGE_DIR)).
 	images/build.sh >/dev/null
 
+.PHONY: node-image
+node-image: ## Build the Kubernetes node image $(NODE_IMAGE) offline (KUBERNETES_VERSION; cached).
+	KUBERNETES_VERSION=$(KUBERNETES_VERSION) images/build.sh node >/dev/null
+
 ##@ Generate and verify
 
 .PHONY: generate
@@ -114,6 +124,7 @@ verify: generate $(KUSTOMIZE) ## Fail when generated files are stale, code is no
 	@out=$$(gofmt -l $$(git ls-files '*.go')); test -z "$$out" || { echo "not gofmt'ed: $$out" >&2; exit 1; }
 	go vet ./...
 	go vet -tags e2e ./e2e/...
+	cd images/node/oci && go vet ./...
 	$(KUSTOMIZE) build config/default >/dev/null
 
 ##@ Release

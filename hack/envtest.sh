@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, etcd and kubectl for envtest from the Go module proxy, because
-# setup-envtest's prebuilt downloads are not reachable from our machines.
+# Builds kube-apiserver, etcd and kubectl for envtest, and kube-controller-manager for
+# the one-host management plane (internal/devplane), from the Go module proxy,
+# because setup-envtest's prebuilt downloads are not reachable from our machines.
 # The binaries land in setup-envtest's layout, <bin>/k8s/<version>-linux-amd64/,
 # and the script prints that directory (use it as KUBEBUILDER_ASSETS).
 # A second run with the binaries present does nothing.
@@ -12,7 +13,10 @@ version=$(awk '$1 == "k8s.io/kubernetes" {print substr($2, 2); exit}' "$module/g
 etcd_version=$(awk '$1 == "go.etcd.io/etcd/server/v3" {print $2; exit}' "$module/go.mod")
 assets="${ENVTEST_BIN_DIR:-$root/bin}/k8s/${version}-linux-amd64"
 
-if [[ -x "$assets/kube-apiserver" && -x "$assets/etcd" && -x "$assets/kubectl" ]]; then
+binaries=(kube-apiserver kubectl kube-controller-manager etcd)
+complete=1
+for b in "${binaries[@]}"; do [[ -x "$assets/$b" ]] || complete=0; done
+if ((complete)); then
   echo "$assets"
   exit 0
 fi
@@ -25,8 +29,9 @@ ldflags="-s -w -X $pkg.gitVersion=v$version -X $pkg.gitMajor=${version%%.*} -X $
 start=$(date +%s)
 go build -trimpath -ldflags "$ldflags" -o "$assets/kube-apiserver.tmp" k8s.io/kubernetes/cmd/kube-apiserver
 go build -trimpath -ldflags "$ldflags" -o "$assets/kubectl.tmp" k8s.io/kubernetes/cmd/kubectl
+go build -trimpath -ldflags "$ldflags" -o "$assets/kube-controller-manager.tmp" k8s.io/kubernetes/cmd/kube-controller-manager
 go build -trimpath -ldflags "-s -w" -o "$assets/etcd.tmp" go.etcd.io/etcd/server/v3
 # Rename last so an interrupted build is never mistaken for a finished one.
-for b in kube-apiserver kubectl etcd; do mv "$assets/$b.tmp" "$assets/$b"; done
-echo "built kube-apiserver and kubectl v$version, etcd $etcd_version in $(( $(date +%s) - start ))s" >&2
+for b in "${binaries[@]}"; do mv "$assets/$b.tmp" "$assets/$b"; done
+echo "built kube-apiserver, kubectl and kube-controller-manager v$version, etcd $etcd_version in $(( $(date +%s) - start ))s" >&2
 echo "$assets"

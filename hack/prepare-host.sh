@@ -7,7 +7,7 @@
 set -euo pipefail
 
 packages=(
-  libvirt-daemon-system libvirt-dev pkg-config
+  libvirt-daemon-system libvirt-dev pkg-config gcc libseccomp-dev
   qemu-system-x86 qemu-utils dnsmasq-base
   genisoimage haproxy
   mmdebstrap grub-pc-bin grub2-common fdisk e2fsprogs util-linux

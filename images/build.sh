@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Builds the provider's offline Debian 12 (bookworm) qcow2 images:
-#   capl-debian-12.qcow2          cloud image: cloud-init (NoCloud), qemu-guest-agent
-#   capl-debian-12-haproxy.qcow2  the same plus haproxy (control-plane load balancer)
+#   capl-debian-12.qcow2          base: cloud image with cloud-init (NoCloud), qemu-guest-agent
+#   capl-debian-12-haproxy.qcow2  haproxy: the same plus haproxy (control-plane load balancer)
+#   capl-node-<k8s version>.qcow2 node: a Kubernetes node (kubeadm, kubelet, containerd,
+#                                 the control-plane and CNI images), see node/README.md
 #
-# Usage (as root): images/build.sh [--base-only|--haproxy-only] [--force]
+# Usage (as root): images/build.sh [--force] [base] [haproxy] [node]
+#   (no variant: base and haproxy; --base-only and --haproxy-only are kept as aliases)
 #
 # Environment:
 #   CAPL_IMAGE_DIR     output directory (default /var/cache/capi-libvirt/images)
@@ -11,9 +14,11 @@
 #   SOURCE_DATE_EPOCH  timestamp for mmdebstrap (default: pinned below)
 #   CAPL_MIRROR, CAPL_SECURITY_MIRROR
 #                      Debian archive URIs (default: read from /etc/apt)
+#   KUBERNETES_VERSION node: the Kubernetes release (default: hack/tools/envtest's pin)
 #
 # An image is rebuilt only when its recipe hash changes: this script, customize.sh,
-# the package lists, suite, mirrors and the mmdebstrap/GRUB versions. The hash is
+# the package lists, suite, mirrors and the mmdebstrap/GRUB versions (for the node
+# image also images/node/ and the key of its binaries). The hash is
 # the first line of <image>.manifest, written after the image has been renamed
 # into place; an image without a matching manifest is never reused.
 # Prints the image paths on stdout, one per line; logs go to stderr.
@@ -29,14 +34,15 @@ die() {
 }
 
 usage() {
-  sed -n '2,20s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+  sed -n '2,26s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
 }
 
-want_base=1 want_haproxy=1 force=0
+variants=() force=0
 while (($#)); do
   case $1 in
-  --base-only) want_haproxy=0 ;;
-  --haproxy-only) want_base=0 ;;
+  base | haproxy | node) variants+=("$1") ;;
+  --base-only) variants+=(base) ;;
+  --haproxy-only) variants+=(haproxy) ;;
   --force) force=1 ;;
   -h | --help)
     usage
@@ -49,7 +55,7 @@ while (($#)); do
   esac
   shift
 done
-((want_base || want_haproxy)) || die "--base-only and --haproxy-only exclude each other"
+((${#variants[@]})) || variants=(base haproxy)
 
 [[ $(id -u) -eq 0 ]] || die "run as root (mmdebstrap root mode, loop devices, mounts)"
 for tool in mmdebstrap sfdisk losetup partx mkfs.ext4 grub-install qemu-img flock sha256sum; do
@@ -58,7 +64,14 @@ done
 [[ -d /usr/lib/grub/i386-pc ]] || die "missing GRUB's i386-pc modules (package grub-pc-bin)"
 
 suite=bookworm
-disk_size=2G
+# disk_size VARIANT: the image's virtual size; cloud-init's growpart grows it
+# to the machine's disk. The node image holds ~1.5 GiB of binaries and images.
+disk_size() {
+  case $1 in
+  node) echo 4G ;;
+  *) echo 2G ;;
+  esac
+}
 image_dir=${CAPL_IMAGE_DIR:-/var/cache/capi-libvirt/images}
 deb_cache=${CAPL_DEB_CACHE:-$image_dir/debs}
 # Pinned so that two builds of the same recipe and mirror content agree.
@@ -186,7 +199,11 @@ recipe_hash() { # $1 variant, $2.. package lists
   local variant=$1
   shift
   {
-    echo "variant $variant suite $suite disk $disk_size"
+    echo "variant $variant suite $suite disk $(disk_size "$variant")"
+    if [[ $variant == node ]]; then
+      echo "node binaries $("$here/node/binaries.sh" --key)"
+      cat "$here"/node/*.sh "$here"/node/oci/go.* "$here"/node/oci/*.go
+    fi
     printf 'source %s\n' "${sources[@]}"
     echo "mmdebstrap $(dpkg-query -W -f='${Version}' mmdebstrap 2>/dev/null || mmdebstrap --version)"
     echo "grub $(dpkg-query -W -f='${Version}' grub-pc-bin 2>/dev/null || grub-install --version)"
@@ -208,6 +225,49 @@ if grep -q orphan_file /etc/mke2fs.conf 2>/dev/null; then
   # newer e2fsprogs default; GRUB 2.06 and bookworm's e2fsck predate it
   mkfs_features=(-O '^orphan_file,^metadata_csum_seed')
 fi
+
+# mmdebstrap options of every root file system: .debs come from the cache
+# (mm_common) and go back into it (mm_save_debs, after the other hooks); no
+# documentation, manual pages or translations.
+mm_common=(
+  --mode=root
+  --aptopt='Acquire::Retries "3"'
+  --dpkgopt='path-exclude=/usr/share/man/*'
+  --dpkgopt='path-exclude=/usr/share/locale/*'
+  --dpkgopt='path-include=/usr/share/locale/locale.alias'
+  --dpkgopt='path-exclude=/usr/share/doc/*'
+  --dpkgopt='path-include=/usr/share/doc/*/copyright'
+  --dpkgopt='path-exclude=/usr/share/info/*'
+  --setup-hook='mkdir -p "$1/var/cache/apt/archives/partial" &&
+      for f in "$CAPL_DEB_CACHE"/*.deb; do
+        [ -e "$f" ] || continue
+        ln "$f" "$1/var/cache/apt/archives/" 2>/dev/null || cp "$f" "$1/var/cache/apt/archives/"
+      done'
+)
+mm_save_debs=(
+  --customize-hook='for f in "$1"/var/cache/apt/archives/*.deb; do
+        [ -e "$f" ] || continue
+        b=${f##*/}
+        [ -e "$CAPL_DEB_CACHE/$b" ] && continue
+        cp "$f" "$CAPL_DEB_CACHE/.$b.part" && mv "$CAPL_DEB_CACHE/.$b.part" "$CAPL_DEB_CACHE/$b"
+      done'
+)
+
+# node_inputs: what the node image's customize step installs, built in $work:
+# the binaries (cached by images/node/binaries.sh), a minimal Debian root file
+# system with iptables, nft and conntrack as the base of the kube-proxy and
+# flannel images, and the container images (images/node/containers.sh).
+node_inputs() {
+  local bin t=$SECONDS
+  bin=$("$here/node/binaries.sh")
+  CAPL_DEB_CACHE="$deb_cache" run mmdebstrap "${mm_common[@]}" --variant=essential \
+    --include=iptables,nftables,conntrack --format=tar "${mm_save_debs[@]}" \
+    "$suite" "$work/node-base.tar" "${sources[@]}"
+  "$here/node/containers.sh" "$bin" "$work/node-base.tar" "$work/node-images.tar" "$work/node-images.refs"
+  rm -f "$work/node-base.tar"
+  export CAPL_NODE_BIN=$bin CAPL_NODE_IMAGES=$work/node-images.tar CAPL_NODE_REFS=$work/node-images.refs
+  log "node: binaries and container images ready after $((SECONDS - t)) s"
+}
 
 build() { # $1 image name, $2 variant, $3.. package lists
   local name=$1 variant=$2
@@ -232,32 +292,18 @@ build() { # $1 image name, $2 variant, $3.. package lists
   include=$(packages "${lists[@]}" | paste -sd, -)
 
   # 1. root file system, .debs from and back into the cache
+  if [[ $variant == node ]]; then
+    node_inputs
+  fi
   CAPL_HOOK="$here/customize.sh" CAPL_DEB_CACHE="$deb_cache" \
     CAPL_ROOT_UUID="$uuid" CAPL_VARIANT="$variant" CAPL_RECIPE_HASH="$key" \
     CAPL_SOURCE_DATE_EPOCH="$SOURCE_DATE_EPOCH" \
-    run mmdebstrap --mode=root --variant=minbase --format=directory \
+    run mmdebstrap "${mm_common[@]}" --variant=minbase --format=directory \
     --include="$include" \
-    --aptopt='Acquire::Retries "3"' \
-    --dpkgopt='path-exclude=/usr/share/man/*' \
-    --dpkgopt='path-exclude=/usr/share/locale/*' \
-    --dpkgopt='path-include=/usr/share/locale/locale.alias' \
-    --dpkgopt='path-exclude=/usr/share/doc/*' \
-    --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-    --dpkgopt='path-exclude=/usr/share/info/*' \
     --skip=essential/unlink \
-    --setup-hook='mkdir -p "$1/var/cache/apt/archives/partial" &&
-      for f in "$CAPL_DEB_CACHE"/*.deb; do
-        [ -e "$f" ] || continue
-        ln "$f" "$1/var/cache/apt/archives/" 2>/dev/null || cp "$f" "$1/var/cache/apt/archives/"
-      done' \
     --essential-hook='"$CAPL_HOOK" "$1"' \
     --customize-hook='"$CAPL_HOOK" "$1"' \
-    --customize-hook='for f in "$1"/var/cache/apt/archives/*.deb; do
-        [ -e "$f" ] || continue
-        b=${f##*/}
-        [ -e "$CAPL_DEB_CACHE/$b" ] && continue
-        cp "$f" "$CAPL_DEB_CACHE/.$b.part" && mv "$CAPL_DEB_CACHE/.$b.part" "$CAPL_DEB_CACHE/$b"
-      done' \
+    "${mm_save_debs[@]}" \
     "$suite" "$rootfs" "${sources[@]}"
   log "$name: root file system ready after $((SECONDS - start)) s ($(du -sh --one-file-system "$rootfs" | cut -f1))"
 
@@ -269,7 +315,7 @@ build() { # $1 image name, $2 variant, $3.. package lists
   }
 
   # 2. MBR disk with one ext4 partition, identified by UUID
-  truncate -s "$disk_size" "$raw"
+  truncate -s "$(disk_size "$variant")" "$raw"
   sfdisk --quiet "$raw" <<EOF
 label: dos
 label-id: 0x${key:32:8}
@@ -330,7 +376,7 @@ EOF
   mv -f "$work/$name.qcow2" "$out"
   {
     echo "recipe-sha256 $key"
-    echo "# $name: Debian $suite, $(du -h --apparent-size "$out" | cut -f1) qcow2, $disk_size virtual, root UUID $uuid"
+    echo "# $name: Debian $suite, $(du -h --apparent-size "$out" | cut -f1) qcow2, $(disk_size "$variant") virtual, root UUID $uuid"
     echo "# kernel $kver; mirror $mirror; SOURCE_DATE_EPOCH $SOURCE_DATE_EPOCH"
     cat "$work/$name.packages"
   } >"$work/$name.manifest"
@@ -339,12 +385,21 @@ EOF
 }
 
 outputs=()
-if ((want_base)); then
-  build capl-debian-12 base "$here/packages-base.txt"
-  outputs+=("$image_dir/capl-debian-12.qcow2")
-fi
-if ((want_haproxy)); then
-  build capl-debian-12-haproxy haproxy "$here/packages-base.txt" "$here/packages-haproxy.txt"
-  outputs+=("$image_dir/capl-debian-12-haproxy.qcow2")
-fi
+for variant in "${variants[@]}"; do
+  case $variant in
+  base)
+    build capl-debian-12 base "$here/packages-base.txt"
+    outputs+=("$image_dir/capl-debian-12.qcow2")
+    ;;
+  haproxy)
+    build capl-debian-12-haproxy haproxy "$here/packages-base.txt" "$here/packages-haproxy.txt"
+    outputs+=("$image_dir/capl-debian-12-haproxy.qcow2")
+    ;;
+  node)
+    kube_version=${KUBERNETES_VERSION:-$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' "$here/../hack/tools/envtest/go.mod")}
+    build "capl-node-$kube_version" node "$here/packages-base.txt" "$here/packages-node.txt"
+    outputs+=("$image_dir/capl-node-$kube_version.qcow2")
+    ;;
+  esac
+done
 printf '%s\n' "${outputs[@]}" >&3

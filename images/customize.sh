@@ -6,7 +6,8 @@
 #              configuration, so the initramfs is generated once, correctly.
 #   customize  after all packages: cloud-init, fstab, network, cleanup.
 # build.sh exports CAPL_ROOT_UUID, CAPL_VARIANT, CAPL_RECIPE_HASH and
-# CAPL_SOURCE_DATE_EPOCH.
+# CAPL_SOURCE_DATE_EPOCH (and, for the node variant, what node/customize-node.sh
+# reads).
 set -eu
 
 root=${1:?usage: customize.sh CHROOT}
@@ -106,6 +107,11 @@ customize() {
 	if [ "$CAPL_VARIANT" = haproxy ]; then
 		chroot "$root" systemctl enable --quiet haproxy.service
 		chroot "$root" haproxy -c -q -f /etc/haproxy/haproxy.cfg
+	fi
+
+	# The Kubernetes node: binaries, runtime, kubelet, container images.
+	if [ "$CAPL_VARIANT" = node ]; then
+		"$(dirname "$0")/node/customize-node.sh" "$root"
 	fi
 
 	# Checks that fail the build instead of a silent DataSourceNone at boot.

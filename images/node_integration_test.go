@@ -1,0 +1,383 @@
+package images_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/cloudinit"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// TestMain asserts, after the tests ran their cleanups, that nothing they
+// created is left on the host.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if uri := os.Getenv(testlibvirt.EnvURI); uri != "" && code == 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		c, err := virt.Dial(ctx, uri)
+		if err == nil {
+			err = testlibvirt.CheckNothingOwned(ctx, c)
+			_ = c.Close()
+		}
+		cancel()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "FAIL:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// nodeDoneFile is written by the test's user-data once cloud-init ran it.
+const nodeDoneFile = "/run/capl-node-test.done"
+
+// nodeUserData renders the kubelet's provider-id from the seed's instance-id
+// with cloud-init's jinja, as the cluster templates do.
+const nodeUserData = `## template: jinja
+#cloud-config
+write_files:
+- path: /etc/default/kubelet
+  content: |
+    KUBELET_EXTRA_ARGS=--provider-id=libvirt:///{{ ds.meta_data.instance_id }}
+runcmd:
+- [sh, -c, 'echo done > ` + nodeDoneFile + `']
+`
+
+// TestNodeImageReadyForKubeadm boots the Kubernetes node image under TCG with
+// the provider's own overlay, NoCloud seed and reservation, and proves through
+// the guest agent what kubeadm needs from it: containerd answers CRI; every
+// image `kubeadm config images list` names, and the CNI's, is present under
+// its exact reference; `kubeadm init phase preflight` passes with no error
+// ignored; it pulled nothing (the image list is the same before and after);
+// and the kubelet provider-id rendered from the seed's instance-id is the
+// domain's providerID. It logs the boot phases (lease, systemd, containerd,
+// kubelet) as figures. Under TCG it takes 4-8 minutes.
+func TestNodeImageReadyForKubeadm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots a VM")
+	}
+	uri := testlibvirt.URI(t)
+	img := testlibvirt.NodeImage(t)
+	c := testlibvirt.Client(t, uri)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	defer cancel()
+	kubeVersion := pinnedKubernetesVersion(t)
+	flannelImage := flannelImageRef(t)
+
+	pool := testlibvirt.Pool(t, uri, c)
+	begin := time.Now()
+	base, err := c.ImportImage(ctx, virt.ImageImport{Pool: pool, Volume: pool + "-node.qcow2", Source: img, SHA256: fileSHA256(t, img)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("node image imported in %v", time.Since(begin).Round(time.Millisecond))
+
+	name := testlibvirt.Name(t)
+	network, err := c.EnsureNetwork(ctx, virt.NetworkSpec{Name: name, Owner: virt.Owner{Kind: "LibvirtCluster", Namespace: "capltest", Name: name, UID: "uid-" + name, Cluster: name}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.DeleteNetwork(context.Background(), name); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	hw, err := netalloc.NewMAC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mac := hw.String()
+	ip, err := c.ReserveAddress(ctx, network.Name, virt.Reservation{MAC: mac, Hostname: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.ReleaseAddress(context.Background(), network.Name, mac) })
+
+	disk, err := c.EnsureOverlay(ctx, virt.OverlaySpec{Pool: pool, Name: pool + "-disk.qcow2", BackingPool: pool,
+		BackingVolume: base.Name, CapacityBytes: 8 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	domUUID := uuid.NewString()
+	iso, err := cloudinit.BuildISO(cloudinit.Seed{InstanceID: domUUID, LocalHostname: name, UserData: []byte(nodeUserData)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, err := c.UploadVolume(ctx, pool, pool+"-seed.iso", iso)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := name + "-vm"
+	t.Cleanup(func() {
+		if err := c.DeleteDomain(context.Background(), vm); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	// kubeadm's preflight wants 2 CPUs and 1700 MB for a control plane.
+	if _, err := c.EnsureDomain(ctx, virt.DomainSpec{
+		Name: vm, UUID: domUUID,
+		Owner:       virt.Owner{Kind: "LibvirtMachine", Namespace: "capltest", Name: vm, UID: uuid.NewString(), Cluster: name},
+		Type:        virt.DomainTypeQEMU,
+		CPUMode:     virt.CPUModeMaximum,
+		VCPUs:       2,
+		MemoryMiB:   2048,
+		TCGCacheMiB: 256,
+		DiskPath:    disk.Path, SeedISOPath: seed.Path,
+		Network: network.Name, MAC: mac,
+		ConsoleLogPath: virt.DefaultConsoleLogPath(vm),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	events := c.Subscribe(ctx)
+	if err := c.WatchLease(ctx, network.Name, mac); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := c.StartDomain(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	leaseAfter := waitLease(t, events, vm, mac, 8*time.Minute)
+	t.Logf("figure: start → DHCP lease %v (reserved %s)", leaseAfter.Round(time.Second), ip)
+	waitFile(t, ctx, c, vm, nodeDoneFile, 12*time.Minute)
+	t.Logf("figure: start → cloud-init user-data ran %v", time.Since(start).Round(time.Second))
+	logBootPhases(t, ctx, c, vm)
+
+	guest := func(path string, args ...string) string {
+		t.Helper()
+		res, err := c.GuestExec(ctx, vm, path, args, nil)
+		if err != nil {
+			t.Fatalf("%s %v: %v", path, args, err)
+		}
+		if res.ExitCode != 0 {
+			t.Fatalf("%s %v: exit %d\nstdout:\n%s\nstderr:\n%s", path, args, res.ExitCode, res.Stdout, res.Stderr)
+		}
+		return string(res.Stdout) + string(res.Stderr)
+	}
+
+	// containerd answers CRI.
+	version := guest("/usr/local/bin/crictl", "version")
+	if !regexp.MustCompile(`(?m)^RuntimeName:\s+containerd$`).MatchString(version) ||
+		!regexp.MustCompile(`(?m)^RuntimeApiVersion:\s+v1$`).MatchString(version) {
+		t.Fatalf("crictl version:\n%s", version)
+	}
+	t.Logf("crictl version:\n%s", version)
+	if got := strings.TrimSpace(guest("/usr/bin/kubeadm", "version", "-o", "short")); got != kubeVersion {
+		t.Fatalf("kubeadm is %s, hack/tools/envtest pins %s", got, kubeVersion)
+	}
+
+	// Every image kubeadm names for that version, and the CNI's, exactly.
+	want := strings.Fields(guest("/usr/bin/kubeadm", "config", "images", "list", "--kubernetes-version", kubeVersion))
+	if len(want) != 7 {
+		t.Fatalf("kubeadm lists %d images, want 7: %v", len(want), want)
+	}
+	want = append(want, flannelImage)
+	before := criImages(t, guest("/usr/local/bin/crictl", "images", "-o", "json"))
+	for _, ref := range want {
+		if _, ok := before[ref]; !ok {
+			t.Errorf("image %s is not in containerd's k8s.io namespace (CRI lists %v)", ref, slices.Sorted(keys(before)))
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// kubeadm's preflight, nothing ignored; nothing pulled.
+	preflight := guest("/usr/bin/kubeadm", "init", "phase", "preflight", "--kubernetes-version", kubeVersion)
+	t.Logf("kubeadm init phase preflight:\n%s", preflight)
+	if strings.Contains(preflight, "[ERROR") {
+		t.Fatalf("preflight reported errors")
+	}
+	after := criImages(t, guest("/usr/local/bin/crictl", "images", "-o", "json"))
+	if !equalImages(before, after) {
+		t.Fatalf("containerd's images changed while kubeadm ran:\nbefore %v\nafter  %v", before, after)
+	}
+
+	// The kubelet's provider-id, rendered by cloud-init from instance-id.
+	kubelet, err := c.GuestReadFile(ctx, vm, "/etc/default/kubelet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantArgs := "KUBELET_EXTRA_ARGS=--provider-id=" + infrav1.ProviderIDPrefix + domUUID
+	if got := strings.TrimSpace(string(kubelet)); got != wantArgs {
+		t.Fatalf("/etc/default/kubelet is %q, want %q", got, wantArgs)
+	}
+}
+
+// criImages maps each repo tag of `crictl images -o json` to its image ID.
+func criImages(t *testing.T, out string) map[string]string {
+	t.Helper()
+	var list struct {
+		Images []struct {
+			ID       string   `json:"id"`
+			RepoTags []string `json:"repoTags"`
+		} `json:"images"`
+	}
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		t.Fatalf("crictl images: %v\n%s", err, out)
+	}
+	m := map[string]string{}
+	for _, img := range list.Images {
+		for _, tag := range img.RepoTags {
+			m[tag] = img.ID
+		}
+	}
+	return m
+}
+
+func equalImages(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func keys(m map[string]string) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// logBootPhases logs, from inside the guest, how long boot took to reach
+// systemd's default target and when containerd and the kubelet started.
+func logBootPhases(t *testing.T, ctx context.Context, c virt.Host, vm string) {
+	t.Helper()
+	run := func(args ...string) string {
+		res, err := c.GuestExec(ctx, vm, args[0], args[1:], nil)
+		if err != nil {
+			return err.Error()
+		}
+		return strings.TrimSpace(string(res.Stdout) + string(res.Stderr))
+	}
+	t.Logf("figure: systemd-analyze time: %s", run("/usr/bin/systemd-analyze", "time"))
+	for _, unit := range []string{"containerd.service", "kubelet.service", "cloud-final.service"} {
+		t.Logf("figure: %s started at %s after boot (monotonic)", unit,
+			monotonic(run("/usr/bin/systemctl", "show", "-P", "ExecMainStartTimestampMonotonic", unit)))
+	}
+	t.Logf("systemd-analyze blame (top 15):\n%s", firstLines(run("/usr/bin/systemd-analyze", "blame", "--no-pager"), 15))
+}
+
+func monotonic(micros string) string {
+	var us int64
+	if _, err := fmt.Sscan(micros, &us); err != nil || us == 0 {
+		return "never (" + micros + ")"
+	}
+	return (time.Duration(us) * time.Microsecond).Round(100 * time.Millisecond).String()
+}
+
+func firstLines(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	return strings.Join(lines[:min(n, len(lines))], "\n")
+}
+
+// pinnedKubernetesVersion is the k8s.io/kubernetes version of the tools
+// module the node image's binaries are built from.
+func pinnedKubernetesVersion(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot(), "hack", "tools", "envtest", "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*k8s\.io/kubernetes (v\S+)$`).FindSubmatch(data)
+	if m == nil {
+		t.Fatal("no k8s.io/kubernetes requirement in hack/tools/envtest/go.mod")
+	}
+	return string(m[1])
+}
+
+// flannelImageRef is the image the CNI manifest runs.
+func flannelImageRef(t *testing.T) string {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot(), "templates", "cni-flannel.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s+image: (\S+)$`).FindSubmatch(data)
+	if m == nil {
+		t.Fatal("no image in templates/cni-flannel.yaml")
+	}
+	return string(m[1])
+}
+
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..")
+}
+
+func fileSHA256(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// waitLease waits for the lease event of mac and returns how long it took,
+// failing fast when the domain stops or crashes instead.
+func waitLease(t *testing.T, events <-chan virt.Event, vm, mac string, timeout time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				t.Fatal("event stream closed before the lease")
+			}
+			switch {
+			case ev.Kind == virt.EventLease && netalloc.SameMAC(ev.MAC, mac):
+				return time.Since(start)
+			case ev.Domain == vm && (ev.Kind == virt.EventDomainCrashed || ev.Kind == virt.EventDomainStopped):
+				t.Fatalf("domain %s: %s (%s) before its lease", vm, ev.Kind, ev.Detail)
+			}
+		case <-deadline:
+			t.Fatalf("no DHCP lease for %s within %v", mac, timeout)
+		}
+	}
+}
+
+// waitFile polls a guest file through the guest agent until it exists.
+func waitFile(t *testing.T, ctx context.Context, c virt.Host, vm, path string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if _, err := c.GuestReadFile(ctx, vm, path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not appear in %s within %v", path, vm, timeout)
+		}
+		time.Sleep(3 * time.Second)
+	}
+}
