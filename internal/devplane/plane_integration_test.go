@@ -237,18 +237,22 @@ func checkManagementCluster(ctx context.Context, t *testing.T, p *Plane) {
 	t.Logf("namespace deleted in %s", time.Since(deleted).Round(100*time.Millisecond))
 
 	// Cluster API's webhooks: the validating one refuses a
-	// MachineDeployment without bootstrap, the defaulting one fills in a
-	// valid one's selector and rollout strategy.
+	// MachineDeployment whose selector does not select its template (the
+	// CRD's schema cannot say that), the defaulting one fills in a valid
+	// one's selector and rollout strategy.
 	md := &clusterv1.MachineDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "plane-md"}}
 	md.Spec.ClusterName = "plane"
 	md.Spec.Template.Spec.ClusterName = "plane"
+	md.Spec.Template.Spec.Bootstrap.DataSecretName = ptr.To("plane-bootstrap")
 	md.Spec.Template.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{
 		APIGroup: infrav1.GroupVersion.Group, Kind: "LibvirtMachineTemplate", Name: "plane-md"}
-	err = c.Create(ctx, md.DeepCopy(), client.DryRunAll)
-	if err == nil || !strings.Contains(err.Error(), "denied the request") || !strings.Contains(err.Error(), "spec.template.spec.bootstrap") {
-		t.Errorf("MachineDeployment without bootstrap: %v, want Cluster API's webhook to deny it naming spec.template.spec.bootstrap", err)
+	invalid := md.DeepCopy()
+	invalid.Spec.Selector.MatchLabels = map[string]string{"role": "a"}
+	invalid.Spec.Template.Labels = map[string]string{"role": "b"}
+	err = c.Create(ctx, invalid, client.DryRunAll)
+	if err == nil || !strings.Contains(err.Error(), "denied the request") || !strings.Contains(err.Error(), "spec.template.metadata.labels") {
+		t.Errorf("MachineDeployment whose selector misses its template: %v, want Cluster API's webhook to deny it naming spec.template.metadata.labels", err)
 	}
-	md.Spec.Template.Spec.Bootstrap.DataSecretName = ptr.To("plane-bootstrap")
 	must(t, c.Create(ctx, md, client.DryRunAll))
 	if md.Spec.Selector.MatchLabels[clusterv1.MachineDeploymentNameLabel] != md.Name || md.Spec.Rollout.Strategy.Type != clusterv1.RollingUpdateMachineDeploymentStrategyType {
 		t.Errorf("MachineDeployment not defaulted by Cluster API's webhook: selector %v, rollout %+v", md.Spec.Selector, md.Spec.Rollout)
