@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -104,10 +105,15 @@ func TestPlaneLifecycle(t *testing.T) {
 	if err != nil || rss == 0 {
 		t.Fatalf("manager RSS %d, %v", rss, err)
 	}
-	metrics, err := p.ManagerMetrics(ctx)
-	if err != nil || !strings.Contains(metrics, "controller_runtime_reconcile_total") {
-		t.Fatalf("manager metrics (%v) lack controller_runtime_reconcile_total:\n%.500s", err, metrics)
-	}
+	// The controllers' metrics appear once their caches synced, which
+	// may be after /readyz answers.
+	waitFor(ctx, t, time.Minute, "controller_runtime_reconcile_total in the manager's metrics", func() error {
+		metrics, err := p.ManagerMetrics(ctx)
+		if err == nil && !strings.Contains(metrics, "controller_runtime_reconcile_total") {
+			err = fmt.Errorf("not in:\n%.500s", metrics)
+		}
+		return err
+	})
 	t.Logf("manager RSS %d MiB", rss>>20)
 
 	// kube-controller-manager is supervised like the manager.
@@ -200,8 +206,10 @@ func TestPlaneLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !rep.Empty() {
-		t.Errorf("Down of a plane without clusters removed %+v", rep)
+	// The only pool recorded is checkManagementCluster's, which never
+	// existed: DeletePool takes a missing pool as deleted.
+	if len(rep.Domains)+len(rep.Networks)+len(rep.Volumes) > 0 || !slices.Equal(rep.Pools, []string{unusedPool}) {
+		t.Errorf("Down of a plane without VMs removed %+v, want only the (missing) pool %s", rep, unusedPool)
 	}
 	if _, err := os.Stat(o.StateDir); !os.IsNotExist(err) {
 		t.Errorf("state dir after Down: %v", err)
@@ -210,6 +218,10 @@ func TestPlaneLifecycle(t *testing.T) {
 		t.Errorf("etcd/kube-apiserver left after Down: %v %v", left, err)
 	}
 }
+
+// unusedPool is the storage pool of checkManagementCluster's
+// LibvirtCluster, which the provider never reconciles.
+const unusedPool = "capl-plane-test-unused"
 
 // checkManagementCluster shows the plane doing what any management cluster
 // does, through the real controllers: kube-controller-manager's namespace,
@@ -260,18 +272,31 @@ func checkManagementCluster(ctx context.Context, t *testing.T, p *Plane) {
 
 	// Cluster API's kubeadm bootstrap provider renders the KubeadmConfig
 	// of a control-plane Machine (the Machine controller makes the Machine
-	// its owner) into a bootstrap Secret. The Cluster has no
-	// infrastructure, which Cluster API takes as provisioned; the Machine's
+	// its owner) into a bootstrap Secret. The LibvirtCluster is paused, so
+	// the provider leaves it alone, and reports provisioned, with an
+	// endpoint nothing answers on (TEST-NET-1) and a storage pool of its
+	// own, so that Down's sweep has nothing to touch; the Machine's
 	// LibvirtMachine does not exist, so no VM is made.
-	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "plane"}}
+	ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "plane-capi"}}
+	must(t, c.Create(ctx, ns))
+	lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "plane",
+		Annotations: map[string]string{clusterv1.PausedAnnotation: ""}}}
+	lc.Spec.LoadBalancer.Type = infrav1.LoadBalancerNone
+	lc.Spec.ControlPlaneEndpoint = clusterv1.APIEndpoint{Host: "192.0.2.1", Port: 6443}
+	lc.Spec.StoragePool.Name = unusedPool
+	must(t, c.Create(ctx, lc))
+	lc.Status.Initialization.Provisioned = ptr.To(true)
+	must(t, c.Status().Update(ctx, lc))
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "plane"}}
+	cluster.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "LibvirtCluster", Name: lc.Name}
 	must(t, c.Create(ctx, cluster))
-	owned := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "plane-owned",
+	owned := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "plane-owned",
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cluster.Name, UID: cluster.UID}}}}
 	must(t, c.Create(ctx, owned))
-	kc := &bootstrapv1.KubeadmConfig{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "plane-cp-0",
+	kc := &bootstrapv1.KubeadmConfig{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "plane-cp-0",
 		Labels: map[string]string{clusterv1.ClusterNameLabel: cluster.Name}}}
 	must(t, c.Create(ctx, kc))
-	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "plane-cp-0",
+	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "plane-cp-0",
 		Labels: map[string]string{clusterv1.MachineControlPlaneLabel: ""}}}
 	m.Spec.ClusterName = cluster.Name
 	m.Spec.Version = "v1.33.1"
@@ -291,21 +316,21 @@ func checkManagementCluster(ctx context.Context, t *testing.T, p *Plane) {
 	if len(kc.OwnerReferences) == 0 || kc.OwnerReferences[0].Kind != "Machine" || kc.OwnerReferences[0].Name != m.Name {
 		t.Errorf("KubeadmConfig owners %v, want Machine %s", kc.OwnerReferences, m.Name)
 	}
-	data := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: dataSecret}}
+	data := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: dataSecret}}
 	must(t, c.Get(ctx, client.ObjectKeyFromObject(data), data))
 	if !strings.Contains(string(data.Data["value"]), "kubeadm init") {
 		t.Errorf("bootstrap Secret %s holds no kubeadm init:\n%.500s", dataSecret, data.Data["value"])
 	}
-	ca := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: cluster.Name + "-ca"}}
+	ca := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: cluster.Name + "-ca"}}
 	must(t, c.Get(ctx, client.ObjectKeyFromObject(ca), ca))
 
 	// Deleted with background propagation, the Cluster goes after Cluster
-	// API deleted its Machine (and the Machine its KubeadmConfig); the
-	// garbage collector removes what they owned: the ConfigMap, the
+	// API deleted its Machine (and the Machine its KubeadmConfig) and
+	// LibvirtCluster; the garbage collector removes what they owned: the ConfigMap, the
 	// bootstrap Secret and the certificates the KubeadmConfig made.
 	must(t, c.Delete(ctx, cluster, client.PropagationPolicy(metav1.DeletePropagationBackground)))
 	deleted = time.Now()
-	for _, o := range []client.Object{cluster, m, kc, owned, data, ca} {
+	for _, o := range []client.Object{cluster, m, kc, lc, owned, data, ca} {
 		waitFor(ctx, t, 2*time.Minute, fmt.Sprintf("deletion of %T %s", o, o.GetName()), func() error { return gone(ctx, c, o) })
 	}
 	t.Logf("Cluster and its owned objects deleted in %s", time.Since(deleted).Round(100*time.Millisecond))

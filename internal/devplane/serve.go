@@ -90,8 +90,8 @@ func Serve(ctx context.Context, o Options) error {
 		return err
 	}
 
-	// The ports stay bound until the manager starts, so that etcd and
-	// kube-apiserver, which pick free ports too, cannot take them.
+	// The ports stay bound until etcd and kube-apiserver, which pick free
+	// ports too, run, so that they cannot take them.
 	reserved, err := reservePorts(4)
 	if err != nil {
 		return err
@@ -149,6 +149,7 @@ func Serve(ctx context.Context, o Options) error {
 	})
 
 	log.Printf("starting Cluster API's core, kubeadm bootstrap and kubeadm control-plane controllers and webhooks")
+	reserved.release()
 	if err := env.RouteWebhooks(ctx, clusterAPIWebhookPrefix, "127.0.0.1", capiWebhookPort); err != nil {
 		return fmt.Errorf("routing Cluster API's webhooks: %w", err)
 	}
@@ -182,7 +183,6 @@ func Serve(ctx context.Context, o Options) error {
 		logPath:   filepath.Join(dir, managerLogName),
 		pidPath:   filepath.Join(dir, managerPIDName),
 	}
-	reserved.release()
 	// The manager stops first, while Cluster API and the API server still
 	// answer its last reconciles.
 	managerCtx, stopManager := context.WithCancel(context.Background())

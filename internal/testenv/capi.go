@@ -103,7 +103,8 @@ func (e *Environment) StartClusterAPI(o ClusterAPIOptions) (*CAPI, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &CAPI{cancel: cancel}
-	fail := func(err error) (*CAPI, error) { _ = c.Stop(); return nil, err }
+	// A manager that fails to start says why in its Start's error.
+	fail := func(err error) (*CAPI, error) { return nil, errors.Join(err, c.Stop()) }
 	core, err := e.newCAPIManager(setup.ManagerCacheOptions, setup.ManagerClientOptions(), o)
 	if err != nil {
 		return fail(err)

@@ -24,6 +24,7 @@ import (
 	ipamv1alpha1 "sigs.k8s.io/cluster-api/api/ipam/v1alpha1"
 	ipamv1beta1 "sigs.k8s.io/cluster-api/api/ipam/v1beta1"
 	ipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	runtimev1alpha1 "sigs.k8s.io/cluster-api/api/runtime/v1alpha1"
 	runtimev1 "sigs.k8s.io/cluster-api/api/runtime/v1beta2"
 	bootstrapadmission "sigs.k8s.io/cluster-api/bootstrap/kubeadm/webhooks/admission"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
@@ -128,7 +129,7 @@ func fullScheme() (*runtime.Scheme, error) {
 	for _, add := range []func(*runtime.Scheme) error{
 		apiextensionsv1.AddToScheme,
 		storagev1.AddToScheme,
-		clusterv1beta1.AddToScheme, runtimev1.AddToScheme,
+		clusterv1beta1.AddToScheme, runtimev1alpha1.AddToScheme, runtimev1.AddToScheme,
 		addonsv1beta1.AddToScheme, addonsv1.AddToScheme,
 		ipamv1alpha1.AddToScheme, ipamv1beta1.AddToScheme, ipamv1.AddToScheme,
 		bootstrapv1.AddToScheme, bootstrapv1beta1.AddToScheme,
