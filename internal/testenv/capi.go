@@ -74,8 +74,9 @@ type ClusterAPIOptions struct {
 	// of all three managers (install their configurations with
 	// WithClusterAPIWebhooks, route them with RouteWebhooks) on
 	// WebhookHost:WebhookPort with the certificate in WebhookCertDir. One
-	// server saves two ports and certificates; the kubeadm webhooks read
-	// nothing the core manager's cache does not hold.
+	// server saves two ports and certificates; the one kubeadm webhook that
+	// reads (KubeadmControlPlane scale) reads through the core manager's
+	// client as well as through its own.
 	WebhookHost    string
 	WebhookPort    int
 	WebhookCertDir string
