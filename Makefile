@@ -62,7 +62,7 @@ UP_ARGS ?=
 DOWN_ARGS ?=
 
 .PHONY: up
-up: prepare-host envtest images build ## One host, whole system: management plane (kube-apiserver, etcd, Cluster API, this provider) and a demo cluster.
+up: prepare-host envtest images build ## One host, whole system: management plane (kube-apiserver, etcd, kube-controller-manager, Cluster API, this provider) and a demo cluster.
 	KUBEBUILDER_ASSETS="$$(hack/envtest.sh)" $(BIN)/capl-dev up --state-dir=$(STATE_DIR) --libvirt-uri=$(LIBVIRT_URI) \
 		--manager=$(BIN)/manager --image-dir=$(CAPL_IMAGE_DIR) $(UP_ARGS)
 

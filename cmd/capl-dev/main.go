@@ -1,7 +1,8 @@
 // Command capl-dev runs the whole system on one host: `capl-dev up` starts a
 // management plane (kube-apiserver and etcd kept in a state directory,
-// Cluster API's core controllers, the provider's manager as a supervised
-// child process) and creates a demo cluster of real VMs; `capl-dev down`
+// kube-controller-manager and the provider's manager as supervised child
+// processes, Cluster API's core and kubeadm controllers and webhooks) and
+// creates a demo cluster of real VMs; `capl-dev down`
 // deletes it all again. `make up` and `make down` run it.
 package main
 

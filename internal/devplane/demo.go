@@ -14,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -153,24 +152,14 @@ func Demo(o DemoOptions) ([]client.Object, error) {
 	tmpl := &infrav1.LibvirtMachineTemplate{ObjectMeta: meta(mdName)}
 	tmpl.Spec.Template.Spec.Image = nodeImage
 	tmpl.Spec.Template.Spec.VirtualHardware = hw
-	// What Cluster API's MachineDeployment defaulting webhook would add;
-	// the plane does not run Cluster API's webhooks.
-	selector := map[string]string{clusterv1.ClusterNameLabel: name, clusterv1.MachineDeploymentNameLabel: mdName}
+	// Selector, template labels and rollout strategy come from Cluster
+	// API's MachineDeployment defaulting webhook, which the plane serves.
 	md := &clusterv1.MachineDeployment{ObjectMeta: meta(mdName)}
 	md.Spec.ClusterName = name
 	md.Spec.Replicas = ptr.To(o.Workers)
-	md.Spec.Selector = metav1.LabelSelector{MatchLabels: selector}
-	md.Spec.Template.Labels = map[string]string{clusterv1.ClusterNameLabel: name, clusterv1.MachineDeploymentNameLabel: mdName}
 	md.Spec.Template.Spec.ClusterName = name
 	md.Spec.Template.Spec.Bootstrap.DataSecretName = ptr.To(workerSecretName(name))
 	md.Spec.Template.Spec.InfrastructureRef = infraRef("LibvirtMachineTemplate", mdName)
-	md.Spec.Rollout.Strategy = clusterv1.MachineDeploymentRolloutStrategy{
-		Type: clusterv1.RollingUpdateMachineDeploymentStrategyType,
-		RollingUpdate: clusterv1.MachineDeploymentRolloutStrategyRollingUpdate{
-			MaxSurge:       ptr.To(intstr.FromInt32(1)),
-			MaxUnavailable: ptr.To(intstr.FromInt32(0)),
-		},
-	}
 	// Scaling down removes the newest machines first: the oldest have
 	// been up longest and are the likeliest to be in use.
 	md.Spec.Deletion.Order = clusterv1.NewestMachineSetDeletionOrder

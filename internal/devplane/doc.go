@@ -1,19 +1,27 @@
 // Package devplane is the one-host management plane behind `make up` and
-// `make down` (cmd/capl-dev) and the end-to-end suite (e2e/): kube-apiserver
-// and etcd from envtest with a persistent etcd data directory, Cluster API's
-// core controllers (Cluster, Machine, MachineSet, MachineDeployment) in
-// process, and the provider's real manager binary as a supervised child
-// process that is restarted when it dies, like a kubelet restarts a pod.
+// `make down` (cmd/capl-dev) and the end-to-end suite (e2e/), a management
+// cluster without nodes: kube-apiserver and etcd from envtest with a
+// persistent etcd data directory and Secrets encrypted at rest;
+// kube-controller-manager (garbage collector, namespace, service-account,
+// resource-quota and role-aggregation controllers: kcm.go) and the
+// provider's real manager binary as supervised child processes, restarted
+// when they die like a kubelet restarts a pod; and Cluster API's core,
+// kubeadm bootstrap and kubeadm control-plane managers with all their
+// webhooks in process (testenv.StartClusterAPI; Serve says why in process).
 //
 // Everything lives in a state directory (default DefaultStateDir):
 //
-//	etcd/            etcd data, kept across restarts of the plane
-//	kubeconfig       admin kubeconfig (0600)
-//	serve.pid/.log   the plane process (`capl-dev serve`)
-//	manager.pid/.log the manager child
-//	webhook-certs/   the manager's webhook serving certificate
-//	endpoints.json   Endpoints: manager metrics and health URLs, webhook port
-//	scope.json       Scope: the namespaces and storage pools the plane used
+//	etcd/                  etcd data, kept across restarts of the plane
+//	service-account.key    signing key of service-account tokens (0600, kept)
+//	encryption-config.yaml EncryptionConfiguration with the key Secrets are
+//	                       encrypted with in etcd (secretbox; 0600, kept)
+//	kubeconfig             admin kubeconfig (0600)
+//	serve.pid/.log         the plane process (`capl-dev serve`), Cluster API's logs
+//	manager.pid/.log       the manager child
+//	kube-controller-manager.pid/.log/.kubeconfig  the kube-controller-manager child
+//	webhook-certs/         the manager's webhook serving certificate
+//	endpoints.json         Endpoints: manager metrics and health URLs, webhook port
+//	scope.json             Scope: the namespaces and storage pools the plane used
 //
 // Differences from the brief the e2e suite was written against:
 //
@@ -27,18 +35,6 @@
 //     no machine volume is left in them, and with Options.SweepAll (capl-dev
 //     down --all) everything ListOwned returns. Sweep itself keeps its
 //     meaning: everything ListOwned returns.
-//   - The plane runs no kube-controller-manager, hence no garbage
-//     collector. Serve does its part of foreground deletion for Clusters,
-//     MachineDeployments, MachineSets, Machines, LibvirtClusters and
-//     LibvirtMachines (foreground.go: the foregroundDeletion finalizer goes
-//     once no object of those kinds names the object as owner); Cluster
-//     API's controllers delete the dependents themselves. Nothing else is
-//     garbage-collected through owner references (Secrets, templates stay
-//     until the state directory goes). Down deletes with background
-//     propagation, which needs none of this.
-//   - Cluster API's own webhooks are not served (only the provider's are),
-//     so Demo fills in what CAPI's MachineDeployment defaulting webhook would
-//     (labels, selector, rollout strategy).
 //   - A storage pool is removed only when it is left empty (another
 //     cluster's volumes may share it); the report names a pool it kept.
 package devplane

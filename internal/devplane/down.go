@@ -290,9 +290,8 @@ func recordLiveScope(ctx context.Context, c client.Client, dir string) error {
 
 // deleteClusters deletes every Cluster and waits for them to be gone.
 // Cluster API's Cluster controller deletes the MachineDeployments, Machines
-// and infrastructure itself before it lets the Cluster go, so background
-// propagation keeps that order without the plane's stand-in for the
-// garbage collector (foreground.go).
+// and infrastructure itself before it lets the Cluster go; the garbage
+// collector then removes what else the Cluster owned.
 func (p *Plane) deleteClusters(ctx context.Context, logf func(string, ...any)) error {
 	var clusters clusterv1.ClusterList
 	if err := p.Client.List(ctx, &clusters); err != nil {
@@ -371,7 +370,8 @@ func removeStateDir(dir string) error {
 		return err
 	}
 	known := []string{etcdDirName, kubeconfigName, servePIDName, serveLogName, managerPIDName, managerLogName,
-		webhookCertsName, endpointsFileName, scopeFileName}
+		webhookCertsName, endpointsFileName, scopeFileName, serviceAccountKeyName, encryptionConfigName,
+		kcmKubeconfigName, kcmPIDName, kcmLogName}
 	for _, e := range entries {
 		name := strings.TrimSuffix(e.Name(), ".tmp")
 		if !slices.Contains(known, name) {

@@ -233,6 +233,39 @@ func (p *Plane) ManagerRSSBytes() (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
+	return rssBytes(pid)
+}
+
+// RSSBytes is the resident set size of each process of the plane: serve
+// (with Cluster API's controllers), manager, kube-controller-manager, etcd
+// and kube-apiserver, by name.
+func (p *Plane) RSSBytes() (map[string]uint64, error) {
+	pids := map[string]int{"serve": p.Endpoints.ServePID}
+	for name, file := range map[string]string{"manager": managerPIDName, "kube-controller-manager": kcmPIDName} {
+		pid, err := readPID(filepath.Join(p.StateDir, file))
+		if err != nil {
+			return nil, err
+		}
+		pids[name] = pid
+	}
+	procs, err := orphanedControlPlane(p.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	for _, proc := range procs {
+		pids[filepath.Base(proc.args[0])] = proc.pid
+	}
+	rss := map[string]uint64{}
+	for name, pid := range pids {
+		if rss[name], err = rssBytes(pid); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	return rss, nil
+}
+
+// rssBytes is the VmRSS of pid.
+func rssBytes(pid int) (uint64, error) {
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
@@ -271,8 +304,9 @@ func (p *Plane) ManagerMetrics(ctx context.Context) (string, error) {
 	return string(body), nil
 }
 
-// Stop sends the plane SIGTERM and waits for it to exit (its manager, the
-// Cluster API controllers, kube-apiserver and etcd stop; etcd's data stays).
+// Stop sends the plane SIGTERM and waits for it to exit (its manager,
+// Cluster API's controllers, kube-controller-manager, kube-apiserver and
+// etcd stop; etcd's data and the keys stay).
 func (p *Plane) Stop(ctx context.Context) error {
 	return stopServe(ctx, p.StateDir)
 }

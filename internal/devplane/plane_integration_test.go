@@ -1,25 +1,44 @@
 package devplane
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 )
 
 // TestPlaneLifecycle runs the real binaries: Start spawns `capl-dev serve`,
-// which supervises the manager; a SIGKILLed manager is replaced; Stop and a
-// second Start keep etcd's data, also after the plane was SIGKILLed; Down
-// stops the plane (or what a killed one left) and removes the state
-// directory. No VM is created (the libvirt sweep has nothing in scope).
+// which supervises the manager and kube-controller-manager; a SIGKILLed
+// manager or kube-controller-manager is replaced; the plane behaves as a
+// management cluster (see checkManagementCluster) and keeps Secrets
+// encrypted in etcd (checkEncryptedAtRest); Stop and a second Start keep
+// etcd's data and the keys, also after the plane was SIGKILLed; Down stops
+// the plane (or what a killed one left) and removes the state directory.
+// No VM is created (the libvirt sweep has nothing in scope). It logs the
+// plane's start times (cold: new state directory; warm: restart) and the
+// memory of its processes.
 func TestPlaneLifecycle(t *testing.T) {
 	if testing.Short() {
 		t.Skip("integration test")
@@ -42,7 +61,7 @@ func TestPlaneLifecycle(t *testing.T) {
 	o := Options{StateDir: filepath.Join(t.TempDir(), "plane"), LibvirtURI: uri, ManagerBinary: filepath.Join(bin, "manager"), Log: t.Logf}
 	t.Cleanup(func() {
 		if t.Failed() {
-			for _, f := range []string{serveLogName, managerLogName} {
+			for _, f := range []string{serveLogName, managerLogName, kcmLogName} {
 				t.Logf("%s:\n%s", f, tail(filepath.Join(o.StateDir, f), 40))
 			}
 		}
@@ -54,12 +73,14 @@ func TestPlaneLifecycle(t *testing.T) {
 			t.Errorf("stopping the plane: %v", err)
 		}
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	started := time.Now()
 	p, err := Start(ctx, o, filepath.Join(bin, "capl-dev"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("plane started cold (new state directory) in %s", time.Since(started).Round(100*time.Millisecond))
 
 	// Start again attaches to the running plane.
 	again, err := Start(ctx, o, filepath.Join(bin, "capl-dev"))
@@ -71,7 +92,7 @@ func TestPlaneLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	started := time.Now()
+	started = time.Now()
 	pid, err := p.WaitManagerReady(ctx, old)
 	if err != nil {
 		t.Fatal(err)
@@ -84,11 +105,43 @@ func TestPlaneLifecycle(t *testing.T) {
 	if err != nil || rss == 0 {
 		t.Fatalf("manager RSS %d, %v", rss, err)
 	}
-	metrics, err := p.ManagerMetrics(ctx)
-	if err != nil || !strings.Contains(metrics, "controller_runtime_reconcile_total") {
-		t.Fatalf("manager metrics (%v) lack controller_runtime_reconcile_total:\n%.500s", err, metrics)
-	}
+	// The controllers' metrics appear once their caches synced, which
+	// may be after /readyz answers.
+	waitFor(ctx, t, time.Minute, "controller_runtime_reconcile_total in the manager's metrics", func() error {
+		metrics, err := p.ManagerMetrics(ctx)
+		if err == nil && !strings.Contains(metrics, "controller_runtime_reconcile_total") {
+			err = fmt.Errorf("not in:\n%.500s", metrics)
+		}
+		return err
+	})
 	t.Logf("manager RSS %d MiB", rss>>20)
+
+	// kube-controller-manager is supervised like the manager.
+	kcmPID, err := readPID(filepath.Join(o.StateDir, kcmPIDName))
+	must(t, err)
+	must(t, syscall.Kill(kcmPID, syscall.SIGKILL))
+	waitFor(ctx, t, 30*time.Second, "kube-controller-manager restarted", func() error {
+		pid, err := readPID(filepath.Join(o.StateDir, kcmPIDName))
+		if err == nil && (pid == kcmPID || !processAlive(pid, "kube-controller-manager")) {
+			err = fmt.Errorf("pid %d", pid)
+		}
+		return err
+	})
+
+	checkManagementCluster(ctx, t, p)
+	marker := checkEncryptedAtRest(ctx, t, p)
+	all, err := p.RSSBytes()
+	must(t, err)
+	var total uint64
+	for name, b := range all {
+		total += b
+		t.Logf("RSS %s: %d MiB", name, b>>20)
+	}
+	if len(all) != 5 {
+		t.Errorf("RSS of %d processes %v, want serve, manager, kube-controller-manager, etcd, kube-apiserver", len(all), all)
+	}
+	t.Logf("RSS of the plane's %d processes together: %d MiB", len(all), total>>20)
+	keys := readKeys(t, o.StateDir)
 
 	// etcd's data survives a restart of the plane.
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "kept"}, Data: map[string]string{"k": "v"}}
@@ -97,14 +150,25 @@ func TestPlaneLifecycle(t *testing.T) {
 	if _, err := Attach(o.StateDir); err == nil {
 		t.Fatal("Attach succeeded on a stopped plane")
 	}
+	started = time.Now()
 	p, err = Start(ctx, o, filepath.Join(bin, "capl-dev"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("plane started warm (restart, etcd data kept) in %s", time.Since(started).Round(100*time.Millisecond))
 	got := &corev1.ConfigMap{}
 	must(t, p.Client.Get(ctx, client.ObjectKeyFromObject(cm), got))
 	if got.Data["k"] != "v" {
 		t.Fatalf("ConfigMap after restart: %v", got.Data)
+	}
+	// The keys are kept, so the Secret encrypted before the restart reads.
+	if again := readKeys(t, o.StateDir); again != keys {
+		t.Error("the service-account key or encryption configuration changed across a restart")
+	}
+	secret := &corev1.Secret{}
+	must(t, p.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "encrypted"}, secret))
+	if !bytes.Equal(secret.Data["value"], marker) {
+		t.Errorf("Secret after restart holds %q, want the marker", secret.Data["value"])
 	}
 
 	// A plane killed with SIGKILL leaves etcd and kube-apiserver behind
@@ -114,10 +178,13 @@ func TestPlaneLifecycle(t *testing.T) {
 		t.Helper()
 		managerPID, err := p.ManagerPID()
 		must(t, err)
+		kcmPID, err := readPID(filepath.Join(o.StateDir, kcmPIDName))
+		must(t, err)
 		must(t, syscall.Kill(p.Endpoints.ServePID, syscall.SIGKILL))
-		for deadline := time.Now().Add(30 * time.Second); processAlive(managerPID, "") || processAlive(p.Endpoints.ServePID, ""); {
+		for deadline := time.Now().Add(30 * time.Second); processAlive(managerPID, "") || processAlive(kcmPID, "") || processAlive(p.Endpoints.ServePID, ""); {
 			if time.Now().After(deadline) {
-				t.Fatalf("plane pid %d or manager pid %d still alive after SIGKILL of the plane", p.Endpoints.ServePID, managerPID)
+				t.Fatalf("plane pid %d, manager pid %d or kube-controller-manager pid %d still alive after SIGKILL of the plane",
+					p.Endpoints.ServePID, managerPID, kcmPID)
 			}
 			time.Sleep(pollInterval)
 		}
@@ -139,13 +206,230 @@ func TestPlaneLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !rep.Empty() {
-		t.Errorf("Down of a plane without clusters removed %+v", rep)
+	// The only pool recorded is checkManagementCluster's, which never
+	// existed: DeletePool takes a missing pool as deleted.
+	if len(rep.Domains)+len(rep.Networks)+len(rep.Volumes) > 0 || !slices.Equal(rep.Pools, []string{unusedPool}) {
+		t.Errorf("Down of a plane without VMs removed %+v, want only the (missing) pool %s", rep, unusedPool)
 	}
 	if _, err := os.Stat(o.StateDir); !os.IsNotExist(err) {
 		t.Errorf("state dir after Down: %v", err)
 	}
 	if left, err := orphanedControlPlane(o.StateDir); err != nil || len(left) > 0 {
 		t.Errorf("etcd/kube-apiserver left after Down: %v %v", left, err)
+	}
+}
+
+// unusedPool is the storage pool of checkManagementCluster's
+// LibvirtCluster, which the provider never reconciles.
+const unusedPool = "capl-plane-test-unused"
+
+// checkManagementCluster shows the plane doing what any management cluster
+// does, through the real controllers: kube-controller-manager's namespace,
+// service-account and garbage-collector controllers, Cluster API's webhooks
+// and its kubeadm bootstrap provider.
+func checkManagementCluster(ctx context.Context, t *testing.T, p *Plane) {
+	t.Helper()
+	scheme, err := manager.NewScheme()
+	must(t, err)
+	must(t, bootstrapv1.AddToScheme(scheme))
+	c, err := client.New(p.Config, client.Options{Scheme: scheme})
+	must(t, err)
+
+	// The namespace controller empties and removes a deleted namespace;
+	// the service-account controller gave it its default ServiceAccount.
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "plane-doomed"}}
+	must(t, c.Create(ctx, ns))
+	must(t, c.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "content"}}))
+	waitFor(ctx, t, time.Minute, "the namespace's default ServiceAccount", func() error {
+		return c.Get(ctx, client.ObjectKey{Namespace: ns.Name, Name: "default"}, &corev1.ServiceAccount{})
+	})
+	must(t, c.Delete(ctx, ns))
+	deleted := time.Now()
+	waitFor(ctx, t, time.Minute, "namespace deletion", func() error { return gone(ctx, c, ns) })
+	t.Logf("namespace deleted in %s", time.Since(deleted).Round(100*time.Millisecond))
+
+	// Cluster API's webhooks: the validating one refuses a
+	// MachineDeployment whose selector does not select its template (the
+	// CRD's schema cannot say that), the defaulting one fills in a valid
+	// one's selector and rollout strategy.
+	md := &clusterv1.MachineDeployment{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "plane-md"}}
+	md.Spec.ClusterName = "plane"
+	md.Spec.Template.Spec.ClusterName = "plane"
+	md.Spec.Template.Spec.Bootstrap.DataSecretName = ptr.To("plane-bootstrap")
+	md.Spec.Template.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{
+		APIGroup: infrav1.GroupVersion.Group, Kind: "LibvirtMachineTemplate", Name: "plane-md"}
+	invalid := md.DeepCopy()
+	invalid.Spec.Selector.MatchLabels = map[string]string{"role": "a"}
+	invalid.Spec.Template.Labels = map[string]string{"role": "b"}
+	err = c.Create(ctx, invalid, client.DryRunAll)
+	if err == nil || !strings.Contains(err.Error(), "denied the request") || !strings.Contains(err.Error(), "spec.template.metadata.labels") {
+		t.Errorf("MachineDeployment whose selector misses its template: %v, want Cluster API's webhook to deny it naming spec.template.metadata.labels", err)
+	}
+	must(t, c.Create(ctx, md, client.DryRunAll))
+	if md.Spec.Selector.MatchLabels[clusterv1.MachineDeploymentNameLabel] != md.Name || md.Spec.Rollout.Strategy.Type != clusterv1.RollingUpdateMachineDeploymentStrategyType {
+		t.Errorf("MachineDeployment not defaulted by Cluster API's webhook: selector %v, rollout %+v", md.Spec.Selector, md.Spec.Rollout)
+	}
+
+	// Cluster API's kubeadm bootstrap provider renders the KubeadmConfig
+	// of a control-plane Machine (the Machine controller makes the Machine
+	// its owner) into a bootstrap Secret. The LibvirtCluster is paused, so
+	// the provider leaves it alone, and reports provisioned, with an
+	// endpoint nothing answers on (TEST-NET-1) and a storage pool of its
+	// own, so that Down's sweep has nothing to touch; the Machine's
+	// LibvirtMachine does not exist, so no VM is made.
+	ns = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "plane-capi"}}
+	must(t, c.Create(ctx, ns))
+	lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "plane",
+		Annotations: map[string]string{clusterv1.PausedAnnotation: ""}}}
+	lc.Spec.LoadBalancer.Type = infrav1.LoadBalancerNone
+	lc.Spec.ControlPlaneEndpoint = clusterv1.APIEndpoint{Host: "192.0.2.1", Port: 6443}
+	lc.Spec.StoragePool.Name = unusedPool
+	must(t, c.Create(ctx, lc))
+	lc.Status.Initialization.Provisioned = ptr.To(true)
+	must(t, c.Status().Update(ctx, lc))
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "plane"}}
+	cluster.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "LibvirtCluster", Name: lc.Name}
+	must(t, c.Create(ctx, cluster))
+	owned := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "plane-owned",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cluster.Name, UID: cluster.UID}}}}
+	must(t, c.Create(ctx, owned))
+	kc := &bootstrapv1.KubeadmConfig{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "plane-cp-0",
+		Labels: map[string]string{clusterv1.ClusterNameLabel: cluster.Name}}}
+	must(t, c.Create(ctx, kc))
+	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "plane-cp-0",
+		Labels: map[string]string{clusterv1.MachineControlPlaneLabel: ""}}}
+	m.Spec.ClusterName = cluster.Name
+	m.Spec.Version = "v1.33.1"
+	m.Spec.Bootstrap.ConfigRef = clusterv1.ContractVersionedObjectReference{APIGroup: bootstrapv1.GroupVersion.Group, Kind: "KubeadmConfig", Name: kc.Name}
+	m.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "LibvirtMachine", Name: "plane-none"}
+	must(t, c.Create(ctx, m))
+	var dataSecret string
+	waitFor(ctx, t, 2*time.Minute, "the KubeadmConfig's dataSecretName", func() error {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(kc), kc); err != nil {
+			return err
+		}
+		if dataSecret = kc.Status.DataSecretName; dataSecret == "" {
+			return fmt.Errorf("owners %v, conditions %v", kc.OwnerReferences, kc.Status.Conditions)
+		}
+		return nil
+	})
+	if len(kc.OwnerReferences) == 0 || kc.OwnerReferences[0].Kind != "Machine" || kc.OwnerReferences[0].Name != m.Name {
+		t.Errorf("KubeadmConfig owners %v, want Machine %s", kc.OwnerReferences, m.Name)
+	}
+	data := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: dataSecret}}
+	must(t, c.Get(ctx, client.ObjectKeyFromObject(data), data))
+	if !strings.Contains(string(data.Data["value"]), "kubeadm init") {
+		t.Errorf("bootstrap Secret %s holds no kubeadm init:\n%.500s", dataSecret, data.Data["value"])
+	}
+	ca := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: cluster.Name + "-ca"}}
+	must(t, c.Get(ctx, client.ObjectKeyFromObject(ca), ca))
+
+	// Deleted with background propagation, the Cluster goes after Cluster
+	// API deleted its Machine (and the Machine its KubeadmConfig) and
+	// LibvirtCluster; the garbage collector removes what they owned: the ConfigMap, the
+	// bootstrap Secret and the certificates the KubeadmConfig made.
+	must(t, c.Delete(ctx, cluster, client.PropagationPolicy(metav1.DeletePropagationBackground)))
+	deleted = time.Now()
+	for _, o := range []client.Object{cluster, m, kc, lc, owned, data, ca} {
+		waitFor(ctx, t, 2*time.Minute, fmt.Sprintf("deletion of %T %s", o, o.GetName()), func() error { return gone(ctx, c, o) })
+	}
+	t.Logf("Cluster and its owned objects deleted in %s", time.Since(deleted).Round(100*time.Millisecond))
+}
+
+// checkEncryptedAtRest creates a Secret and a ConfigMap holding random
+// markers and reads etcd's data directory byte by byte: the ConfigMap's
+// marker is there in clear (so the search works), the Secret's is not, and
+// values encrypted with the plane's key are. It returns the Secret's marker.
+func checkEncryptedAtRest(ctx context.Context, t *testing.T, p *Plane) []byte {
+	t.Helper()
+	secretMarker := []byte("secret-marker-" + rand.Text())
+	plainMarker := []byte("configmap-marker-" + rand.Text())
+	must(t, p.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "encrypted"},
+		Data: map[string][]byte{"value": secretMarker}}))
+	must(t, p.Client.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "plain"},
+		Data: map[string]string{"value": string(plainMarker)}}))
+	found := map[string]bool{}
+	waitFor(ctx, t, 30*time.Second, "the ConfigMap's marker in etcd's files", func() error {
+		found = map[string]bool{}
+		err := filepath.WalkDir(filepath.Join(p.StateDir, etcdDirName), func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			for name, m := range map[string][]byte{"secret": secretMarker, "configmap": plainMarker, "prefix": []byte(encryptedValuePrefix)} {
+				found[name] = found[name] || bytes.Contains(data, m)
+			}
+			return nil
+		})
+		if err == nil && !found["configmap"] {
+			err = errors.New("not written yet")
+		}
+		return err
+	})
+	if found["secret"] {
+		t.Error("the Secret's value is in clear in etcd's data directory")
+	}
+	if !found["prefix"] {
+		t.Errorf("no value in etcd's data directory starts with %q", encryptedValuePrefix)
+	}
+	return secretMarker
+}
+
+// readKeys checks that the plane's keys are 0600 and returns them.
+func readKeys(t *testing.T, dir string) string {
+	t.Helper()
+	var all string
+	for _, f := range []string{serviceAccountKeyName, encryptionConfigName} {
+		path := filepath.Join(dir, f)
+		fi, err := os.Stat(path)
+		must(t, err)
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s has mode %v, want 0600", path, fi.Mode().Perm())
+		}
+		data, err := os.ReadFile(path)
+		must(t, err)
+		all += string(data)
+	}
+	return all
+}
+
+// gone is nil once obj no longer exists.
+func gone(ctx context.Context, c client.Client, obj client.Object) error {
+	err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return err
+	default:
+		return fmt.Errorf("still there (deletion %v, finalizers %v)", obj.GetDeletionTimestamp(), obj.GetFinalizers())
+	}
+}
+
+// waitFor polls check until it returns nil, failing the test after timeout.
+func waitFor(ctx context.Context, t *testing.T, timeout time.Duration, what string, check func() error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: not after %s: %v", what, timeout, err)
+		case <-time.After(pollInterval):
+		}
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }

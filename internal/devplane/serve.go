@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -31,13 +32,28 @@ const (
 )
 
 // Serve runs the plane in the foreground until ctx ends (capl-dev serve):
-// etcd (data in <StateDir>/etcd, kept) and kube-apiserver with Cluster
-// API's CRDs, the provider's CRDs and webhook configurations; Cluster API's
-// core controllers in this process; and the manager binary as a child
-// process restarted whenever it exits. It writes serve.pid, kubeconfig,
-// webhook-certs/ and, once everything runs, endpoints.json. When ctx ends it
-// stops the manager, the controllers, kube-apiserver and etcd, removes
-// serve.pid and endpoints.json, and returns nil.
+// etcd (data in <StateDir>/etcd, kept) and kube-apiserver (Secrets
+// encrypted at rest, service-account keys of the state directory) with
+// Cluster API's CRDs, the kubeadm providers' CRDs, the provider's CRDs and
+// every webhook configuration of them; kube-controller-manager and the
+// manager binary as child processes restarted whenever they exit; Cluster
+// API's core, kubeadm bootstrap and kubeadm control-plane managers and
+// their webhooks in this process.
+//
+// Cluster API runs in process, built from the pinned module's exported
+// reconcilers and webhooks exactly as its three main.go's wire them (see
+// testenv.CAPI), rather than as its manager binaries built from the module
+// proxy: that is the same code without three more binaries to build (each
+// a minute or more of linking on a small host), supervise, give ports,
+// certificates and kubeconfigs; it costs one process's memory instead of
+// three. Its webhooks share one server on their own port, since the
+// provider's manager, a separate process, serves the port envtest
+// configures.
+//
+// Serve writes serve.pid, kubeconfig, webhook-certs/, the keys (once) and,
+// once everything runs, endpoints.json. When ctx ends it stops the
+// manager, Cluster API, kube-controller-manager, kube-apiserver and etcd,
+// removes serve.pid and endpoints.json, and returns nil.
 func Serve(ctx context.Context, o Options) error {
 	o = o.withDefaults()
 	if o.ManagerBinary == "" {
@@ -49,6 +65,10 @@ func Serve(ctx context.Context, o Options) error {
 	}
 	if _, err := os.Stat(manager); err != nil {
 		return fmt.Errorf("manager binary: %w (build it with `make build`)", err)
+	}
+	kcm, err := kubeControllerManagerBinary()
+	if err != nil {
+		return err
 	}
 	dir := o.StateDir
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -66,20 +86,25 @@ func Serve(ctx context.Context, o Options) error {
 	}
 	defer func() { _ = os.Remove(filepath.Join(dir, servePIDName)) }()
 	defer func() { _ = os.Remove(filepath.Join(dir, endpointsFileName)) }()
+	if err := ensureKeys(dir); err != nil {
+		return err
+	}
 
-	// The ports stay bound until the manager starts, so that etcd and
-	// kube-apiserver, which pick free ports too, cannot take them.
-	reserved, err := reservePorts(3)
+	// The ports stay bound until etcd and kube-apiserver, which pick free
+	// ports too, run, so that they cannot take them.
+	reserved, err := reservePorts(4)
 	if err != nil {
 		return err
 	}
 	defer reserved.release()
-	webhookPort, healthPort, metricsPort := reserved.ports[0], reserved.ports[1], reserved.ports[2]
+	webhookPort, healthPort, metricsPort, capiWebhookPort := reserved.ports[0], reserved.ports[1], reserved.ports[2], reserved.ports[3]
 
 	log.Printf("starting etcd (data in %s) and kube-apiserver", filepath.Join(dir, etcdDirName))
 	env, err := testenv.Start(
 		testenv.WithEtcdDataDir(filepath.Join(dir, etcdDirName)),
+		testenv.WithAPIServerFlags(apiServerFlags(dir)),
 		testenv.WithProviderWebhooks(),
+		testenv.WithClusterAPIWebhooks(),
 		testenv.WithWebhookServing("127.0.0.1", webhookPort),
 	)
 	if err != nil {
@@ -104,19 +129,45 @@ func Serve(ctx context.Context, o Options) error {
 		}
 	}
 
-	log.Printf("starting Cluster API's core controllers (Cluster, Machine, MachineSet, MachineDeployment)")
-	capi, err := env.StartCAPI()
+	kcmConfig, err := env.UserKubeconfig("system:kube-controller-manager")
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(filepath.Join(dir, kcmKubeconfigName), kcmConfig); err != nil {
+		return err
+	}
+	children, stopChildren := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stopChildren()
+	wg.Go(func() {
+		(&supervisor{
+			name: "kube-controller-manager", binary: kcm, args: kubeControllerManagerArgs(dir),
+			env: os.Environ(), stopGrace: 10 * time.Second,
+			logPath: filepath.Join(dir, kcmLogName), pidPath: filepath.Join(dir, kcmPIDName),
+		}).run(children)
+	})
+
+	log.Printf("starting Cluster API's core, kubeadm bootstrap and kubeadm control-plane controllers and webhooks")
+	reserved.release()
+	if err := env.RouteWebhooks(ctx, clusterAPIWebhookPrefix, "127.0.0.1", capiWebhookPort); err != nil {
+		return fmt.Errorf("routing Cluster API's webhooks: %w", err)
+	}
+	capi, err := env.StartClusterAPI(testenv.ClusterAPIOptions{
+		Kubeadm: true, WebhookHost: "127.0.0.1", WebhookPort: capiWebhookPort, WebhookCertDir: env.WebhookCertDir(),
+	})
 	if err != nil {
 		return err
 	}
 	defer func() {
 		log.Printf("stopping Cluster API's controllers")
-		if err := capi.Stop(); err != nil && !errors.Is(err, context.Canceled) {
+		if err := capi.Stop(); err != nil {
 			log.Printf("stopping Cluster API's controllers: %v", err)
 		}
 	}()
 
 	sup := &supervisor{
+		name:   "manager",
 		binary: manager,
 		args: append([]string{
 			"--libvirt-uri=" + o.LibvirtURI,
@@ -127,18 +178,20 @@ func Serve(ctx context.Context, o Options) error {
 			"--diagnostics-address=127.0.0.1:" + strconv.Itoa(metricsPort),
 			"--insecure-diagnostics",
 		}, o.ManagerArgs...),
-		env:     append(os.Environ(), "KUBECONFIG="+filepath.Join(dir, kubeconfigName)),
-		logPath: filepath.Join(dir, managerLogName),
-		pidPath: filepath.Join(dir, managerPIDName),
+		env:       append(os.Environ(), "KUBECONFIG="+filepath.Join(dir, kubeconfigName)),
+		stopGrace: managerStopGrace,
+		logPath:   filepath.Join(dir, managerLogName),
+		pidPath:   filepath.Join(dir, managerPIDName),
 	}
-	reserved.release()
-	supCtx, stopSup := context.WithCancel(context.Background())
-	supDone := make(chan struct{})
-	go func() { sup.run(supCtx); close(supDone) }()
+	// The manager stops first, while Cluster API and the API server still
+	// answer its last reconciles.
+	managerCtx, stopManager := context.WithCancel(context.Background())
+	managerDone := make(chan struct{})
+	go func() { sup.run(managerCtx); close(managerDone) }()
 	defer func() {
 		log.Printf("stopping the manager")
-		stopSup()
-		<-supDone
+		stopManager()
+		<-managerDone
 	}()
 
 	// Down sweeps libvirt by the namespaces and pools the plane used; they
@@ -146,7 +199,6 @@ func Serve(ctx context.Context, o Options) error {
 	scopeCtx, stopScope := context.WithCancel(context.Background())
 	defer stopScope()
 	go recordScopeEvery(scopeCtx, env, dir, scopeRecordInterval)
-	go completeForegroundDeletionsEvery(scopeCtx, env.Client, 2*time.Second)
 
 	if err := writeJSON(filepath.Join(dir, endpointsFileName), Endpoints{
 		ManagerMetricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort),
@@ -163,12 +215,19 @@ func Serve(ctx context.Context, o Options) error {
 	return nil
 }
 
-// supervisor runs the manager binary and starts it again whenever it
-// exits, as a kubelet restarts a crashed pod.
+// clusterAPIWebhookPrefix starts the names of Cluster API's webhook
+// configurations (testenv.WithClusterAPIWebhooks).
+const clusterAPIWebhookPrefix = "capi-"
+
+// supervisor runs a binary (the manager, kube-controller-manager) and
+// starts it again whenever it exits, as a kubelet restarts a crashed pod.
 type supervisor struct {
-	binary           string
+	name, binary     string
 	args, env        []string
 	logPath, pidPath string
+	// stopGrace is how long it may take to stop after SIGTERM before it
+	// is killed.
+	stopGrace time.Duration
 }
 
 func (s *supervisor) run(ctx context.Context) {
@@ -178,7 +237,7 @@ func (s *supervisor) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		log.Printf("manager exited (%v); restarting it in %s (restart %d)", err, restartDelay, restarts+1)
+		log.Printf("%s exited (%v); restarting it in %s (restart %d)", s.name, err, restartDelay, restarts+1)
 		select {
 		case <-ctx.Done():
 			return
@@ -187,8 +246,8 @@ func (s *supervisor) run(ctx context.Context) {
 	}
 }
 
-// runOnce starts the manager and waits for it to exit, or stops it (SIGTERM,
-// then SIGKILL after managerStopGrace) when ctx ends.
+// runOnce starts the binary and waits for it to exit, or stops it (SIGTERM,
+// then SIGKILL after stopGrace) when ctx ends.
 func (s *supervisor) runOnce(ctx context.Context) error {
 	out, err := os.OpenFile(s.logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
@@ -202,8 +261,8 @@ func (s *supervisor) runOnce(ctx context.Context) error {
 	cmd := exec.Command(s.binary, s.args...)
 	cmd.Env = s.env
 	cmd.Stdout, cmd.Stderr = out, out
-	// The manager dies with the plane even when the plane is SIGKILLed,
-	// so a restarted plane never meets a stale manager on its ports.
+	// The child dies with the plane even when the plane is SIGKILLed, so
+	// a restarted plane never meets a stale one on its ports or etcd.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return err
@@ -212,7 +271,7 @@ func (s *supervisor) runOnce(ctx context.Context) error {
 	if err := writePID(s.pidPath, pid); err != nil {
 		log.Printf("writing %s: %v", s.pidPath, err)
 	}
-	log.Printf("manager started, pid %d, log %s", pid, s.logPath)
+	log.Printf("%s started, pid %d, log %s", s.name, pid, s.logPath)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {
@@ -223,10 +282,10 @@ func (s *supervisor) runOnce(ctx context.Context) error {
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-done:
-		log.Printf("manager pid %d stopped (%v)", pid, err)
+		log.Printf("%s pid %d stopped (%v)", s.name, pid, err)
 		return err
-	case <-time.After(managerStopGrace):
-		log.Printf("manager pid %d did not stop in %s; killing it", pid, managerStopGrace)
+	case <-time.After(s.stopGrace):
+		log.Printf("%s pid %d did not stop in %s; killing it", s.name, pid, s.stopGrace)
 		_ = cmd.Process.Kill()
 		return <-done
 	}

@@ -57,6 +57,15 @@ const (
 	webhookCertsName  = "webhook-certs"
 	endpointsFileName = "endpoints.json"
 	scopeFileName     = "scope.json"
+	// Kept across restarts, 0600: the service-account signing key and the
+	// EncryptionConfiguration holding the key Secrets are encrypted with.
+	serviceAccountKeyName = "service-account.key"
+	encryptionConfigName  = "encryption-config.yaml"
+	// Rewritten at every start: kube-controller-manager's credentials
+	// (the API server's CA and port change).
+	kcmKubeconfigName = "kube-controller-manager.kubeconfig"
+	kcmPIDName        = "kube-controller-manager.pid"
+	kcmLogName        = "kube-controller-manager.log"
 )
 
 // Endpoints is endpoints.json: where the running plane's manager answers.

@@ -173,3 +173,16 @@ func addWebhookConfigurations(env *envtest.Environment, prefix, file string) err
 	}
 	return nil
 }
+
+// WithAPIServerFlags sets kube-apiserver flags, replacing envtest's values
+// for the same flags (the one-host plane gives it stable service-account
+// keys and an encryption configuration this way).
+func WithAPIServerFlags(flags map[string]string) Option {
+	return func(env *envtest.Environment) error {
+		args := env.ControlPlane.GetAPIServer().Configure()
+		for k, v := range flags {
+			args.Set(k, v)
+		}
+		return nil
+	}
+}

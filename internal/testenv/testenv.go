@@ -4,16 +4,22 @@
 package testenv
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -103,6 +109,69 @@ func (e *Environment) WebhookPort() int { return e.env.WebhookInstallOptions.Loc
 // KubectlPath is the kubectl built next to kube-apiserver by hack/envtest.sh.
 func KubectlPath() string {
 	return filepath.Join(os.Getenv("KUBEBUILDER_ASSETS"), "kubectl")
+}
+
+// UserKubeconfig returns a kubeconfig of a new user of the API server with
+// the given name and groups, authenticated by a client certificate; RBAC's
+// bootstrap policy grants well-known users such as
+// system:kube-controller-manager their permissions.
+func (e *Environment) UserKubeconfig(name string, groups ...string) ([]byte, error) {
+	user, err := e.env.AddUser(envtest.User{Name: name, Groups: groups}, nil)
+	if err != nil {
+		return nil, err
+	}
+	return user.KubeConfig()
+}
+
+// RouteWebhooks points the webhooks of the installed webhook
+// configurations whose names start with namePrefix at host:port (same path
+// and CA), so that webhooks served by different processes can share one
+// API server: envtest points every configuration at a single address.
+func (e *Environment) RouteWebhooks(ctx context.Context, namePrefix, host string, port int) error {
+	reroute := func(cc *admissionv1.WebhookClientConfig) error {
+		if cc.URL == nil {
+			return nil
+		}
+		u, err := url.Parse(*cc.URL)
+		if err != nil {
+			return err
+		}
+		u.Host = net.JoinHostPort(host, strconv.Itoa(port))
+		cc.URL = ptr.To(u.String())
+		return nil
+	}
+	var mutating admissionv1.MutatingWebhookConfigurationList
+	var validating admissionv1.ValidatingWebhookConfigurationList
+	for _, l := range []client.ObjectList{&mutating, &validating} {
+		if err := e.Client.List(ctx, l); err != nil {
+			return err
+		}
+	}
+	configs := map[client.Object][]*admissionv1.WebhookClientConfig{}
+	for i := range mutating.Items {
+		for j := range mutating.Items[i].Webhooks {
+			configs[&mutating.Items[i]] = append(configs[&mutating.Items[i]], &mutating.Items[i].Webhooks[j].ClientConfig)
+		}
+	}
+	for i := range validating.Items {
+		for j := range validating.Items[i].Webhooks {
+			configs[&validating.Items[i]] = append(configs[&validating.Items[i]], &validating.Items[i].Webhooks[j].ClientConfig)
+		}
+	}
+	for obj, ccs := range configs {
+		if !strings.HasPrefix(obj.GetName(), namePrefix) {
+			continue
+		}
+		for _, cc := range ccs {
+			if err := reroute(cc); err != nil {
+				return fmt.Errorf("webhook configuration %s: %w", obj.GetName(), err)
+			}
+		}
+		if err := e.Client.Update(ctx, obj); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func writeKubeconfig(env *envtest.Environment) (string, error) {

@@ -6,29 +6,36 @@ import (
 	"fmt"
 	"time"
 
+	storagev1 "k8s.io/api/storage/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	addonsv1beta1 "sigs.k8s.io/cluster-api/api/addons/v1beta1"
+	addonsv1 "sigs.k8s.io/cluster-api/api/addons/v1beta2"
 	bootstrapv1beta1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta1"
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1beta1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta1"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1beta1 "sigs.k8s.io/cluster-api/api/core/v1beta1"
+	ipamv1alpha1 "sigs.k8s.io/cluster-api/api/ipam/v1alpha1"
+	ipamv1beta1 "sigs.k8s.io/cluster-api/api/ipam/v1beta1"
+	ipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	runtimev1alpha1 "sigs.k8s.io/cluster-api/api/runtime/v1alpha1"
 	runtimev1 "sigs.k8s.io/cluster-api/api/runtime/v1beta2"
 	bootstrapadmission "sigs.k8s.io/cluster-api/bootstrap/kubeadm/webhooks/admission"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	controlplaneadmission "sigs.k8s.io/cluster-api/controlplane/kubeadm/webhooks/admission"
 	"sigs.k8s.io/cluster-api/core/reconcilers/clusterclass"
 	topologycluster "sigs.k8s.io/cluster-api/core/reconcilers/topology/cluster"
+	topologymachinedeployment "sigs.k8s.io/cluster-api/core/reconcilers/topology/machinedeployment"
+	topologymachineset "sigs.k8s.io/cluster-api/core/reconcilers/topology/machineset"
 	"sigs.k8s.io/cluster-api/core/setup"
 	coreadmission "sigs.k8s.io/cluster-api/core/webhooks/admission"
 	"sigs.k8s.io/cluster-api/feature"
-	"sigs.k8s.io/cluster-api/util/index"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/webhooks"
@@ -121,7 +128,10 @@ func fullScheme() (*runtime.Scheme, error) {
 	}
 	for _, add := range []func(*runtime.Scheme) error{
 		apiextensionsv1.AddToScheme,
-		clusterv1beta1.AddToScheme, runtimev1.AddToScheme,
+		storagev1.AddToScheme,
+		clusterv1beta1.AddToScheme, runtimev1alpha1.AddToScheme, runtimev1.AddToScheme,
+		addonsv1beta1.AddToScheme, addonsv1.AddToScheme,
+		ipamv1alpha1.AddToScheme, ipamv1beta1.AddToScheme, ipamv1.AddToScheme,
 		bootstrapv1.AddToScheme, bootstrapv1beta1.AddToScheme,
 		controlplanev1.AddToScheme, controlplanev1beta1.AddToScheme,
 	} {
@@ -150,7 +160,8 @@ func enableClusterTopology() error {
 
 // ClusterAPIWebhooks serves the webhooks of Cluster API's core, kubeadm
 // control plane and kubeadm bootstrap managers (install their
-// configurations with WithClusterAPIWebhooks), with ClusterTopology on.
+// configurations with WithClusterAPIWebhooks), all that their main.go's
+// set up, with ClusterTopology on.
 func ClusterAPIWebhooks(_ context.Context, mgr ctrl.Manager) error {
 	if err := enableClusterTopology(); err != nil {
 		return err
@@ -161,7 +172,15 @@ func ClusterAPIWebhooks(_ context.Context, mgr ctrl.Manager) error {
 		&coreadmission.Machine{},
 		&coreadmission.MachineSet{},
 		&coreadmission.MachineDeployment{},
+		&coreadmission.MachineDrainRule{},
+		&coreadmission.MachinePool{},
+		&coreadmission.ClusterResourceSet{},
+		&coreadmission.ClusterResourceSetBinding{},
 		&coreadmission.MachineHealthCheck{},
+		&coreadmission.ExtensionConfig{},
+		// core/main.go reads IPAddressClaims uncached.
+		&coreadmission.IPAddress{Client: mgr.GetAPIReader()},
+		&coreadmission.IPAddressClaim{},
 		&controlplaneadmission.KubeadmControlPlane{},
 		&controlplaneadmission.ScaleValidator{Client: mgr.GetClient()},
 		&controlplaneadmission.KubeadmControlPlaneTemplate{},
@@ -176,39 +195,33 @@ func ClusterAPIWebhooks(_ context.Context, mgr ctrl.Manager) error {
 }
 
 // ClusterAPITopology runs Cluster API's ClusterClass and managed topology
-// controllers: the ClusterClass controller publishes a class's variables,
-// the topology controller creates and updates a class-based Cluster's
-// LibvirtCluster, control plane, templates and MachineDeployments, making
-// the server-side-apply dry-run requests the template webhooks must allow.
+// controllers (see ClusterAPITopologyReconcilers) with a ClusterCache of
+// their own.
 func ClusterAPITopology(ctx context.Context, mgr ctrl.Manager) error {
+	clusterCache, err := newClusterCache(ctx, mgr, setup.ClusterCacheCacheOptions(), setup.ClusterCacheClientOptions(capiControllerName, 20, 30))
+	if err != nil {
+		return err
+	}
+	return ClusterAPITopologyReconcilers(ctx, mgr, clusterCache)
+}
+
+// ClusterAPITopologyReconcilers sets up what core/main.go runs when the
+// ClusterTopology gate is on (it turns the gate on): the ClusterClass
+// controller publishes a class's variables; the topology controllers
+// create and update a class-based Cluster's LibvirtCluster, control plane,
+// templates and MachineDeployments (making the server-side-apply dry-run
+// requests the template webhooks must allow) and clean up the templates of
+// its MachineDeployments and MachineSets.
+func ClusterAPITopologyReconcilers(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache) error {
 	if err := enableClusterTopology(); err != nil {
 		return err
 	}
-	if err := index.AddDefaultIndexes(ctx, mgr); err != nil {
-		return fmt.Errorf("adding Cluster API indexes: %w", err)
-	}
-	secretClient, err := setup.CreateSecretCachingClient(mgr)
-	if err != nil {
-		return err
-	}
-	clusterCache, err := clustercache.SetupWithManager(ctx, mgr, clustercache.Options{
-		SecretClient: secretClient,
-		Cache:        setup.ClusterCacheCacheOptions(),
-		Client:       setup.ClusterCacheClientOptions(capiControllerName, 20, 30),
-	}, controller.Options{MaxConcurrentReconciles: 10})
-	if err != nil {
-		return fmt.Errorf("creating the ClusterCache: %w", err)
-	}
-	if err := (&clusterclass.Reconciler{Client: mgr.GetClient()}).
-		SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 5}); err != nil {
-		return fmt.Errorf("setting up the ClusterClass controller: %w", err)
-	}
-	if err := (&topologycluster.Reconciler{
-		Client:       mgr.GetClient(),
-		APIReader:    mgr.GetAPIReader(),
-		ClusterCache: clusterCache,
-	}).SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 5}); err != nil {
-		return fmt.Errorf("setting up the topology controller: %w", err)
-	}
-	return nil
+	return setupReconcilers(ctx, mgr, map[string]reconciler{
+		"ClusterClass": &clusterclass.Reconciler{Client: mgr.GetClient()},
+		"ClusterTopology": &topologycluster.Reconciler{
+			Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: clusterCache,
+		},
+		"MachineDeploymentTopology": &topologymachinedeployment.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()},
+		"MachineSetTopology":        &topologymachineset.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader()},
+	})
 }
