@@ -166,8 +166,9 @@ done <"$CAPL_NODE_REFS"
 install -m 0644 "$CAPL_NODE_REFS" "$root/etc/capl-node-images"
 stop_containerd
 trap - EXIT
-if grep -q " $root/" /proc/self/mountinfo; then
-  echo "customize-node.sh: mounts left under $root after the import" >&2
+# (mmdebstrap itself keeps /proc, /sys and /dev mounted in the chroot.)
+if grep -q " $root/var/lib/containerd" /proc/self/mountinfo; then
+  echo "customize-node.sh: mounts left under $root/var/lib/containerd after the import" >&2
   exit 1
 fi
 
