@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -361,16 +362,19 @@ func checkMachineTemplate(t *testing.T, mt *infrav1.LibvirtMachineTemplate, cpus
 
 func patchVariable(t *testing.T, cluster *unstructured.Unstructured, name, value string) {
 	t.Helper()
-	cl := &clusterv1.Cluster{}
-	if err := c.Get(ctx(t), client.ObjectKeyFromObject(cluster), cl); err != nil {
-		t.Fatal(err)
-	}
-	for i := range cl.Spec.Topology.Variables {
-		if cl.Spec.Topology.Variables[i].Name == name {
-			cl.Spec.Topology.Variables[i].Value.Raw = []byte(value)
+	// Cluster API's controllers update the Cluster too: retry on conflict.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cl := &clusterv1.Cluster{}
+		if err := c.Get(ctx(t), client.ObjectKeyFromObject(cluster), cl); err != nil {
+			return err
 		}
-	}
-	if err := c.Update(ctx(t), cl); err != nil {
+		for i := range cl.Spec.Topology.Variables {
+			if cl.Spec.Topology.Variables[i].Name == name {
+				cl.Spec.Topology.Variables[i].Value.Raw = []byte(value)
+			}
+		}
+		return c.Update(ctx(t), cl)
+	}); err != nil {
 		t.Fatal(err)
 	}
 }
