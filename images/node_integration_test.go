@@ -28,14 +28,7 @@ import (
 // TestMain asserts, after the tests ran their cleanups, that nothing they
 // created is left on the host.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if uri := os.Getenv(testlibvirt.EnvURI); uri != "" && code == 0 {
-		if err := testlibvirt.CheckNothingOwned(uri); err != nil {
-			fmt.Fprintln(os.Stderr, "FAIL:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(testlibvirt.RunChecked(m))
 }
 
 // nodeDoneFile is written by the test's user-data once cloud-init ran it.

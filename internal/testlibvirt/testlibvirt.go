@@ -227,3 +227,17 @@ func ours(o Object, mine []string) bool {
 	}
 	return false
 }
+
+// RunChecked runs a package's tests and then, when they passed against a
+// real libvirtd, checks that nothing they created is left on the host; it
+// returns the exit code for os.Exit. Packages call it from TestMain.
+func RunChecked(m *testing.M) int {
+	code := m.Run()
+	if uri := os.Getenv(EnvURI); uri != "" && code == 0 {
+		if err := CheckNothingOwned(uri); err != nil {
+			fmt.Fprintln(os.Stderr, "FAIL:", err)
+			code = 1
+		}
+	}
+	return code
+}
