@@ -4,15 +4,9 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +15,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 )
 
 // randomDelay picks a delay in [0, upTo) from the seeded generator.
@@ -122,51 +117,6 @@ func (s *suite) killManagerRounds(t *testing.T) {
 	}
 }
 
-// libvirtdPID is the running libvirtd's pid.
-func libvirtdPID() (int, error) {
-	out, err := exec.Command("pidof", "libvirtd").Output()
-	if err != nil {
-		return 0, fmt.Errorf("pidof libvirtd: %w", err)
-	}
-	fields := strings.Fields(string(out))
-	if len(fields) != 1 {
-		return 0, fmt.Errorf("pidof libvirtd: %q, want one pid", out)
-	}
-	return strconv.Atoi(fields[0])
-}
-
-// processDead tells whether process pid has exited: /proc/<pid> is gone,
-// or its state is zombie (Z) or dead (X). state is the state letter read.
-func processDead(pid int) (dead bool, state string, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
-		return true, "gone", nil
-	}
-	if err != nil {
-		return false, "", err
-	}
-	state, err = procState(string(b))
-	if err != nil {
-		return false, "", err
-	}
-	return state == "Z" || state == "X" || state == "x", state, nil
-}
-
-// procState reads the state field of a /proc/<pid>/stat line: the first
-// field after the command name, which is in parentheses and may itself
-// contain spaces and parentheses.
-func procState(stat string) (string, error) {
-	i := strings.LastIndexByte(stat, ')')
-	if i < 0 {
-		return "", fmt.Errorf("malformed /proc stat %q", stat)
-	}
-	fields := strings.Fields(stat[i+1:])
-	if len(fields) == 0 {
-		return "", fmt.Errorf("malformed /proc stat %q: no state", stat)
-	}
-	return fields[0], nil
-}
-
 // restartLibvirtd kills libvirtd while a machine is being created and
 // starts it again; the machine must converge and delete cleanly.
 func (s *suite) restartLibvirtd(t *testing.T) {
@@ -176,30 +126,19 @@ func (s *suite) restartLibvirtd(t *testing.T) {
 	delay := 500*time.Millisecond + s.randomDelay(3*time.Second)
 	objs := s.createExtraMachine(t, clusterName, name, nil)
 	time.Sleep(delay)
-	pid, err := libvirtdPID()
-	must(t, err)
-	t.Logf("killing libvirtd %d %.1fs after creating %s", pid, delay.Seconds(), name)
-	must(t, syscall.Kill(pid, syscall.SIGTERM))
-	// PID 1 here does not reap orphans: a dead libvirtd stays a zombie, so
-	// death is judged by the process state, not by /proc/<pid> vanishing.
-	s.waitFor(t, "libvirtd to exit", time.Minute, func() (bool, string) {
-		dead, state, err := processDead(pid)
-		if err != nil {
-			return false, err.Error()
-		}
-		return dead, "state " + state
-	})
+	t.Logf("stopping libvirtd %.1fs after creating %s", delay.Seconds(), name)
+	pid, err := testlibvirt.StopLibvirtd(time.Minute)
 	// Whatever happens below, libvirtd must run again: the host is shared.
 	restarted := false
 	t.Cleanup(func() {
 		if !restarted {
-			_ = exec.Command("libvirtd", "-d").Run()
+			_ = testlibvirt.StartLibvirtd()
 		}
 	})
+	must(t, err)
+	t.Logf("libvirtd %d stopped", pid)
 	time.Sleep(2 * time.Second) // a reconcile meets the daemon gone
-	if out, err := exec.Command("libvirtd", "-d").CombinedOutput(); err != nil {
-		t.Fatalf("starting libvirtd again: %v: %s", err, out)
-	}
+	must(t, testlibvirt.StartLibvirtd())
 	restarted = true
 	s.waitFor(t, "libvirtd answering", time.Minute, func() (bool, string) {
 		ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)

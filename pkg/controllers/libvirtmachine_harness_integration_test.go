@@ -11,13 +11,10 @@ import (
 	"io"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -645,48 +642,16 @@ var errSimulatedCrash = errors.New("simulated crash of the manager")
 // goroutine, so it reports errors instead of failing the test itself.
 func restartLibvirtd(uri string) (time.Duration, error) {
 	start := time.Now()
-	raw, err := os.ReadFile("/run/libvirtd.pid")
-	if err != nil {
+	if _, err := testlibvirt.StopLibvirtd(time.Minute); err != nil {
 		return 0, err
 	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
-	if err != nil {
+	if err := testlibvirt.StartLibvirtd(); err != nil {
 		return 0, err
 	}
-	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+	if err := testlibvirt.WaitLibvirtd(uri, time.Minute); err != nil {
 		return 0, err
 	}
-	deadline := time.Now().Add(time.Minute)
-	for alive(pid) {
-		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("libvirtd %d did not exit", pid)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if out, err := exec.Command("libvirtd", "-d").CombinedOutput(); err != nil {
-		return 0, fmt.Errorf("starting libvirtd: %v: %s", err, out)
-	}
-	for {
-		conn, err := libvirt.NewConnect(uri)
-		if err == nil {
-			conn.Close()
-			return time.Since(start), nil
-		}
-		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("libvirtd did not come back: %w", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// alive tells whether pid runs; a zombie (PID 1 here does not reap) is dead.
-func alive(pid int) bool {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-	return len(fields) > 0 && fields[0] != "Z"
+	return time.Since(start), nil
 }
 
 // leakNeedles are the marker and what it looks like inside base64 at each

@@ -1,20 +1,13 @@
 package virt_test
 
 import (
-	"errors"
 	"os"
-	"os/exec"
-	"strconv"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
-
-// libvirtdPidfile is where `libvirtd -d` records its pid when run as root.
-const libvirtdPidfile = "/run/libvirtd.pid"
 
 // TestReconnectAfterLibvirtdRestart kills libvirtd under a live Client and
 // starts it again; the next call on the same Client must succeed and event
@@ -50,34 +43,18 @@ func TestReconnectAfterLibvirtdRestart(t *testing.T) {
 	waitEvent(t, events, virt.EventDomainUndefined, spec.UUID)
 }
 
-// restartLibvirtd stops the running libvirtd by its pid and starts a new
-// one the way this host runs it (`libvirtd -d`), without waiting for its
-// socket: reconnecting is the Client's job.
+// restartLibvirtd stops the running libvirtd and starts a new one the way
+// this host runs it, without waiting for its socket: reconnecting is the
+// Client's job.
 func restartLibvirtd(t *testing.T) {
 	t.Helper()
-	b, err := os.ReadFile(libvirtdPidfile)
-	if err != nil {
-		t.Skipf("no libvirtd pidfile (%v): cannot restart libvirtd here", err)
+	if _, err := os.Stat(testlibvirt.LibvirtdPidFile); err != nil {
+		t.Skipf("no libvirtd pid file (%v): cannot restart libvirtd here", err)
 	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatalf("pidfile %s: %v", libvirtdPidfile, err)
+	if _, err := testlibvirt.StopLibvirtd(30 * time.Second); err != nil {
+		t.Fatal(err)
 	}
-	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
-		t.Fatalf("stopping libvirtd %d: %v", pid, err)
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
-			break
-		}
-		if stat, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); strings.Contains(string(stat), ") Z ") {
-			break // exited; a zombie until someone reaps it
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("libvirtd %d did not exit within 30s", pid)
-		}
-	}
-	if out, err := exec.Command("libvirtd", "-d").CombinedOutput(); err != nil {
-		t.Fatalf("starting libvirtd: %v: %s", err, out)
+	if err := testlibvirt.StartLibvirtd(); err != nil {
+		t.Fatal(err)
 	}
 }
