@@ -55,19 +55,20 @@ build: ## Build the manager and capl-dev (the one-host management plane) into bi
 
 # Where `make up` keeps the management plane's etcd data, kubeconfig and logs.
 STATE_DIR ?= /var/lib/capi-libvirt/devplane
-# Extra flags for `capl-dev up`, e.g. UP_ARGS="--domain-type=kvm --workers=3".
+# Extra flags for `capl-dev up`, e.g. UP_ARGS="--control-plane=3 --workers=2",
+# UP_ARGS=--domain-type=qemu, or UP_ARGS=--stand-in for VMs without Kubernetes.
 UP_ARGS ?=
 # Extra flags for `capl-dev down`, e.g. DOWN_ARGS=--all to sweep every
 # libvirt object the provider owns on this host, not just the plane's.
 DOWN_ARGS ?=
 
 .PHONY: up
-up: prepare-host envtest images build ## One host, whole system: management plane (kube-apiserver, etcd, kube-controller-manager, Cluster API, this provider) and a demo cluster.
+up: prepare-host envtest images node-image build ## One host, whole system: management plane (kube-apiserver, etcd, kube-controller-manager, Cluster API, this provider) and a kubeadm cluster of real VMs with Ready nodes.
 	KUBEBUILDER_ASSETS="$$(hack/envtest.sh)" $(BIN)/capl-dev up --state-dir=$(STATE_DIR) --libvirt-uri=$(LIBVIRT_URI) \
-		--manager=$(BIN)/manager --image-dir=$(CAPL_IMAGE_DIR) $(UP_ARGS)
+		--manager=$(BIN)/manager --image-dir=$(CAPL_IMAGE_DIR) --kubernetes-version=$(KUBERNETES_VERSION) $(UP_ARGS)
 
 .PHONY: down
-down: ## Delete the demo cluster, stop the management plane and remove every VM, volume and network it made.
+down: ## Delete the cluster, stop the management plane and remove every VM, volume and network it made.
 	@test -x $(BIN)/capl-dev || $(MAKE) build
 	$(BIN)/capl-dev down --state-dir=$(STATE_DIR) --libvirt-uri=$(LIBVIRT_URI) $(DOWN_ARGS)
 
@@ -84,9 +85,13 @@ ARTIFACTS ?= $(ROOT)/_artifacts
 E2E_ARGS ?=
 
 .PHONY: test-e2e
-test-e2e: envtest images build ## End-to-end: management plane + real VMs, faults, bad input, leak checks; report in $(ARTIFACTS).
+test-e2e: envtest images node-image build ## End-to-end: management plane + real VMs, faults, bad input, leak checks; report in $(ARTIFACTS).
 	$(TEST_ENV) CAPL_E2E_ARTIFACTS=$(ARTIFACTS) CAPL_E2E_BIN=$(BIN) \
 		go test -tags e2e -count=1 -timeout=75m -v ./e2e/ -args $(E2E_ARGS)
+
+.PHONY: test-soak
+test-soak: ## test-e2e with 10 manager-kill rounds and the stand-in worker scaling (outside CI).
+	$(MAKE) test-e2e E2E_ARGS="-e2e.kill-rounds=10 -e2e.soak $(E2E_ARGS)"
 
 .PHONY: test-unit
 test-unit: ## Unit tests only: nothing outside the process.

@@ -44,13 +44,24 @@ func TestE2E(t *testing.T) {
 	t.Run("steady state", s.measureSteadyState)
 
 	// 2. Scaling and control-plane deletion behind the endpoint.
-	t.Run("scale workers", s.scaleWorkers)
+	if *soak {
+		t.Run("scale workers", s.scaleWorkers)
+	}
 	t.Run("delete control-plane machine", s.deleteControlPlaneMachine)
 
 	// 3. Faults.
 	t.Run("kill manager", s.killManagerRounds)
 	t.Run("restart libvirtd", s.restartLibvirtd)
 	t.Run("delete cluster while creating", s.deleteClusterWhileCreating)
+
+	// 4. A real Kubernetes cluster from templates/cluster-template.yaml,
+	// once the host is quiet: kubeadm under TCG needs the cores.
+	s.createKubeadm(t)
+	t.Run("kubeadm nodes ready", s.kubeadmReady)
+	t.Run("kubeadm service across nodes", s.kubeadmService)
+	t.Run("kubeadm scale workers", s.kubeadmScale)
+	t.Run("kubeadm remediation", s.kubeadmRemediation)
+	t.Run("kubeadm delete", s.kubeadmDelete)
 
 	// 5. Nothing of the run outlives it.
 	s.down(true)

@@ -32,7 +32,8 @@ import (
 )
 
 var (
-	killRounds = flag.Int("e2e.kill-rounds", 10, "rounds of killing the manager during a machine's creation and deletion")
+	killRounds = flag.Int("e2e.kill-rounds", 3, "rounds of killing the manager during a machine's creation and deletion")
+	soak       = flag.Bool("e2e.soak", false, "also the scenarios the kubeadm scenario covers on the stand-in cluster (worker scaling with batch figures); `make test-soak`")
 	seedFlag   = flag.Uint64("e2e.seed", 0, "seed of the random fault timings; 0 picks one from the clock (the log prints it)")
 )
 
@@ -77,6 +78,7 @@ type suite struct {
 	imagesBefore map[string]bool
 
 	demo      demoObjects
+	k8s       kubeadmState
 	bootStart time.Time
 	rec       *recorder
 	rep       *report
@@ -445,12 +447,16 @@ func (s *suite) waitGone(t *testing.T, timeout time.Duration, objs ...client.Obj
 }
 
 // clusterNetwork is the libvirt network of the demo cluster.
-func (s *suite) clusterNetwork() string {
+func (s *suite) clusterNetwork() string { return s.clusterNetworkOf(s.demo.lc.Name) }
+
+// clusterNetworkOf is the libvirt network of LibvirtCluster cluster of the
+// namespace.
+func (s *suite) clusterNetworkOf(cluster string) string {
 	lc := &infrav1.LibvirtCluster{}
-	if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: s.demo.lc.Name}, lc); err == nil && lc.Status.Network != nil {
+	if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: cluster}, lc); err == nil && lc.Status.Network != nil {
 		return lc.Status.Network.Name
 	}
-	return scope.ClusterNetworkName(namespace, s.demo.lc.Name)
+	return scope.ClusterNetworkName(namespace, cluster)
 }
 
 func must(t testing.TB, err error) {

@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 const usage = `capl-dev: the one-host management plane of cluster-api-provider-libvirt.
@@ -84,36 +86,64 @@ func managerFlags(fs *flag.FlagSet, o *devplane.Options) {
 	fs.Var((*stringList)(&o.ManagerArgs), "manager-arg", "extra flag for the manager, e.g. --manager-arg=--v=4 (repeatable)")
 }
 
-// demoFlags are the flags shaping the demo cluster.
-type demoFlags struct {
-	opts                devplane.DemoOptions
+// clusterFlags are the flags shaping the cluster `capl-dev up` makes.
+type clusterFlags struct {
+	namespace, name     string
+	imageDir            string
 	domainType, cpuMode string
+	storagePool         string
 	controlPlane        int
 	workers             int
+	// Kubernetes cluster only.
+	kubernetesVersion, template, cni, kubeconfigOut string
+	// standIn makes the stand-in demo (no Kubernetes) instead.
+	standIn bool
 }
 
-func (f *demoFlags) bind(fs *flag.FlagSet) {
-	fs.StringVar(&f.opts.Namespace, "namespace", "default", "namespace of the demo cluster")
-	fs.StringVar(&f.opts.Name, "name", "demo", "name of the demo cluster")
-	fs.StringVar(&f.opts.ImageDir, "image-dir", "/var/cache/capi-libvirt/images",
-		"directory of `make images` holding "+devplane.NodeImageFile+" and "+devplane.HAProxyImageFile)
+func (f *clusterFlags) bind(fs *flag.FlagSet) {
+	fs.StringVar(&f.namespace, "namespace", "default", "namespace of the cluster")
+	fs.StringVar(&f.name, "name", "demo", "name of the cluster")
+	fs.StringVar(&f.imageDir, "image-dir", "/var/cache/capi-libvirt/images",
+		"directory of `make images node-image`, holding the node image, "+devplane.HAProxyImageFile+" and (stand-in) "+devplane.NodeImageFile)
 	fs.StringVar(&f.domainType, "domain-type", "auto", "auto, kvm or qemu (TCG)")
 	fs.StringVar(&f.cpuMode, "cpu-mode", "", "libvirt CPU mode; default host-passthrough for kvm, maximum for qemu")
-	fs.StringVar(&f.opts.StoragePool, "storage-pool", "", "storage pool of the demo's volumes, created at /var/lib/libvirt/<name>; empty means the provider's default (capi-libvirt)")
-	fs.IntVar(&f.controlPlane, "control-plane", 3, "control-plane machines")
-	fs.IntVar(&f.workers, "workers", 2, "worker machines (MachineDeployment replicas)")
+	fs.StringVar(&f.storagePool, "storage-pool", "", "storage pool of the cluster's volumes, at /var/lib/libvirt/<name>; empty means the provider's default (capi-libvirt)")
+	fs.IntVar(&f.controlPlane, "control-plane", 1, "control-plane machines")
+	fs.IntVar(&f.workers, "workers", 1, "worker machines (MachineDeployment replicas)")
+	fs.StringVar(&f.kubernetesVersion, "kubernetes-version", "v1.36.3", "Kubernetes version of the node image (make node-image)")
+	fs.StringVar(&f.template, "template", "templates/cluster-template.yaml", "cluster template, rendered by clusterctl's variable rules")
+	fs.StringVar(&f.cni, "cni", "templates/cni-flannel.yaml", "CNI manifest a ClusterResourceSet applies to the cluster")
+	fs.StringVar(&f.kubeconfigOut, "kubeconfig-out", "", "where to write the workload cluster's kubeconfig (default <state-dir>/<name>.kubeconfig)")
+	fs.BoolVar(&f.standIn, "stand-in", false, "make the stand-in demo instead: VMs running a stand-in API server, no Kubernetes (fast, for the provider's own tests)")
 }
 
-// options resolves the parsed flags, choosing the domain type.
-func (f *demoFlags) options() (devplane.DemoOptions, devplane.DomainChoice, error) {
-	d := f.opts
-	d.ControlPlane, d.Workers = int32(f.controlPlane), int32(f.workers)
-	choice, err := devplane.ChooseDomainType(f.domainType, f.cpuMode)
-	if err != nil {
-		return d, choice, err
+// choice resolves the accelerator.
+func (f *clusterFlags) choice() (devplane.DomainChoice, error) {
+	return devplane.ChooseDomainType(f.domainType, f.cpuMode)
+}
+
+// demoOptions are the stand-in demo's options.
+func (f *clusterFlags) demoOptions(c devplane.DomainChoice) devplane.DemoOptions {
+	return devplane.DemoOptions{
+		Namespace: f.namespace, Name: f.name, ImageDir: f.imageDir, StoragePool: f.storagePool,
+		ControlPlane: int32(f.controlPlane), Workers: int32(f.workers),
+		DomainType: c.DomainType, CPUMode: c.CPUMode, TCGCacheMiB: c.TCGCacheMiB,
 	}
-	d.DomainType, d.CPUMode, d.TCGCacheMiB = choice.DomainType, choice.CPUMode, choice.TCGCacheMiB
-	return d, choice, nil
+}
+
+// clusterOptions are the Kubernetes cluster's options. The template sets
+// no CPU mode: the provider's default per domain type applies.
+func (f *clusterFlags) clusterOptions(c devplane.DomainChoice) devplane.ClusterOptions {
+	o := devplane.ClusterOptions{
+		Namespace: f.namespace, Name: f.name, ImageDir: f.imageDir, StoragePool: f.storagePool,
+		ControlPlane: int32(f.controlPlane), Workers: int32(f.workers),
+		KubernetesVersion: f.kubernetesVersion, Template: f.template, CNI: f.cni,
+		DomainType: c.DomainType,
+	}
+	if c.TCGCacheMiB > 0 {
+		o.TCGCacheMiB = devplane.NodeTCGCacheMiB
+	}
+	return o
 }
 
 func logf(format string, args ...any) {
@@ -123,14 +153,14 @@ func logf(format string, args ...any) {
 func up(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("up", flag.ExitOnError)
 	o := devplane.Options{Log: logf}
-	var df demoFlags
+	var cf clusterFlags
 	planeFlags(fs, &o)
 	managerFlags(fs, &o)
-	df.bind(fs)
-	noDemo := fs.Bool("no-demo", false, "start the plane only")
-	timeout := fs.Duration("timeout", 30*time.Minute, "how long to wait for the demo cluster to be provisioned")
+	cf.bind(fs)
+	noCluster := fs.Bool("no-demo", false, "start the plane only")
+	timeout := fs.Duration("timeout", 60*time.Minute, "how long to wait for the cluster")
 	_ = fs.Parse(args)
-	d, choice, err := df.options()
+	choice, err := cf.choice()
 	if err != nil {
 		return err
 	}
@@ -144,65 +174,145 @@ func up(ctx context.Context, args []string) error {
 		return err
 	}
 	logf("management plane ready in %s: API %s, manager %s", time.Since(start).Round(time.Second), p.Config.Host, p.Endpoints.ManagerHealthURL)
-	var status devplane.DemoStatus
-	if !*noDemo {
-		logf("guests: %s (override with UP_ARGS=\"--domain-type=kvm|qemu --cpu-mode=...\")", choice.Reason)
-		objs, err := devplane.Demo(d)
-		if err != nil {
-			return err
-		}
-		if err := devplane.RecordDemoScope(o.StateDir, d); err != nil {
-			return err
-		}
-		if err := devplane.ApplyDemo(ctx, p.Client, objs); err != nil {
-			return err
-		}
-		logf("demo cluster %s/%s applied: %d control-plane machines, MachineDeployment %s-md-0 with %d workers, 1 vCPU / 512 MiB each",
-			d.Namespace, d.Name, d.ControlPlane, d.Name, d.Workers)
-		waitCtx, cancel := context.WithTimeout(ctx, *timeout)
-		defer cancel()
-		status, err = devplane.WaitProvisioned(waitCtx, p.Client, d.Namespace, d.Name, func(s devplane.DemoStatus) {
-			logf("%s", s)
-		})
-		if err != nil {
-			return err
-		}
-		logf("demo cluster provisioned in %s; waiting for https://%s/readyz (cloud-init starts the stand-in API servers)",
-			time.Since(start).Round(time.Second), status.Endpoint)
-		host, err := devplane.WaitEndpoint(waitCtx, status.Endpoint)
-		if err != nil {
-			return err
-		}
-		logf("control-plane endpoint answers (from %s) after %s", host, time.Since(start).Round(time.Second))
+	if *noCluster {
+		printPlaneSteps(p)
+		return nil
 	}
-	printNextSteps(p, d, status, *noDemo)
+	logf("guests: %s (override with UP_ARGS=\"--domain-type=kvm|qemu --cpu-mode=...\")", choice.Reason)
+	waitCtx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	if cf.standIn {
+		return upStandIn(waitCtx, p, cf.demoOptions(choice), start)
+	}
+	return upCluster(waitCtx, p, o, cf, cf.clusterOptions(choice), start)
+}
+
+// upCluster makes a Kubernetes cluster from the template and waits until
+// every node is Ready.
+func upCluster(ctx context.Context, p *devplane.Plane, o devplane.Options, cf clusterFlags, co devplane.ClusterOptions, start time.Time) error {
+	if err := devplane.RecordClusterScope(p.StateDir, co); err != nil {
+		return err
+	}
+	host, err := virt.Dial(ctx, o.LibvirtURI)
+	if err != nil {
+		return err
+	}
+	imgs, err := devplane.SeedImages(ctx, host, co)
+	_ = host.Close()
+	if err != nil {
+		return err
+	}
+	logf("images in pool: node %s, load balancer %s", imgs.Node.Volume, imgs.LoadBalancer.Volume)
+	objs, err := devplane.RenderCluster(co, devplane.ClusterVariables(co, imgs))
+	if err != nil {
+		return err
+	}
+	cni, err := devplane.CNIObjects(co)
+	if err != nil {
+		return err
+	}
+	if err := devplane.ApplyCluster(ctx, p.Client, cni, objs); err != nil {
+		return err
+	}
+	applied := time.Now()
+	logf("cluster %s/%s applied from %s: KubeadmControlPlane of %d, MachineDeployment %s-md-0 of %d, CNI by ClusterResourceSet",
+		co.Namespace, co.Name, co.Template, co.ControlPlane, co.Name, co.Workers)
+	status, err := devplane.WaitProvisioned(ctx, p.Client, co.Namespace, co.Name, func(s devplane.DemoStatus) { logf("%s", s) })
+	if err != nil {
+		return err
+	}
+	logf("infrastructure provisioned %s after apply; endpoint %s", time.Since(applied).Round(time.Second), status.Endpoint)
+	nodes, kubeconfig, err := devplane.WaitNodes(ctx, p.Client, co.Namespace, co.Name, func(line string) { logf("%s", line) })
+	if err != nil {
+		return err
+	}
+	logf("all %d nodes Ready %s after apply (%s since up started)", len(nodes.Joined), time.Since(applied).Round(time.Second), time.Since(start).Round(time.Second))
+	out := cf.kubeconfigOut
+	if out == "" {
+		out = filepath.Join(p.StateDir, co.Name+".kubeconfig")
+	}
+	if err := os.WriteFile(out, kubeconfig, 0o600); err != nil {
+		return err
+	}
+	printClusterSteps(p, co, out)
 	return nil
 }
 
-func printNextSteps(p *devplane.Plane, d devplane.DemoOptions, s devplane.DemoStatus, noDemo bool) {
-	kubectl := "kubectl"
-	if assets := os.Getenv("KUBEBUILDER_ASSETS"); assets != "" {
-		kubectl = filepath.Join(assets, "kubectl")
+// upStandIn makes the stand-in demo: VMs whose cloud-init runs a stand-in
+// API server behind the HAProxy endpoint, without Kubernetes.
+func upStandIn(ctx context.Context, p *devplane.Plane, d devplane.DemoOptions, start time.Time) error {
+	objs, err := devplane.Demo(d)
+	if err != nil {
+		return err
 	}
+	if err := devplane.RecordDemoScope(p.StateDir, d); err != nil {
+		return err
+	}
+	if err := devplane.ApplyDemo(ctx, p.Client, objs); err != nil {
+		return err
+	}
+	logf("stand-in cluster %s/%s applied: %d control-plane machines, MachineDeployment %s-md-0 with %d workers, 1 vCPU / 512 MiB each",
+		d.Namespace, d.Name, d.ControlPlane, d.Name, d.Workers)
+	status, err := devplane.WaitProvisioned(ctx, p.Client, d.Namespace, d.Name, func(s devplane.DemoStatus) {
+		logf("%s", s)
+	})
+	if err != nil {
+		return err
+	}
+	logf("stand-in cluster provisioned in %s; waiting for https://%s/readyz (cloud-init starts the stand-in API servers)",
+		time.Since(start).Round(time.Second), status.Endpoint)
+	host, err := devplane.WaitEndpoint(ctx, status.Endpoint)
+	if err != nil {
+		return err
+	}
+	logf("control-plane endpoint answers (from %s) after %s", host, time.Since(start).Round(time.Second))
+	printPlaneSteps(p)
+	fmt.Printf(`
+Control-plane endpoint (HAProxy VM in front of the stand-in API servers):
+
+  curl -k https://%s/readyz
+`, status.Endpoint)
+	printDownStep(p)
+	return nil
+}
+
+// kubectl is the kubectl of hack/envtest.sh when make runs us, else the one on PATH.
+func kubectl() string {
+	if assets := os.Getenv("KUBEBUILDER_ASSETS"); assets != "" {
+		return filepath.Join(assets, "kubectl")
+	}
+	return "kubectl"
+}
+
+func printClusterSteps(p *devplane.Plane, co devplane.ClusterOptions, kubeconfig string) {
+	fmt.Printf("\nWorkload cluster %s/%s (kubeconfig %s):\n\n", co.Namespace, co.Name, kubeconfig)
+	cmd := exec.Command(kubectl(), "--kubeconfig", kubeconfig, "get", "nodes", "-o", "wide")
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Printf("(kubectl get nodes: %v)\n", err)
+	}
+	fmt.Printf(`
+  %[1]s --kubeconfig %[2]s get nodes,pods -A -o wide
+`, kubectl(), kubeconfig)
+	printPlaneSteps(p)
+	printDownStep(p)
+}
+
+func printPlaneSteps(p *devplane.Plane) {
 	fmt.Printf(`
 The management plane runs in the background (state in %[1]s, logs serve.log and manager.log).
 
   export KUBECONFIG=%[2]s
-  %[3]s get clusters,machinedeployments,machines -A
+  %[3]s get clusters,kubeadmcontrolplanes,machinedeployments,machines -A
   %[3]s get libvirtclusters,libvirtmachines -A -o wide
-  %[3]s describe libvirtcluster -n %[4]s %[5]s
-`, p.StateDir, p.Kubeconfig, kubectl, d.Namespace, d.Name)
-	if !noDemo && s.Endpoint != "" {
-		fmt.Printf(`
-Control-plane endpoint (HAProxy VM in front of the control-plane machines' stand-in API servers):
+`, p.StateDir, p.Kubeconfig, kubectl())
+}
 
-  curl -k https://%s/readyz
-`, s.Endpoint)
-	}
+func printDownStep(p *devplane.Plane) {
 	fmt.Printf(`
 Tear it all down (clusters, plane, every VM, volume and network it made):
 
-  sudo make down%s
+  make down%s
 `, stateDirArg(p.StateDir))
 }
 
@@ -256,18 +366,44 @@ func serve(ctx context.Context, args []string) error {
 
 func render(args []string) error {
 	fs := flag.NewFlagSet("render", flag.ExitOnError)
-	var df demoFlags
-	df.bind(fs)
+	var cf clusterFlags
+	cf.bind(fs)
 	_ = fs.Parse(args)
-	d, _, err := df.options()
+	choice, err := cf.choice()
 	if err != nil {
 		return err
 	}
-	objs, err := devplane.Demo(d)
-	if err != nil {
-		return err
+	var objs []runtime.Object
+	if cf.standIn {
+		demo, err := devplane.Demo(cf.demoOptions(choice))
+		if err != nil {
+			return err
+		}
+		for _, o := range demo {
+			objs = append(objs, o)
+		}
+	} else {
+		co := cf.clusterOptions(choice)
+		imgs, err := devplane.ImageVolumes(co)
+		if err != nil {
+			return err
+		}
+		cluster, err := devplane.RenderCluster(co, devplane.ClusterVariables(co, imgs))
+		if err != nil {
+			return err
+		}
+		cni, err := devplane.CNIObjects(co)
+		if err != nil {
+			return err
+		}
+		for _, o := range cni {
+			objs = append(objs, o)
+		}
+		for _, o := range cluster {
+			objs = append(objs, o)
+		}
 	}
-	scheme, err := manager.NewScheme()
+	scheme, err := devplane.Scheme()
 	if err != nil {
 		return err
 	}

@@ -14,9 +14,14 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	addonsv1 "sigs.k8s.io/cluster-api/api/addons/v1beta2"
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 )
@@ -143,7 +148,7 @@ func Attach(stateDir string) (*Plane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", kubeconfig, err)
 	}
-	scheme, err := manager.NewScheme()
+	scheme, err := Scheme()
 	if err != nil {
 		return nil, err
 	}
@@ -342,4 +347,22 @@ func tail(path string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// Scheme holds the provider's kinds and those of Cluster API's providers
+// the plane runs that its clients create: ClusterResourceSets and kubeadm's
+// control plane and bootstrap kinds.
+func Scheme() (*runtime.Scheme, error) {
+	scheme, err := manager.NewScheme()
+	if err != nil {
+		return nil, err
+	}
+	for _, add := range []func(*runtime.Scheme) error{
+		addonsv1.AddToScheme, controlplanev1.AddToScheme, bootstrapv1.AddToScheme,
+	} {
+		if err := add(scheme); err != nil {
+			return nil, err
+		}
+	}
+	return scheme, nil
 }

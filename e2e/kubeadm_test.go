@@ -1,0 +1,477 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"libvirt.org/go/libvirt"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+)
+
+// The kubeadm scenario's cluster: templates/cluster-template.yaml rendered
+// as `make up` renders it, one control-plane machine and one worker.
+const (
+	kubeadmName = "k8s"
+	// kubeadmReadyTimeout bounds apply → every node Ready: under TCG on 2
+	// cores, booting two VMs and kubeadm init and join take most of it.
+	kubeadmReadyTimeout = 45 * time.Minute
+	// kubeadmJoinTimeout bounds a new worker's boot and kubeadm join.
+	kubeadmJoinTimeout = 25 * time.Minute
+)
+
+// kubeadmState is what the kubeadm scenario learnt so far.
+type kubeadmState struct {
+	opts    devplane.ClusterOptions
+	applied time.Time
+	// wc is the workload cluster's client, once its kubeconfig exists.
+	wc client.Client
+	// ready is set once every node was Ready; later phases skip without it.
+	ready bool
+}
+
+// mdName is the kubeadm cluster's MachineDeployment (the template's name).
+func (k *kubeadmState) mdName() string { return k.opts.Name + "-md-0" }
+
+// createKubeadm renders the template and the CNI's ClusterResourceSet as
+// `make up` does and applies them.
+func (s *suite) createKubeadm(t *testing.T) {
+	nodeImage := testlibvirt.NodeImage(t)
+	version := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(nodeImage), "capl-node-"), ".qcow2")
+	root, err := filepath.Abs("..")
+	must(t, err)
+	s.k8s.opts = devplane.ClusterOptions{
+		Namespace: namespace, Name: kubeadmName, ControlPlane: 1, Workers: 1,
+		KubernetesVersion: version,
+		Template:          filepath.Join(root, "templates", "cluster-template.yaml"),
+		CNI:               filepath.Join(root, "templates", "cni-flannel.yaml"),
+		ImageDir:          filepath.Dir(nodeImage),
+		DomainType:        string(infrav1.DomainTypeQEMU),
+		TCGCacheMiB:       devplane.NodeTCGCacheMiB,
+		StoragePool:       e2ePool,
+	}
+	if filepath.Dir(s.image) != s.k8s.opts.ImageDir {
+		t.Fatalf("the node image %s and the HAProxy image must share a directory (%s)", nodeImage, filepath.Dir(s.image))
+	}
+	must(t, devplane.RecordClusterScope(s.state, s.k8s.opts))
+	stop := s.rep.phase("kubeadm: import node and load-balancer images into the pool")
+	imgs, err := devplane.SeedImages(s.ctx, s.host, s.k8s.opts)
+	stop()
+	must(t, err)
+	objs, err := devplane.RenderCluster(s.k8s.opts, devplane.ClusterVariables(s.k8s.opts, imgs))
+	must(t, err)
+	cni, err := devplane.CNIObjects(s.k8s.opts)
+	must(t, err)
+	must(t, devplane.ApplyCluster(s.ctx, s.c, cni, objs))
+	s.k8s.applied = time.Now()
+	t.Logf("kubeadm cluster %s applied (%d objects from the template, Kubernetes %s)", kubeadmName, len(objs), version)
+}
+
+// kubeadmReady waits for the load balancer, the first control-plane node
+// and every node, recording each as a figure, and checks that Nodes and
+// Machines agree.
+func (s *suite) kubeadmReady(t *testing.T) {
+	k := &s.k8s
+	s.waitFor(t, "kubeadm cluster: load balancer serving", kubeadmReadyTimeout, func() (bool, string) {
+		st, err := devplane.ClusterStatus(s.ctx, s.c, namespace, kubeadmName)
+		if err != nil {
+			return false, err.Error()
+		}
+		return st.ClusterProvisioned, st.String()
+	})
+	s.rep.phaseSince("kubeadm: apply → load balancer serving", k.applied)()
+	s.waitFor(t, "kubeadm cluster: first control-plane node Ready", kubeadmReadyTimeout, func() (bool, string) {
+		wc, _, err := devplane.WorkloadClient(s.ctx, s.c, namespace, kubeadmName)
+		if err != nil {
+			return false, "workload kubeconfig: " + err.Error()
+		}
+		k.wc = wc
+		nodes := &corev1.NodeList{}
+		if err := wc.List(s.ctx, nodes, client.HasLabels{"node-role.kubernetes.io/control-plane"}); err != nil {
+			return false, err.Error()
+		}
+		for i := range nodes.Items {
+			if devplane.NodeReady(&nodes.Items[i]) {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d control-plane nodes, none Ready", len(nodes.Items))
+	})
+	s.rep.phaseSince("kubeadm: apply → first control-plane node Ready", k.applied)()
+	s.waitNodes(t, kubeadmReadyTimeout)
+	s.rep.phaseSince("kubeadm: apply → all nodes Ready (1 control plane + 1 worker)", k.applied)()
+	k.ready = true
+	s.checkKubeadmMachines(t)
+}
+
+// waitNodes waits until every Machine of the kubeadm cluster has a Ready
+// Node with its providerID and nodeRef, and the CNI runs on every node.
+func (s *suite) waitNodes(t *testing.T, timeout time.Duration) devplane.NodesStatus {
+	t.Helper()
+	var last devplane.NodesStatus
+	s.waitFor(t, "kubeadm cluster: every Machine's node Ready with its providerID", timeout, func() (bool, string) {
+		if s.k8s.wc == nil {
+			return false, "no workload client"
+		}
+		st, err := devplane.ReadNodesStatus(s.ctx, s.c, s.k8s.wc, namespace, kubeadmName)
+		if err != nil {
+			return false, err.Error()
+		}
+		last = st
+		return st.Done(), st.String()
+	})
+	return last
+}
+
+// checkKubeadmMachines checks what the contract promises on every machine:
+// providerID libvirt:///<UUID of the running domain>, the Node's
+// providerID and addresses, and the LibvirtMachine's conditions.
+func (s *suite) checkKubeadmMachines(t *testing.T) {
+	lms, err := s.clusterMachines(kubeadmName)
+	must(t, err)
+	nodes := &corev1.NodeList{}
+	must(t, s.k8s.wc.List(s.ctx, nodes))
+	byProviderID := map[string]*corev1.Node{}
+	for i := range nodes.Items {
+		byProviderID[nodes.Items[i].Spec.ProviderID] = &nodes.Items[i]
+	}
+	for i := range lms {
+		lm := &lms[i]
+		checkConditions(t, "LibvirtMachine "+lm.Name, lm.Status.Conditions, infrav1.DomainReadyCondition, infrav1.BootstrapSucceededCondition)
+		info, err := s.host.DomainInfo(s.ctx, lm.Status.Domain.Name)
+		if err != nil {
+			t.Errorf("%s: domain %s: %v", lm.Name, lm.Status.Domain.Name, err)
+			continue
+		}
+		want := infrav1.ProviderIDPrefix + strings.ToLower(info.UUID)
+		if lm.Spec.ProviderID != want {
+			t.Errorf("%s: spec.providerID %q, the domain's UUID gives %q", lm.Name, lm.Spec.ProviderID, want)
+		}
+		n := byProviderID[want]
+		if n == nil {
+			t.Errorf("%s: no Node has providerID %s", lm.Name, want)
+			continue
+		}
+		var internal []string
+		for _, a := range n.Status.Addresses {
+			if a.Type == corev1.NodeInternalIP {
+				internal = append(internal, a.Address)
+			}
+		}
+		for _, a := range lm.Status.Addresses {
+			if a.Type == clusterv1.MachineInternalIP && !slices.Contains(internal, a.Address) {
+				t.Errorf("%s: InternalIP %s is not among node %s's %v", lm.Name, a.Address, n.Name, internal)
+			}
+		}
+		t.Logf("%s: node %s Ready, providerID %s, InternalIP %v", lm.Name, n.Name, want, internal)
+	}
+}
+
+// needReady skips a phase when the cluster never became Ready.
+func (s *suite) needReady(t *testing.T) {
+	if !s.k8s.ready {
+		t.Skip("the kubeadm cluster never had all nodes Ready")
+	}
+}
+
+// echoServer is a pod that answers any TCP connection on port 8080 with an
+// HTTP response naming itself. It runs in the kube-proxy image, one of the
+// images the node image carries (there is no registry), whose Debian base
+// has perl.
+const echoServer = `use IO::Socket::INET;
+my $s = IO::Socket::INET->new(LocalPort => 8080, Listen => 16, ReuseAddr => 1) or die "listen: $!";
+while (my $c = $s->accept) { my $l = <$c>; print $c "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n$ENV{POD_NAME}\n"; close $c }`
+
+// kubeadmService runs a pod on the worker and reaches it through a Service
+// from the control-plane node: kube-proxy and the CNI carry traffic across
+// nodes.
+func (s *suite) kubeadmService(t *testing.T) {
+	s.needReady(t)
+	defer s.rep.phase("kubeadm: pod on the worker reached through a Service from the control plane")()
+	wc := s.k8s.wc
+	workers := &corev1.NodeList{}
+	must(t, wc.List(s.ctx, workers))
+	var worker, cpNode string
+	for _, n := range workers.Items {
+		if _, cp := n.Labels["node-role.kubernetes.io/control-plane"]; cp {
+			cpNode = n.Name
+		} else {
+			worker = n.Name
+		}
+	}
+	if worker == "" || cpNode == "" {
+		t.Fatalf("want a control-plane node and a worker, nodes are %v", nodeNames(workers))
+	}
+	labels := map[string]string{"app": "capl-echo"}
+	image := "registry.k8s.io/kube-proxy:" + s.k8s.opts.KubernetesVersion
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "capl-echo"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](1),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					NodeSelector: map[string]string{corev1.LabelHostname: worker},
+					Containers: []corev1.Container{{
+						Name: "echo", Image: image, ImagePullPolicy: corev1.PullNever,
+						Command: []string{"perl", "-e", echoServer},
+						Env: []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{
+							FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}},
+						Ports: []corev1.ContainerPort{{ContainerPort: 8080}},
+					}},
+				},
+			},
+		},
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "capl-echo"},
+		Spec: corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+	}
+	must(t, client.IgnoreAlreadyExists(wc.Create(s.ctx, dep)))
+	must(t, client.IgnoreAlreadyExists(wc.Create(s.ctx, svc)))
+	var pod corev1.Pod
+	s.waitFor(t, "echo pod Running on the worker", 10*time.Minute, func() (bool, string) {
+		pods := &corev1.PodList{}
+		if err := wc.List(s.ctx, pods, client.InNamespace("default"), client.MatchingLabels(labels)); err != nil {
+			return false, err.Error()
+		}
+		for _, p := range pods.Items {
+			if p.Status.Phase == corev1.PodRunning && p.Spec.NodeName == worker {
+				pod = p
+				return true, ""
+			}
+		}
+		return false, podsLine(pods)
+	})
+	must(t, wc.Get(s.ctx, client.ObjectKeyFromObject(svc), svc))
+	url := fmt.Sprintf("http://%s/", svc.Spec.ClusterIP)
+	cpDomain := s.domainOfNode(t, cpNode)
+	var answer string
+	s.waitFor(t, "the echo Service answering on the control-plane node", 5*time.Minute, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(s.ctx, time.Minute)
+		defer cancel()
+		res, err := s.host.GuestExec(ctx, cpDomain, "/usr/bin/curl", []string{"-sS", "-m", "10", url}, nil)
+		if err != nil {
+			return false, err.Error()
+		}
+		answer = strings.TrimSpace(string(res.Stdout))
+		return res.ExitCode == 0 && answer == pod.Name, fmt.Sprintf("curl %s: exit %d, %q %s", url, res.ExitCode, answer, strings.TrimSpace(string(res.Stderr)))
+	})
+	t.Logf("pod %s (%s on %s) answered through Service %s from %s", pod.Name, pod.Status.PodIP, worker, url, cpNode)
+}
+
+// domainOfNode is the libvirt domain of the Machine whose Node is node.
+func (s *suite) domainOfNode(t *testing.T, node string) string {
+	t.Helper()
+	machines := &clusterv1.MachineList{}
+	must(t, s.c.List(s.ctx, machines, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: kubeadmName}))
+	for _, m := range machines.Items {
+		if m.Status.NodeRef.Name == node {
+			lm := s.lm(m.Spec.InfrastructureRef.Name)
+			if lm == nil {
+				t.Fatalf("machine %s: LibvirtMachine %s is gone", m.Name, m.Spec.InfrastructureRef.Name)
+			}
+			return lm.Status.Domain.Name
+		}
+	}
+	t.Fatalf("no Machine has node %s", node)
+	return ""
+}
+
+func nodeNames(nodes *corev1.NodeList) []string {
+	var out []string
+	for _, n := range nodes.Items {
+		out = append(out, n.Name)
+	}
+	return out
+}
+
+func podsLine(pods *corev1.PodList) string {
+	var out []string
+	for _, p := range pods.Items {
+		out = append(out, fmt.Sprintf("%s %s on %q", p.Name, p.Status.Phase, p.Spec.NodeName))
+	}
+	if len(out) == 0 {
+		return "no pods yet"
+	}
+	return strings.Join(out, ", ")
+}
+
+// kubeadmScale scales the MachineDeployment 1 → 2 → 1: the new worker joins
+// Ready; on the way down the removed Machine's Node leaves the workload
+// cluster.
+func (s *suite) kubeadmScale(t *testing.T) {
+	s.needReady(t)
+	before := s.kubeadmWorkerNodes(t)
+	stop := s.rep.phase("kubeadm: scale workers 1 → 2, new node Ready")
+	s.setReplicas(t, s.k8s.mdName(), 2)
+	s.waitNodes(t, kubeadmJoinTimeout)
+	stop()
+	stop = s.rep.phase("kubeadm: scale workers 2 → 1, node drained and gone")
+	s.setReplicas(t, s.k8s.mdName(), 1)
+	s.waitFor(t, "one worker Machine and one worker Node", deleteTimeout, func() (bool, string) {
+		nodes := s.kubeadmWorkerNodes(t)
+		machines := s.mdMachines(t)
+		return len(nodes) == 1 && len(machines) == 1, fmt.Sprintf("worker nodes %v, worker machines %v", keys(nodes), machines)
+	})
+	stop()
+	s.waitNodes(t, time.Minute)
+	t.Logf("after 1 → 2 → 1 the workers are %v (before: %v)", keys(s.kubeadmWorkerNodes(t)), keys(before))
+}
+
+// kubeadmRemediation destroys the worker's domain behind the provider's
+// back; the MachineHealthCheck must delete its Machine and a new one must
+// join Ready.
+func (s *suite) kubeadmRemediation(t *testing.T) {
+	s.needReady(t)
+	mhc := &clusterv1.MachineHealthCheck{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: kubeadmName + "-workers"}}
+	mhc.Spec.ClusterName = kubeadmName
+	mhc.Spec.Selector = metav1.LabelSelector{MatchLabels: map[string]string{clusterv1.MachineDeploymentNameLabel: s.k8s.mdName()}}
+	mhc.Spec.Checks.UnhealthyNodeConditions = []clusterv1.UnhealthyNodeCondition{
+		{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: ptr.To[int32](30)},
+		{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To[int32](30)},
+	}
+	mhc.Spec.Checks.NodeStartupTimeoutSeconds = ptr.To[int32](int32(kubeadmJoinTimeout.Seconds()))
+	must(t, s.c.Create(s.ctx, mhc))
+	s.waitFor(t, "the MachineHealthCheck to see the healthy worker", 5*time.Minute, func() (bool, string) {
+		if err := s.c.Get(s.ctx, client.ObjectKeyFromObject(mhc), mhc); err != nil {
+			return false, err.Error()
+		}
+		return ptr.Deref(mhc.Status.CurrentHealthy, 0) == 1, fmt.Sprintf("expected %d, healthy %d", ptr.Deref(mhc.Status.ExpectedMachines, 0), ptr.Deref(mhc.Status.CurrentHealthy, 0))
+	})
+	machines := s.mdMachines(t)
+	if len(machines) != 1 {
+		t.Fatalf("want one worker Machine, have %v", machines)
+	}
+	victim := &clusterv1.Machine{}
+	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: machines[0]}, victim))
+	lm := s.lm(victim.Spec.InfrastructureRef.Name)
+	if lm == nil {
+		t.Fatalf("LibvirtMachine of %s is gone", victim.Name)
+	}
+	start := time.Now()
+	must(t, destroyDomain(s.uri, lm.Status.Domain.Name))
+	t.Logf("destroyed and undefined domain %s of machine %s (node %s) behind the provider's back", lm.Status.Domain.Name, victim.Name, victim.Status.NodeRef.Name)
+	s.waitFor(t, "the MachineHealthCheck to delete "+victim.Name, 10*time.Minute, func() (bool, string) {
+		m := &clusterv1.Machine{}
+		err := s.c.Get(s.ctx, client.ObjectKeyFromObject(victim), m)
+		if err != nil {
+			return client.IgnoreNotFound(err) == nil, err.Error()
+		}
+		return m.DeletionTimestamp != nil, "not deleted yet"
+	})
+	s.rep.phaseSince("kubeadm: worker domain destroyed → MachineHealthCheck deletes its Machine", start)()
+	s.waitFor(t, "a new worker Machine", 5*time.Minute, func() (bool, string) {
+		ms := s.mdMachines(t)
+		return len(ms) == 1 && ms[0] != victim.Name, fmt.Sprintf("worker machines %v", ms)
+	})
+	s.waitNodes(t, kubeadmJoinTimeout)
+	s.rep.phaseSince("kubeadm: worker domain destroyed → replacement node Ready (MHC remediation)", start)()
+	if l := s.machineLeftovers(lm.Name, string(lm.UID), s.clusterNetworkOf(kubeadmName)); len(l) > 0 {
+		t.Errorf("the remediated machine %s left in libvirt: %s", lm.Name, strings.Join(l, ", "))
+	}
+}
+
+// destroyDomain destroys and undefines a domain on a connection of its own,
+// as someone at the host's console would.
+func destroyDomain(uri, name string) error {
+	conn, err := libvirt.NewConnect(uri)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	dom, err := conn.LookupDomainByName(name)
+	if err != nil {
+		return err
+	}
+	defer dom.Free()
+	if err := dom.Destroy(); err != nil {
+		return err
+	}
+	return dom.UndefineFlags(libvirt.DOMAIN_UNDEFINE_NVRAM)
+}
+
+// kubeadmDelete deletes the kubeadm cluster; every object and every libvirt
+// object of it must go.
+func (s *suite) kubeadmDelete(t *testing.T) {
+	defer s.rep.phase("kubeadm: delete the cluster")()
+	cl := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: kubeadmName}}
+	must(t, client.IgnoreNotFound(s.c.Delete(s.ctx, cl)))
+	s.waitFor(t, "every object of the namespace gone", deleteTimeout, func() (bool, string) {
+		left, err := s.namespaceObjects(s.ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(left) == 0, strings.Join(left, ", ")
+	})
+	if left := s.ourLibvirtObjects(whileClusters); len(left) > 0 {
+		t.Errorf("after deleting the kubeadm cluster, libvirt still holds: %s", strings.Join(left, ", "))
+	}
+}
+
+// setReplicas sets a MachineDeployment's replicas.
+func (s *suite) setReplicas(t *testing.T, md string, n int32) {
+	t.Helper()
+	obj := &clusterv1.MachineDeployment{}
+	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: md}, obj))
+	patch := client.MergeFrom(obj.DeepCopy())
+	obj.Spec.Replicas = ptr.To(n)
+	must(t, s.c.Patch(s.ctx, obj, patch))
+}
+
+// mdMachines names the kubeadm MachineDeployment's Machines not being deleted.
+func (s *suite) mdMachines(t *testing.T) []string {
+	t.Helper()
+	list := &clusterv1.MachineList{}
+	must(t, s.c.List(s.ctx, list, client.InNamespace(namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: s.k8s.mdName()}))
+	var out []string
+	for _, m := range list.Items {
+		if m.DeletionTimestamp == nil {
+			out = append(out, m.Name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// kubeadmWorkerNodes is the set of the workload cluster's worker nodes.
+func (s *suite) kubeadmWorkerNodes(t *testing.T) map[string]bool {
+	t.Helper()
+	nodes := &corev1.NodeList{}
+	must(t, s.k8s.wc.List(s.ctx, nodes))
+	out := map[string]bool{}
+	for _, n := range nodes.Items {
+		if _, cp := n.Labels["node-role.kubernetes.io/control-plane"]; !cp {
+			out[n.Name] = true
+		}
+	}
+	return out
+}
+
+func keys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

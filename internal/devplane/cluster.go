@@ -1,0 +1,262 @@
+package devplane
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	addonsv1 "sigs.k8s.io/cluster-api/api/addons/v1beta2"
+	"sigs.k8s.io/cluster-api/cmd/clusterctl/client/yamlprocessor"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// CNILabel is the Cluster label templates/cluster-template.yaml sets; the
+// ClusterResourceSet of CNIObjects applies the CNI to clusters carrying it.
+const CNILabel = "cni"
+
+// ClusterOptions shape the Kubernetes cluster `capl-dev up` renders from
+// templates/cluster-template.yaml.
+type ClusterOptions struct {
+	// Namespace and Name of the Cluster.
+	Namespace, Name string
+	// ControlPlane is the KubeadmControlPlane's replicas; Workers the
+	// MachineDeployment's.
+	ControlPlane, Workers int32
+	// KubernetesVersion is the version the node image was built for.
+	KubernetesVersion string
+	// Template is the path of the cluster template; CNI that of the CNI
+	// manifest the ClusterResourceSet applies.
+	Template, CNI string
+	// ImageDir holds the node image (NodeImageFileFor) and HAProxyImageFile.
+	ImageDir string
+	// DomainType of every VM; TCGCacheMiB the node VMs' TCG translation
+	// cache (ignored for kvm).
+	DomainType  string
+	TCGCacheMiB int32
+	// StoragePool is the cluster's storage pool, at /var/lib/libvirt/<name>;
+	// empty means the provider's default.
+	StoragePool string
+}
+
+// NodeTCGCacheMiB is the TCG translation cache of node VMs: kubelet,
+// containerd, etcd and kube-apiserver are large Go binaries, and with the
+// demo's 128 MiB QEMU keeps flushing and retranslating them.
+const NodeTCGCacheMiB = 512
+
+// NodeImageFileFor is the file name of `make node-image` for a Kubernetes
+// version.
+func NodeImageFileFor(kubernetesVersion string) string {
+	return "capl-node-" + kubernetesVersion + ".qcow2"
+}
+
+func (o ClusterOptions) pool() (name, path string) {
+	name = o.StoragePool
+	if name == "" {
+		name = infrav1.DefaultStoragePoolName
+	}
+	return name, filepath.Join("/var/lib/libvirt", name)
+}
+
+// ClusterImage is an image file of ClusterOptions.ImageDir and the volume
+// it becomes in the cluster's pool.
+type ClusterImage struct {
+	// Path and SHA256 (hex) of the file.
+	Path, SHA256 string
+	// Volume is named as the provider names imported base images: after
+	// the content, so an image rebuilt by `make node-image` gets a new
+	// volume and Down removes them like any base image.
+	Volume string
+}
+
+// ClusterImages are the node image and the load balancer's image.
+type ClusterImages struct {
+	Node, LoadBalancer ClusterImage
+}
+
+// ImageVolumes reads the node image and the HAProxy image of o.ImageDir.
+func ImageVolumes(o ClusterOptions) (ClusterImages, error) {
+	node, err := clusterImage(o.ImageDir, NodeImageFileFor(o.KubernetesVersion))
+	if err != nil {
+		return ClusterImages{}, err
+	}
+	lb, err := clusterImage(o.ImageDir, HAProxyImageFile)
+	return ClusterImages{Node: node, LoadBalancer: lb}, err
+}
+
+func clusterImage(dir, file string) (ClusterImage, error) {
+	path := filepath.Join(dir, file)
+	sum, err := fileSHA256(path)
+	if err != nil {
+		return ClusterImage{}, fmt.Errorf("cluster image: %w (build it with `make images node-image`)", err)
+	}
+	return ClusterImage{Path: path, SHA256: sum, Volume: scope.ImageVolumeName(sum)}, nil
+}
+
+// SeedImages imports the images of ImageVolumes into the cluster's storage
+// pool, creating the pool. The template names its images as volumes, as
+// image-builder users have them; this is how the one-host plane gets its
+// files there. An image already imported is not copied again.
+func SeedImages(ctx context.Context, host virt.Host, o ClusterOptions) (ClusterImages, error) {
+	poolName, poolPath := o.pool()
+	if err := host.EnsurePool(ctx, virt.PoolSpec{Name: poolName, Path: poolPath}); err != nil {
+		return ClusterImages{}, err
+	}
+	imgs, err := ImageVolumes(o)
+	if err != nil {
+		return ClusterImages{}, err
+	}
+	for _, img := range []ClusterImage{imgs.Node, imgs.LoadBalancer} {
+		if _, err := host.ImportImage(ctx, virt.ImageImport{Pool: poolName, Volume: img.Volume, Source: img.Path, SHA256: img.SHA256}); err != nil {
+			return ClusterImages{}, fmt.Errorf("importing %s into pool %s: %w", img.Path, poolName, err)
+		}
+	}
+	return imgs, nil
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("reading %s: %w", path, err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// ClusterVariables are the template variables for o, as clusterctl's
+// flags and a user's environment would set them.
+func ClusterVariables(o ClusterOptions, imgs ClusterImages) map[string]string {
+	poolName, poolPath := o.pool()
+	vars := map[string]string{
+		"CLUSTER_NAME":                o.Name,
+		"NAMESPACE":                   o.Namespace,
+		"KUBERNETES_VERSION":          o.KubernetesVersion,
+		"CONTROL_PLANE_MACHINE_COUNT": strconv.Itoa(int(o.ControlPlane)),
+		"WORKER_MACHINE_COUNT":        strconv.Itoa(int(o.Workers)),
+		"LIBVIRT_IMAGE_VOLUME":        imgs.Node.Volume,
+		"LIBVIRT_LB_IMAGE_VOLUME":     imgs.LoadBalancer.Volume,
+		"LIBVIRT_DOMAIN_TYPE":         o.DomainType,
+		"LIBVIRT_STORAGE_POOL":        poolName,
+		"LIBVIRT_STORAGE_POOL_PATH":   poolPath,
+	}
+	if o.TCGCacheMiB > 0 {
+		vars["LIBVIRT_TCG_CACHE_MIB"] = strconv.Itoa(int(o.TCGCacheMiB))
+	}
+	return vars
+}
+
+// RenderCluster renders the template at o.Template with vars by
+// clusterctl's own variable rules (its yamlprocessor: ${VAR}, ${VAR:=default},
+// an error naming every variable left unset).
+func RenderCluster(o ClusterOptions, vars map[string]string) ([]*unstructured.Unstructured, error) {
+	raw, err := os.ReadFile(o.Template)
+	if err != nil {
+		return nil, err
+	}
+	out, err := yamlprocessor.NewSimpleProcessor().Process(raw, func(name string) (string, error) {
+		if v, ok := vars[name]; ok {
+			return v, nil
+		}
+		if v, ok := os.LookupEnv(name); ok {
+			return v, nil
+		}
+		return "", fmt.Errorf("variable %s is not set", name)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rendering %s: %w", o.Template, err)
+	}
+	return decodeObjects(out)
+}
+
+// decodeObjects splits a multi-document YAML stream into objects, with
+// integers as int64 the way the API machinery decodes them.
+func decodeObjects(data []byte) ([]*unstructured.Unstructured, error) {
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	var objs []*unstructured.Unstructured
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return objs, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		js, err := yaml.YAMLToJSON(doc)
+		if err != nil {
+			return nil, err
+		}
+		if len(bytes.TrimSpace(js)) == 0 || string(bytes.TrimSpace(js)) == "null" {
+			continue
+		}
+		u := &unstructured.Unstructured{}
+		if err := u.UnmarshalJSON(js); err != nil {
+			return nil, err
+		}
+		objs = append(objs, u)
+	}
+}
+
+// CNIObjects are a ConfigMap holding the CNI manifest at o.CNI and a
+// ClusterResourceSet applying it once to every cluster of the namespace
+// labelled CNILabel=flannel. The manifest stays out of the cluster template
+// because its shell script is full of "$", which clusterctl's variable
+// substitution would take for variables.
+func CNIObjects(o ClusterOptions) ([]client.Object, error) {
+	manifest, err := os.ReadFile(o.CNI)
+	if err != nil {
+		return nil, err
+	}
+	name := "cni-flannel"
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: name},
+		Data:       map[string]string{filepath.Base(o.CNI): string(manifest)},
+	}
+	crs := &addonsv1.ClusterResourceSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: name},
+		Spec: addonsv1.ClusterResourceSetSpec{
+			ClusterSelector: metav1.LabelSelector{MatchLabels: map[string]string{CNILabel: "flannel"}},
+			Resources:       []addonsv1.ResourceRef{{Kind: "ConfigMap", Name: name}},
+			Strategy:        string(addonsv1.ClusterResourceSetStrategyApplyOnce),
+		},
+	}
+	return []client.Object{cm, crs}, nil
+}
+
+// ApplyCluster creates the namespace, the CNI objects and the rendered
+// cluster, leaving objects that exist as they are.
+func ApplyCluster(ctx context.Context, c client.Client, cni []client.Object, cluster []*unstructured.Unstructured) error {
+	objs := append([]client.Object{}, cni...)
+	for _, u := range cluster {
+		objs = append(objs, u)
+	}
+	return ApplyDemo(ctx, c, objs)
+}
+
+// RecordClusterScope adds the cluster's namespace and storage pool to the
+// plane's scope.json, so that Down removes its libvirt objects even when
+// the plane is no longer running.
+func RecordClusterScope(stateDir string, o ClusterOptions) error {
+	pool, _ := o.pool()
+	return recordScope(stateDir, Scope{Namespaces: []string{o.Namespace}, Pools: []string{pool}})
+}

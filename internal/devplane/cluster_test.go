@@ -1,0 +1,180 @@
+package devplane
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	addonsv1 "sigs.k8s.io/cluster-api/api/addons/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+)
+
+// repoFile is a path of the repository, from this package's directory.
+func repoFile(parts ...string) string {
+	return filepath.Join(append([]string{"..", ".."}, parts...)...)
+}
+
+// TestRenderCluster renders the real cluster template with `make up`'s
+// variables: every variable is resolved, the images are the seeded
+// volumes, and the Cluster carries the label the CNI's
+// ClusterResourceSet selects.
+func TestRenderCluster(t *testing.T) {
+	dir := t.TempDir()
+	for file, content := range map[string]string{NodeImageFileFor("v1.36.3"): "node", HAProxyImageFile: "lb"} {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := ClusterOptions{
+		Namespace: "team-a", Name: "k8s", ControlPlane: 3, Workers: 2, KubernetesVersion: "v1.36.3",
+		Template: repoFile("templates", "cluster-template.yaml"), CNI: repoFile("templates", "cni-flannel.yaml"),
+		ImageDir: dir, DomainType: "qemu", TCGCacheMiB: NodeTCGCacheMiB, StoragePool: "capl-team-a",
+	}
+	imgs, err := ImageVolumes(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte("node"))
+	if want := scope.ImageVolumeName(hex.EncodeToString(sum[:])); imgs.Node.Volume != want || imgs.Node.SHA256 != hex.EncodeToString(sum[:]) {
+		t.Errorf("node image %+v, want volume %s", imgs.Node, want)
+	}
+	objs, err := RenderCluster(o, ClusterVariables(o, imgs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]*unstructured.Unstructured{}
+	for _, u := range objs {
+		kinds[u.GetKind()+"/"+u.GetName()] = u
+		if u.GetNamespace() != "team-a" {
+			t.Errorf("%s %s in namespace %q", u.GetKind(), u.GetName(), u.GetNamespace())
+		}
+	}
+	cluster := kinds["Cluster/k8s"]
+	if cluster == nil {
+		t.Fatalf("no Cluster k8s among %d objects", len(objs))
+	}
+	if cluster.GetLabels()[CNILabel] != "flannel" {
+		t.Errorf("Cluster labels %v lack %s=flannel", cluster.GetLabels(), CNILabel)
+	}
+	for name, want := range map[string]map[string]any{
+		"LibvirtMachineTemplate/k8s-control-plane": {"volume": imgs.Node.Volume, "domainType": "qemu", "tcg": int64(NodeTCGCacheMiB)},
+		"LibvirtMachineTemplate/k8s-md-0":          {"volume": imgs.Node.Volume, "domainType": "qemu", "tcg": int64(NodeTCGCacheMiB)},
+	} {
+		u := kinds[name]
+		if u == nil {
+			t.Fatalf("no %s", name)
+		}
+		vol, _, _ := unstructured.NestedString(u.Object, "spec", "template", "spec", "image", "volume", "name")
+		dt, _, _ := unstructured.NestedString(u.Object, "spec", "template", "spec", "domainType")
+		tcg, _, _ := unstructured.NestedInt64(u.Object, "spec", "template", "spec", "tcgTranslationCacheMiB")
+		if vol != want["volume"] || dt != want["domainType"] || tcg != want["tcg"] {
+			t.Errorf("%s: image volume %q, domainType %q, tcg cache %d; want %v", name, vol, dt, tcg, want)
+		}
+	}
+	lb, _, _ := unstructured.NestedString(kinds["LibvirtCluster/k8s"].Object, "spec", "loadBalancer", "image", "volume", "name")
+	pool, _, _ := unstructured.NestedString(kinds["LibvirtCluster/k8s"].Object, "spec", "storagePool", "path")
+	if lb != imgs.LoadBalancer.Volume || pool != "/var/lib/libvirt/capl-team-a" {
+		t.Errorf("LibvirtCluster: load balancer image %q, pool path %q", lb, pool)
+	}
+	replicas, _, _ := unstructured.NestedInt64(kinds["KubeadmControlPlane/k8s-control-plane"].Object, "spec", "replicas")
+	workers, _, _ := unstructured.NestedInt64(kinds["MachineDeployment/k8s-md-0"].Object, "spec", "replicas")
+	if replicas != 3 || workers != 2 {
+		t.Errorf("control plane %d, workers %d; want 3 and 2", replicas, workers)
+	}
+
+	o.ImageDir = t.TempDir()
+	if _, err := ImageVolumes(o); err == nil || !strings.Contains(err.Error(), "make images node-image") {
+		t.Errorf("missing images: error %v, want a hint to build them", err)
+	}
+}
+
+func TestRenderClusterNamesMissingVariables(t *testing.T) {
+	o := ClusterOptions{Template: repoFile("templates", "cluster-template.yaml")}
+	_, err := RenderCluster(o, map[string]string{"CLUSTER_NAME": "x"})
+	if err == nil || !strings.Contains(err.Error(), "LIBVIRT_IMAGE_VOLUME") {
+		t.Fatalf("error %v, want it to name the unset LIBVIRT_IMAGE_VOLUME", err)
+	}
+}
+
+func TestCNIObjects(t *testing.T) {
+	objs, err := CNIObjects(ClusterOptions{Namespace: "team-a", CNI: repoFile("templates", "cni-flannel.yaml")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm, crs := objs[0].(*corev1.ConfigMap), objs[1].(*addonsv1.ClusterResourceSet)
+	manifest := cm.Data["cni-flannel.yaml"]
+	if !strings.Contains(manifest, "kind: DaemonSet") || !strings.Contains(manifest, "${FLANNEL_MTU}") {
+		t.Errorf("the ConfigMap does not hold the manifest unchanged (its shell variables included)")
+	}
+	if crs.Spec.ClusterSelector.MatchLabels[CNILabel] != "flannel" || crs.Spec.Resources[0].Name != cm.Name || cm.Namespace != "team-a" || crs.Namespace != "team-a" {
+		t.Errorf("ClusterResourceSet %+v does not apply ConfigMap %s/%s to clusters labelled %s=flannel", crs.Spec, cm.Namespace, cm.Name, CNILabel)
+	}
+}
+
+func TestMachineNodeIssue(t *testing.T) {
+	const id = "libvirt:///8f1c2d3e-0000-4000-8000-000000000001"
+	ready := func(name, providerID string, status corev1.ConditionStatus) *corev1.Node {
+		n := &corev1.Node{}
+		n.Name, n.Spec.ProviderID = name, providerID
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: status}}
+		return n
+	}
+	machine := func(providerID, nodeRef string) *clusterv1.Machine {
+		m := &clusterv1.Machine{}
+		m.Spec.ProviderID = providerID
+		m.Status.NodeRef.Name = nodeRef
+		return m
+	}
+	tests := []struct {
+		name    string
+		machine *clusterv1.Machine
+		nodes   []*corev1.Node
+		want    string
+	}{
+		{"joined", machine(id, "n1"), []*corev1.Node{ready("n1", id, corev1.ConditionTrue)}, ""},
+		{"no providerID", machine("", ""), nil, "no providerID yet"},
+		{"no node", machine(id, ""), nil, "no node yet"},
+		{"node registered, nodeRef pending", machine(id, ""), []*corev1.Node{ready("n1", id, corev1.ConditionFalse)}, "node n1 registered, no nodeRef yet"},
+		{"not ready", machine(id, "n1"), []*corev1.Node{ready("n1", id, corev1.ConditionFalse)}, "node n1 not Ready"},
+		{"other providerID", machine(id, "n1"), []*corev1.Node{ready("n1", "libvirt:///other", corev1.ConditionTrue)}, `node n1 has providerID "libvirt:///other", the Machine "` + id + `"`},
+		{"dangling nodeRef", machine(id, "gone"), nil, "nodeRef gone names no node"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			byName := map[string]*corev1.Node{}
+			for _, n := range tt.nodes {
+				byName[n.Name] = n
+			}
+			if got := machineNodeIssue(tt.machine, byName); got != tt.want {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestNodesStatusDone(t *testing.T) {
+	tests := []struct {
+		name string
+		s    NodesStatus
+		want bool
+	}{
+		{"all joined, CNI on every node", NodesStatus{Machines: 2, Joined: []string{"a", "b"}, CNIPods: 2, CNIRunning: 2}, true},
+		{"a machine waiting", NodesStatus{Machines: 2, Joined: []string{"a"}, Waiting: []string{"b: no node yet"}, CNIPods: 1, CNIRunning: 1}, false},
+		{"CNI pod not running", NodesStatus{Machines: 2, Joined: []string{"a", "b"}, CNIPods: 2, CNIRunning: 1}, false},
+		{"CNI not on every node yet", NodesStatus{Machines: 2, Joined: []string{"a", "b"}, CNIPods: 1, CNIRunning: 1}, false},
+		{"no machines yet", NodesStatus{}, false},
+	}
+	for _, tt := range tests {
+		if got := tt.s.Done(); got != tt.want {
+			t.Errorf("%s: Done() = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
