@@ -244,7 +244,7 @@ func (s *suite) kubeadmService(t *testing.T) {
 	}
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "capl-echo"},
-		Spec: corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+		Spec:       corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
 	}
 	must(t, client.IgnoreAlreadyExists(wc.Create(s.ctx, dep)))
 	must(t, client.IgnoreAlreadyExists(wc.Create(s.ctx, svc)))
