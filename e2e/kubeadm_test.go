@@ -83,6 +83,8 @@ func (s *suite) createKubeadm(t *testing.T) {
 	must(t, devplane.ApplyCluster(s.ctx, s.c, cni, objs))
 	s.k8s.applied = time.Now()
 	t.Logf("kubeadm cluster %s applied (%d objects from the template, Kubernetes %s)", kubeadmName, len(objs), version)
+	s.rep.note("kubeadm cluster: Kubernetes %s, domain type %s (TCG) with CPU mode maximum and a %d MiB translation cache, on %d host cores; "+
+		"control plane 2 vCPU / 4096 MiB, workers 2 vCPU / 2048 MiB (the template's defaults)", version, s.k8s.opts.DomainType, s.k8s.opts.TCGCacheMiB, s.cores)
 }
 
 // kubeadmReady waits for the load balancer, the first control-plane node
