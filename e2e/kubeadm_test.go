@@ -49,7 +49,7 @@ type kubeadmState struct {
 }
 
 // mdName is the kubeadm cluster's MachineDeployment (the template's name).
-func (k *kubeadmState) mdName() string { return k.opts.Name + "-md-0" }
+func (k *kubeadmState) mdName() string { return k.opts.MachineDeploymentName() }
 
 // createKubeadm renders the template and the CNI's ClusterResourceSet as
 // `make up` does and applies them.
@@ -65,9 +65,8 @@ func (s *suite) createKubeadm(t *testing.T) {
 		CNI:               filepath.Join(root, "templates", "cni-flannel.yaml"),
 		ImageDir:          filepath.Dir(nodeImage),
 		DomainType:        string(infrav1.DomainTypeQEMU),
-		TCGCacheMiB:       devplane.NodeTCGCacheMiB,
 		StoragePool:       e2ePool,
-	}
+	}.TCGTuning()
 	if filepath.Dir(s.image) != s.k8s.opts.ImageDir {
 		t.Fatalf("the node image %s and the HAProxy image must share a directory (%s)", nodeImage, filepath.Dir(s.image))
 	}
@@ -84,7 +83,8 @@ func (s *suite) createKubeadm(t *testing.T) {
 	s.k8s.applied = time.Now()
 	t.Logf("kubeadm cluster %s applied (%d objects from the template, Kubernetes %s)", kubeadmName, len(objs), version)
 	s.rep.note("kubeadm cluster: Kubernetes %s, domain type %s (TCG) with CPU mode maximum and a %d MiB translation cache, on %d host cores; "+
-		"control plane 2 vCPU / 4096 MiB, workers 2 vCPU / 2048 MiB (the template's defaults)", version, s.k8s.opts.DomainType, s.k8s.opts.TCGCacheMiB, s.cores)
+		"control plane 2 vCPU / 4096 MiB, workers %d vCPU / 2048 MiB, created once the control-plane node is Ready (devplane.ClusterOptions.TCGTuning, as make up does under TCG)",
+		version, s.k8s.opts.DomainType, s.k8s.opts.TCGCacheMiB, s.cores, s.k8s.opts.WorkerCPUs)
 }
 
 // kubeadmReady waits for the load balancer, the first control-plane node
@@ -93,31 +93,29 @@ func (s *suite) createKubeadm(t *testing.T) {
 func (s *suite) kubeadmReady(t *testing.T) {
 	k := &s.k8s
 	s.waitFor(t, "kubeadm cluster: load balancer serving", kubeadmReadyTimeout, func() (bool, string) {
-		st, err := devplane.ClusterStatus(s.ctx, s.c, namespace, kubeadmName)
-		if err != nil {
+		lc := &infrav1.LibvirtCluster{}
+		if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: kubeadmName}, lc); err != nil {
 			return false, err.Error()
 		}
-		return st.ClusterProvisioned, st.String()
+		st, reason, msg := condition(lc, infrav1.LoadBalancerReadyCondition)
+		return st == metav1.ConditionTrue, fmt.Sprintf("LoadBalancerReady %s %s: %s", st, reason, msg)
 	})
 	s.rep.phaseSince("kubeadm: apply → load balancer serving", k.applied)()
-	s.waitFor(t, "kubeadm cluster: first control-plane node Ready", kubeadmReadyTimeout, func() (bool, string) {
+	s.waitFor(t, "kubeadm cluster: workload kubeconfig", kubeadmReadyTimeout, func() (bool, string) {
 		wc, _, err := devplane.WorkloadClient(s.ctx, s.c, namespace, kubeadmName)
 		if err != nil {
-			return false, "workload kubeconfig: " + err.Error()
-		}
-		k.wc = wc
-		nodes := &corev1.NodeList{}
-		if err := wc.List(s.ctx, nodes, client.HasLabels{"node-role.kubernetes.io/control-plane"}); err != nil {
 			return false, err.Error()
 		}
-		for i := range nodes.Items {
-			if devplane.NodeReady(&nodes.Items[i]) {
-				return true, ""
-			}
-		}
-		return false, fmt.Sprintf("%d control-plane nodes, none Ready", len(nodes.Items))
+		k.wc = wc
+		return true, ""
 	})
+	cpCtx, cancel := context.WithTimeout(s.ctx, kubeadmReadyTimeout)
+	defer cancel()
+	must(t, devplane.WaitControlPlaneNode(cpCtx, s.c, namespace, kubeadmName, func(line string) { t.Logf("kubeadm cluster: %s", line) }))
 	s.rep.phaseSince("kubeadm: apply → first control-plane node Ready", k.applied)()
+	if k.opts.StagedWorkers {
+		must(t, devplane.ScaleWorkers(s.ctx, s.c, k.opts, k.opts.Workers))
+	}
 	s.waitNodes(t, kubeadmReadyTimeout)
 	s.rep.phaseSince("kubeadm: apply → all nodes Ready (1 control plane + 1 worker)", k.applied)()
 	k.ready = true
@@ -129,7 +127,7 @@ func (s *suite) kubeadmReady(t *testing.T) {
 func (s *suite) waitNodes(t *testing.T, timeout time.Duration) devplane.NodesStatus {
 	t.Helper()
 	var last devplane.NodesStatus
-	s.waitFor(t, "kubeadm cluster: every Machine's node Ready with its providerID", timeout, func() (bool, string) {
+	s.waitWorkload(t, "kubeadm cluster: every Machine's node Ready with its providerID", timeout, func() (bool, string) {
 		if s.k8s.wc == nil {
 			return false, "no workload client"
 		}
@@ -251,7 +249,7 @@ func (s *suite) kubeadmService(t *testing.T) {
 	must(t, client.IgnoreAlreadyExists(wc.Create(s.ctx, dep)))
 	must(t, client.IgnoreAlreadyExists(wc.Create(s.ctx, svc)))
 	var pod corev1.Pod
-	s.waitFor(t, "echo pod Running on the worker", 10*time.Minute, func() (bool, string) {
+	s.waitWorkload(t, "echo pod Running on the worker", 10*time.Minute, func() (bool, string) {
 		pods := &corev1.PodList{}
 		if err := wc.List(s.ctx, pods, client.InNamespace("default"), client.MatchingLabels(labels)); err != nil {
 			return false, err.Error()
@@ -268,7 +266,7 @@ func (s *suite) kubeadmService(t *testing.T) {
 	url := fmt.Sprintf("http://%s/", svc.Spec.ClusterIP)
 	cpDomain := s.domainOfNode(t, cpNode)
 	var answer string
-	s.waitFor(t, "the echo Service answering on the control-plane node", 5*time.Minute, func() (bool, string) {
+	s.waitWorkload(t, "the echo Service answering on the control-plane node", 5*time.Minute, func() (bool, string) {
 		ctx, cancel := context.WithTimeout(s.ctx, time.Minute)
 		defer cancel()
 		res, err := s.host.GuestExec(ctx, cpDomain, "/usr/bin/curl", []string{"-sS", "-m", "10", url}, nil)
@@ -323,21 +321,25 @@ func podsLine(pods *corev1.PodList) string {
 // cluster.
 func (s *suite) kubeadmScale(t *testing.T) {
 	s.needReady(t)
-	before := s.kubeadmWorkerNodes(t)
+	before, err := s.kubeadmWorkerNodes()
+	must(t, err)
 	stop := s.rep.phase("kubeadm: scale workers 1 → 2, new node Ready")
 	s.setReplicas(t, s.k8s.mdName(), 2)
 	s.waitNodes(t, kubeadmJoinTimeout)
 	stop()
 	stop = s.rep.phase("kubeadm: scale workers 2 → 1, node drained and gone")
 	s.setReplicas(t, s.k8s.mdName(), 1)
-	s.waitFor(t, "one worker Machine and one worker Node", deleteTimeout, func() (bool, string) {
-		nodes := s.kubeadmWorkerNodes(t)
+	s.waitWorkload(t, "one worker Machine and one worker Node", deleteTimeout, func() (bool, string) {
+		nodes, err := s.kubeadmWorkerNodes()
+		if err != nil {
+			return false, err.Error()
+		}
 		machines := s.mdMachines(t)
 		return len(nodes) == 1 && len(machines) == 1, fmt.Sprintf("worker nodes %v, worker machines %v", keys(nodes), machines)
 	})
 	stop()
-	s.waitNodes(t, time.Minute)
-	t.Logf("after 1 → 2 → 1 the workers are %v (before: %v)", keys(s.kubeadmWorkerNodes(t)), keys(before))
+	after := s.waitNodes(t, 2*time.Minute)
+	t.Logf("after 1 → 2 → 1 the machines with Ready nodes are %v (workers before: %v)", after.Joined, keys(before))
 }
 
 // kubeadmRemediation destroys the worker's domain behind the provider's
@@ -456,17 +458,18 @@ func (s *suite) mdMachines(t *testing.T) []string {
 }
 
 // kubeadmWorkerNodes is the set of the workload cluster's worker nodes.
-func (s *suite) kubeadmWorkerNodes(t *testing.T) map[string]bool {
-	t.Helper()
+func (s *suite) kubeadmWorkerNodes() (map[string]bool, error) {
 	nodes := &corev1.NodeList{}
-	must(t, s.k8s.wc.List(s.ctx, nodes))
+	if err := s.k8s.wc.List(s.ctx, nodes); err != nil {
+		return nil, err
+	}
 	out := map[string]bool{}
 	for _, n := range nodes.Items {
 		if _, cp := n.Labels["node-role.kubernetes.io/control-plane"]; !cp {
 			out[n.Name] = true
 		}
 	}
-	return out
+	return out, nil
 }
 
 func keys(m map[string]bool) []string {

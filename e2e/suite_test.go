@@ -54,6 +54,9 @@ const (
 	clusterName = "e2e"
 	// pollInterval is how often waits look at the API server.
 	pollInterval = 500 * time.Millisecond
+	// workloadPollInterval is how often waits look at a workload
+	// cluster's API server, which runs in a TCG guest.
+	workloadPollInterval = 10 * time.Second
 )
 
 // suite is one run: the management plane, a libvirt connection of its
@@ -350,8 +353,23 @@ func (s *suite) waitFor(t *testing.T, what string, timeout time.Duration, fn fun
 	}
 }
 
+// waitWorkload is waitFor for conditions that ask the workload cluster:
+// every 10 s, since under TCG each request costs its API server dearly.
+func (s *suite) waitWorkload(t *testing.T, what string, timeout time.Duration, fn func() (bool, string)) {
+	t.Helper()
+	if err := s.pollEvery(t, what, timeout, workloadPollInterval, fn); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // poll is waitFor returning the failure instead.
 func (s *suite) poll(t *testing.T, what string, timeout time.Duration, fn func() (bool, string)) error {
+	t.Helper()
+	return s.pollEvery(t, what, timeout, pollInterval, fn)
+}
+
+// pollEvery is poll asking every interval.
+func (s *suite) pollEvery(t *testing.T, what string, timeout, interval time.Duration, fn func() (bool, string)) error {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	last := ""
@@ -367,7 +385,7 @@ func (s *suite) poll(t *testing.T, what string, timeout time.Duration, fn func()
 		if time.Now().After(deadline) || s.ctx.Err() != nil {
 			return fmt.Errorf("timed out after %s waiting for %s; last: %s", timeout, what, status)
 		}
-		time.Sleep(pollInterval)
+		time.Sleep(interval)
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/yaml"
 
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -140,8 +141,8 @@ func (f *clusterFlags) clusterOptions(c devplane.DomainChoice) devplane.ClusterO
 		KubernetesVersion: f.kubernetesVersion, Template: f.template, CNI: f.cni,
 		DomainType: c.DomainType,
 	}
-	if c.TCGCacheMiB > 0 {
-		o.TCGCacheMiB = devplane.NodeTCGCacheMiB
+	if c.DomainType == string(infrav1.DomainTypeQEMU) {
+		o = o.TCGTuning()
 	}
 	return o
 }
@@ -215,13 +216,23 @@ func upCluster(ctx context.Context, p *devplane.Plane, o devplane.Options, cf cl
 		return err
 	}
 	applied := time.Now()
-	logf("cluster %s/%s applied from %s: KubeadmControlPlane of %d, MachineDeployment %s-md-0 of %d, CNI by ClusterResourceSet",
-		co.Namespace, co.Name, co.Template, co.ControlPlane, co.Name, co.Workers)
+	logf("cluster %s/%s applied from %s: KubeadmControlPlane of %d, MachineDeployment %s of %d, CNI by ClusterResourceSet",
+		co.Namespace, co.Name, co.Template, co.ControlPlane, co.MachineDeploymentName(), co.Workers)
 	status, err := devplane.WaitProvisioned(ctx, p.Client, co.Namespace, co.Name, func(s devplane.DemoStatus) { logf("%s", s) })
 	if err != nil {
 		return err
 	}
 	logf("infrastructure provisioned %s after apply; endpoint %s", time.Since(applied).Round(time.Second), status.Endpoint)
+	if co.StagedWorkers {
+		logf("TCG: the %d workers (1 vCPU each) are created once the control plane's node is Ready", co.Workers)
+		if err := devplane.WaitControlPlaneNode(ctx, p.Client, co.Namespace, co.Name, func(line string) { logf("%s", line) }); err != nil {
+			return err
+		}
+		logf("first control-plane node Ready %s after apply; scaling %s to %d", time.Since(applied).Round(time.Second), co.MachineDeploymentName(), co.Workers)
+		if err := devplane.ScaleWorkers(ctx, p.Client, co, co.Workers); err != nil {
+			return err
+		}
+	}
 	nodes, kubeconfig, err := devplane.WaitNodes(ctx, p.Client, co.Namespace, co.Name, func(line string) { logf("%s", line) })
 	if err != nil {
 		return err

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	addonsv1 "sigs.k8s.io/cluster-api/api/addons/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/cmd/clusterctl/client/yamlprocessor"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
@@ -51,6 +52,14 @@ type ClusterOptions struct {
 	// cache (ignored for kvm).
 	DomainType  string
 	TCGCacheMiB int32
+	// WorkerCPUs overrides the template's worker vCPUs when set.
+	WorkerCPUs int32
+	// StagedWorkers renders the MachineDeployment with no replicas; the
+	// caller scales it to Workers once the first control-plane node is
+	// Ready (ScaleWorkers). Under TCG on a small host a worker booting and
+	// joining while the control plane's components start starves them into
+	// a restart loop.
+	StagedWorkers bool
 	// StoragePool is the cluster's storage pool, at /var/lib/libvirt/<name>;
 	// empty means the provider's default.
 	StoragePool string
@@ -163,6 +172,12 @@ func ClusterVariables(o ClusterOptions, imgs ClusterImages) map[string]string {
 	if o.TCGCacheMiB > 0 {
 		vars["LIBVIRT_TCG_CACHE_MIB"] = strconv.Itoa(int(o.TCGCacheMiB))
 	}
+	if o.WorkerCPUs > 0 {
+		vars["LIBVIRT_WORKER_MACHINE_CPUS"] = strconv.Itoa(int(o.WorkerCPUs))
+	}
+	if o.StagedWorkers {
+		vars["WORKER_MACHINE_COUNT"] = "0"
+	}
 	return vars
 }
 
@@ -251,6 +266,30 @@ func ApplyCluster(ctx context.Context, c client.Client, cni []client.Object, clu
 		objs = append(objs, u)
 	}
 	return ApplyDemo(ctx, c, objs)
+}
+
+// TCGTuning is what ClusterOptions change for a host without usable KVM:
+// a large translation cache, 1-vCPU workers (a 2-core host keeps a core
+// for the control plane) and workers staged after the control plane.
+func (o ClusterOptions) TCGTuning() ClusterOptions {
+	o.TCGCacheMiB = NodeTCGCacheMiB
+	o.WorkerCPUs = 1
+	o.StagedWorkers = true
+	return o
+}
+
+// MachineDeploymentName is the template's MachineDeployment of workers.
+func (o ClusterOptions) MachineDeploymentName() string { return o.Name + "-md-0" }
+
+// ScaleWorkers sets the replicas of the cluster's MachineDeployment.
+func ScaleWorkers(ctx context.Context, c client.Client, o ClusterOptions, replicas int32) error {
+	md := &clusterv1.MachineDeployment{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: o.Namespace, Name: o.MachineDeploymentName()}, md); err != nil {
+		return err
+	}
+	patch := client.MergeFrom(md.DeepCopy())
+	md.Spec.Replicas = &replicas
+	return c.Patch(ctx, md, patch)
 }
 
 // RecordClusterScope adds the cluster's namespace and storage pool to the

@@ -36,8 +36,9 @@ type DemoStatus struct {
 }
 
 // Done tells whether the cluster and all its machines are provisioned.
+// A cluster always has a control-plane machine: none yet is not done.
 func (s DemoStatus) Done() bool {
-	return s.ClusterProvisioned && len(s.Pending) == 0 && len(s.Provisioned) >= s.Machines
+	return s.ClusterProvisioned && s.Machines > 0 && len(s.Pending) == 0 && len(s.Provisioned) >= s.Machines
 }
 
 // String is a one-line progress report.
@@ -84,6 +85,18 @@ func ClusterStatus(ctx context.Context, c client.Client, namespace, name string)
 	for _, md := range mds.Items {
 		if md.Spec.Replicas != nil {
 			s.Machines += int(*md.Spec.Replicas)
+		}
+	}
+	// A control-plane provider creates its Machines one by one: once the
+	// Cluster reports what it wants, count that.
+	cl := &clusterv1.Cluster{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, cl); err != nil {
+		return s, err
+	}
+	if cp := cl.Status.ControlPlane; cp != nil && cp.DesiredReplicas != nil {
+		s.Machines = int(*cp.DesiredReplicas)
+		if w := cl.Status.Workers; w != nil && w.DesiredReplicas != nil {
+			s.Machines += int(*w.DesiredReplicas)
 		}
 	}
 	var lms infrav1.LibvirtMachineList

@@ -83,18 +83,6 @@ func ReadNodesStatus(ctx context.Context, c, wc client.Client, namespace, name s
 		return s, err
 	}
 	s.Machines = prov.Machines
-	// The control plane's Machines appear one by one: count what the
-	// Cluster wants once its status says so.
-	cl := &clusterv1.Cluster{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, cl); err != nil {
-		return s, err
-	}
-	if cp, w := cl.Status.ControlPlane, cl.Status.Workers; cp != nil && cp.DesiredReplicas != nil {
-		s.Machines = int(*cp.DesiredReplicas)
-		if w != nil && w.DesiredReplicas != nil {
-			s.Machines += int(*w.DesiredReplicas)
-		}
-	}
 	var machines clusterv1.MachineList
 	if err := c.List(ctx, &machines, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: name}); err != nil {
 		return s, err
@@ -164,9 +152,64 @@ func NodeReady(n *corev1.Node) bool {
 	return false
 }
 
+// WaitControlPlaneNode waits until a control-plane node of cluster
+// namespace/name is Ready, asking every 10 s on one workload client.
+func WaitControlPlaneNode(ctx context.Context, c client.Client, namespace, name string, progress func(string)) error {
+	var wc client.Client
+	last := ""
+	for {
+		line, ready := "", false
+		var err error
+		if wc == nil {
+			if wc, _, err = WorkloadClient(ctx, c, namespace, name); err != nil {
+				line = "workload kubeconfig: " + err.Error()
+				wc = nil
+			}
+		}
+		if wc != nil {
+			ready, line, err = controlPlaneNodeReady(ctx, wc)
+			if err != nil {
+				line = err.Error()
+			}
+		}
+		if ready {
+			return nil
+		}
+		if line != last {
+			progress(line)
+			last = line
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster %s/%s: no control-plane node Ready: %w (last: %s)", namespace, name, ctx.Err(), last)
+		case <-time.After(10 * time.Second):
+		}
+	}
+}
+
+// ControlPlaneLabel marks control-plane nodes (kubeadm sets it).
+const ControlPlaneLabel = "node-role.kubernetes.io/control-plane"
+
+// controlPlaneNodeReady tells whether a control-plane node is Ready, with a
+// progress line.
+func controlPlaneNodeReady(ctx context.Context, wc client.Client) (bool, string, error) {
+	nodes := &corev1.NodeList{}
+	if err := wc.List(ctx, nodes, client.HasLabels{ControlPlaneLabel}); err != nil {
+		return false, "", fmt.Errorf("listing the workload cluster's nodes: %w", err)
+	}
+	for i := range nodes.Items {
+		if NodeReady(&nodes.Items[i]) {
+			return true, "control-plane node " + nodes.Items[i].Name + " Ready", nil
+		}
+	}
+	return false, fmt.Sprintf("%d control-plane nodes registered, none Ready yet", len(nodes.Items)), nil
+}
+
 // WaitNodes waits until every Machine of cluster namespace/name has a Ready
 // Node with its providerID and the CNI's pods run, calling progress with
-// each changed status (or error). It returns the workload kubeconfig.
+// each changed status (or error). It returns the workload kubeconfig. It
+// keeps one workload client (one kept-alive connection) and asks every
+// 10 s: under TCG a TLS handshake costs the guest's API server seconds.
 func WaitNodes(ctx context.Context, c client.Client, namespace, name string, progress func(string)) (NodesStatus, []byte, error) {
 	last := ""
 	report := func(line string) {
@@ -175,8 +218,19 @@ func WaitNodes(ctx context.Context, c client.Client, namespace, name string, pro
 			last = line
 		}
 	}
+	var wc client.Client
+	var kubeconfig []byte
+	var s NodesStatus
 	for {
-		s, kubeconfig, err := readNodes(ctx, c, namespace, name)
+		var err error
+		if wc == nil {
+			if wc, kubeconfig, err = WorkloadClient(ctx, c, namespace, name); err != nil {
+				err = fmt.Errorf("workload kubeconfig: %w", err)
+			}
+		}
+		if err == nil {
+			s, err = ReadNodesStatus(ctx, c, wc, namespace, name)
+		}
 		if err != nil {
 			report(err.Error())
 		} else {
@@ -188,16 +242,7 @@ func WaitNodes(ctx context.Context, c client.Client, namespace, name string, pro
 		select {
 		case <-ctx.Done():
 			return s, nil, fmt.Errorf("cluster %s/%s: nodes not Ready: %w (last: %s)", namespace, name, ctx.Err(), last)
-		case <-time.After(5 * time.Second):
+		case <-time.After(10 * time.Second):
 		}
 	}
-}
-
-func readNodes(ctx context.Context, c client.Client, namespace, name string) (NodesStatus, []byte, error) {
-	wc, kubeconfig, err := WorkloadClient(ctx, c, namespace, name)
-	if err != nil {
-		return NodesStatus{}, nil, fmt.Errorf("workload kubeconfig: %w", err)
-	}
-	s, err := ReadNodesStatus(ctx, c, wc, namespace, name)
-	return s, kubeconfig, err
 }
