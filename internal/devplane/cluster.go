@@ -54,6 +54,9 @@ type ClusterOptions struct {
 	TCGCacheMiB int32
 	// WorkerCPUs overrides the template's worker vCPUs when set.
 	WorkerCPUs int32
+	// LeaderElectLease and LeaderElectRenew override the template's leader
+	// election timing of the controller manager and scheduler when set.
+	LeaderElectLease, LeaderElectRenew string
 	// StagedWorkers renders the MachineDeployment with no replicas; the
 	// caller scales it to Workers once the first control-plane node is
 	// Ready (ScaleWorkers). Under TCG on a small host a worker booting and
@@ -175,6 +178,12 @@ func ClusterVariables(o ClusterOptions, imgs ClusterImages) map[string]string {
 	if o.WorkerCPUs > 0 {
 		vars["LIBVIRT_WORKER_MACHINE_CPUS"] = strconv.Itoa(int(o.WorkerCPUs))
 	}
+	if o.LeaderElectLease != "" {
+		vars["LIBVIRT_LEADER_ELECT_LEASE_DURATION"] = o.LeaderElectLease
+	}
+	if o.LeaderElectRenew != "" {
+		vars["LIBVIRT_LEADER_ELECT_RENEW_DEADLINE"] = o.LeaderElectRenew
+	}
 	if o.StagedWorkers {
 		vars["WORKER_MACHINE_COUNT"] = "0"
 	}
@@ -270,11 +279,14 @@ func ApplyCluster(ctx context.Context, c client.Client, cni []client.Object, clu
 
 // TCGTuning is what ClusterOptions change for a host without usable KVM:
 // a large translation cache, 1-vCPU workers (a 2-core host keeps a core
-// for the control plane) and workers staged after the control plane.
+// for the control plane), workers staged after the control plane, and a
+// leader election that survives an API server answering in tens of
+// seconds.
 func (o ClusterOptions) TCGTuning() ClusterOptions {
 	o.TCGCacheMiB = NodeTCGCacheMiB
 	o.WorkerCPUs = 1
 	o.StagedWorkers = true
+	o.LeaderElectLease, o.LeaderElectRenew = "60s", "40s"
 	return o
 }
 

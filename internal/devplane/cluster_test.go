@@ -3,6 +3,7 @@ package devplane
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,8 +37,8 @@ func TestRenderCluster(t *testing.T) {
 	o := ClusterOptions{
 		Namespace: "team-a", Name: "k8s", ControlPlane: 3, Workers: 2, KubernetesVersion: "v1.36.3",
 		Template: repoFile("templates", "cluster-template.yaml"), CNI: repoFile("templates", "cni-flannel.yaml"),
-		ImageDir: dir, DomainType: "qemu", TCGCacheMiB: NodeTCGCacheMiB, StoragePool: "capl-team-a",
-	}
+		ImageDir: dir, DomainType: "qemu", StoragePool: "capl-team-a",
+	}.TCGTuning()
 	imgs, err := ImageVolumes(o)
 	if err != nil {
 		t.Fatal(err)
@@ -86,8 +87,17 @@ func TestRenderCluster(t *testing.T) {
 	}
 	replicas, _, _ := unstructured.NestedInt64(kinds["KubeadmControlPlane/k8s-control-plane"].Object, "spec", "replicas")
 	workers, _, _ := unstructured.NestedInt64(kinds["MachineDeployment/k8s-md-0"].Object, "spec", "replicas")
-	if replicas != 3 || workers != 2 {
-		t.Errorf("control plane %d, workers %d; want 3 and 2", replicas, workers)
+	if replicas != 3 || workers != 0 {
+		t.Errorf("control plane %d, workers %d; want 3 and 0 (TCG: workers are staged after the control plane)", replicas, workers)
+	}
+	cpus, _, _ := unstructured.NestedInt64(kinds["LibvirtMachineTemplate/k8s-md-0"].Object, "spec", "template", "spec", "cpus")
+	if cpus != 1 {
+		t.Errorf("TCG workers have %d vCPUs, want 1", cpus)
+	}
+	args, _, _ := unstructured.NestedSlice(kinds["KubeadmControlPlane/k8s-control-plane"].Object,
+		"spec", "kubeadmConfigSpec", "clusterConfiguration", "controllerManager", "extraArgs")
+	if fmt.Sprint(args) != "[map[name:leader-elect-lease-duration value:60s] map[name:leader-elect-renew-deadline value:40s]]" {
+		t.Errorf("controller manager extraArgs %v, want TCG's leader election", args)
 	}
 
 	o.ImageDir = t.TempDir()
