@@ -340,7 +340,11 @@ EOF
   cp -a "$rootfs/." "$mnt/"
   rm -rf --one-file-system "$rootfs"
 
-  # 3. GRUB in the MBR gap, serial console, no menu
+  # 3. GRUB in the MBR gap, serial console, no menu. tsc=reliable: under TCG
+  #    with more than one vCPU the kernel finds the TSCs unsynchronised and
+  #    falls back to the HPET, so every clock read (Go's runtime reads the
+  #    clock all the time) traps into QEMU's HPET emulation: idle Kubernetes
+  #    components then eat the guest's CPUs. With KVM kvm-clock still wins.
   # GRUB cannot map loop partitions to BIOS drives without a device map.
   mkdir -p "$mnt/boot/grub"
   echo "(hd0) $loopdev" >"$mnt/boot/grub/device.map"
@@ -359,7 +363,7 @@ insmod part_msdos
 insmod ext2
 search --no-floppy --fs-uuid --set=root $uuid
 menuentry 'Debian GNU/Linux 12 ($name)' {
-	linux $kernel root=UUID=$uuid ro console=tty0 console=ttyS0,115200n8 mitigations=off
+	linux $kernel root=UUID=$uuid ro console=tty0 console=ttyS0,115200n8 mitigations=off tsc=reliable
 	initrd $initrd
 }
 EOF
