@@ -33,6 +33,8 @@ import (
 
 var (
 	killRounds = flag.Int("e2e.kill-rounds", 3, "rounds of killing the manager during a machine's creation and deletion")
+	standIn    = flag.Bool("e2e.stand-in", true, "the stand-in cluster's scenarios (contract, endpoint, faults, bad input); `make test-e2e`")
+	kubeadm    = flag.Bool("e2e.kubeadm", false, "the kubeadm cluster's scenario (template, nodes Ready, Service, scaling, remediation, deletion); `make test-e2e-kubeadm`")
 	soak       = flag.Bool("e2e.soak", false, "also the scenarios the kubeadm scenario covers on the stand-in cluster (worker scaling with batch figures); `make test-soak`")
 	seedFlag   = flag.Uint64("e2e.seed", 0, "seed of the random fault timings; 0 picks one from the clock (the log prints it)")
 )
