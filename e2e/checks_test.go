@@ -154,12 +154,12 @@ func (s *suite) checkContract(t *testing.T) {
 			t.Errorf("Machine %s: status.addresses = %v, want the LibvirtMachine's %v", m.Name, m.Status.Addresses, lm.Status.Addresses)
 		}
 	}
-	if count != 5 {
-		t.Errorf("%d demo Machines, want 5", count)
+	if want := int(standInControlPlane() + standInWorkers()); count != want {
+		t.Errorf("%d demo Machines, want %d", count, want)
 	}
 
 	// MachineDeployment and its MachineSet.
-	s.checkReplicas(t, 2)
+	s.checkReplicas(t, standInWorkers())
 }
 
 // checkReplicas checks the MachineDeployment and its one MachineSet have
