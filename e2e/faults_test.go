@@ -189,6 +189,14 @@ func (s *suite) deleteClusterWhileCreating(t *testing.T) {
 	cl := &clusterv1.Cluster{}
 	must(t, s.c.Get(s.ctx, client.ObjectKeyFromObject(s.demo.cluster), cl))
 	must(t, s.c.Delete(s.ctx, cl))
+	s.waitClusterGone(t)
+}
+
+// waitClusterGone waits until no Cluster API or provider object is left in
+// the namespace, then checks libvirt holds nothing of the run but the pool
+// and its base images.
+func (s *suite) waitClusterGone(t *testing.T) {
+	t.Helper()
 	s.waitFor(t, "every object of the namespace gone", deleteTimeout, func() (bool, string) {
 		left, err := s.namespaceObjects(s.ctx)
 		if err != nil {

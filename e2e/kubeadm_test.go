@@ -420,16 +420,7 @@ func (s *suite) kubeadmDelete(t *testing.T) {
 	defer s.rep.phase("kubeadm: delete the cluster")()
 	cl := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: kubeadmName}}
 	must(t, client.IgnoreNotFound(s.c.Delete(s.ctx, cl)))
-	s.waitFor(t, "every object of the namespace gone", deleteTimeout, func() (bool, string) {
-		left, err := s.namespaceObjects(s.ctx)
-		if err != nil {
-			return false, err.Error()
-		}
-		return len(left) == 0, strings.Join(left, ", ")
-	})
-	if left := s.ourLibvirtObjects(whileClusters); len(left) > 0 {
-		t.Errorf("after deleting the kubeadm cluster, libvirt still holds: %s", strings.Join(left, ", "))
-	}
+	s.waitClusterGone(t)
 }
 
 // setReplicas sets a MachineDeployment's replicas.

@@ -2,11 +2,8 @@ package devplane
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -176,16 +173,11 @@ func imageSource(dir, file string) (infrav1.ImageSource, error) {
 	if err != nil {
 		return infrav1.ImageSource{}, err
 	}
-	f, err := os.Open(path)
+	sum, err := fileSHA256(path)
 	if err != nil {
 		return infrav1.ImageSource{}, fmt.Errorf("demo image: %w (build it with `make images`)", err)
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return infrav1.ImageSource{}, fmt.Errorf("reading %s: %w", path, err)
-	}
-	return infrav1.ImageSource{URL: "file://" + path, Checksum: "sha256:" + hex.EncodeToString(h.Sum(nil))}, nil
+	return infrav1.ImageSource{URL: "file://" + path, Checksum: "sha256:" + sum}, nil
 }
 
 // ApplyDemo creates the objects (and their namespaces), leaving those that
