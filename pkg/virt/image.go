@@ -161,7 +161,7 @@ func uploadImage(ctx context.Context, conn *libvirt.Connect, p *libvirt.StorageP
 	defer vol.Free()
 	h := sha256.New()
 	verify := func() error { return checkDigest(img, h) }
-	if err := upload(ctx, conn, vol, io.TeeReader(src, h), size, verify); err != nil {
+	if err := upload(ctx, conn, p, vol, io.TeeReader(src, h), size, verify); err != nil {
 		return fmt.Errorf("importing %s into %s/%s: %w", img.Source, img.Pool, img.Volume, err)
 	}
 	return nil

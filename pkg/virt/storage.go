@@ -3,6 +3,7 @@ package virt
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -433,7 +434,7 @@ func (c *Client) UploadVolume(ctx context.Context, pool, name string, data []byt
 				return wrapNoSpace(pool, err)
 			}
 			defer vol.Free()
-			if err := upload(ctx, conn, vol, bytes.NewReader(data), int64(len(data)), nil); err != nil {
+			if err := upload(ctx, conn, p, vol, bytes.NewReader(data), int64(len(data)), nil); err != nil {
 				return wrapNoSpace(pool, fmt.Errorf("uploading %s/%s: %w", pool, name, err))
 			}
 			info, err = describeVolume(pool, vol)
@@ -497,7 +498,12 @@ func modeEqual(a, b string) bool {
 // upload streams exactly size bytes from r into vol in uploadChunk pieces.
 // When verify is set, it runs after the last byte and before the stream is
 // finished; an error from it (or from ctx) aborts the upload.
-func upload(ctx context.Context, conn *libvirt.Connect, vol *libvirt.StorageVol, r io.Reader, size int64, verify func() error) error {
+//
+// libvirt (9.0 at least) drops a write error its I/O thread meets after the
+// client's last Send: Finish then succeeds over a volume that holds only
+// part of the data (a pool filling up does exactly this). So the volume is
+// read back and compared with what was sent before the upload counts.
+func upload(ctx context.Context, conn *libvirt.Connect, p *libvirt.StoragePool, vol *libvirt.StorageVol, r io.Reader, size int64, verify func() error) error {
 	st, err := conn.NewStream(0)
 	if err != nil {
 		return err
@@ -510,14 +516,16 @@ func upload(ctx context.Context, conn *libvirt.Connect, vol *libvirt.StorageVol,
 		_ = st.Abort()
 		return err
 	}
+	sent := sha256.New()
+	r = io.TeeReader(r, sent)
 	buf := make([]byte, min(uploadChunk, max(size, 1)))
-	for sent := int64(0); sent < size; {
+	for done := int64(0); done < size; {
 		if err := ctx.Err(); err != nil {
 			return fail(err)
 		}
-		n, err := io.ReadFull(r, buf[:min(int64(len(buf)), size-sent)])
+		n, err := io.ReadFull(r, buf[:min(int64(len(buf)), size-done)])
 		if err != nil {
-			return fail(fmt.Errorf("reading source after %d of %d bytes: %w", sent+int64(n), size, err))
+			return fail(fmt.Errorf("reading source after %d of %d bytes: %w", done+int64(n), size, err))
 		}
 		for off := 0; off < n; {
 			m, err := st.Send(buf[off:n])
@@ -526,14 +534,73 @@ func upload(ctx context.Context, conn *libvirt.Connect, vol *libvirt.StorageVol,
 			}
 			off += m
 		}
-		sent += int64(n)
+		done += int64(n)
 	}
 	if verify != nil {
 		if err := verify(); err != nil {
 			return fail(err)
 		}
 	}
-	return st.Finish()
+	if err := st.Finish(); err != nil {
+		return err
+	}
+	return checkWritten(ctx, conn, p, vol, size, sent.Sum(nil))
+}
+
+// errWriteLost says a volume read back differs from what was uploaded.
+var errWriteLost = errors.New("the volume does not hold the uploaded bytes although libvirt reported success")
+
+// checkWritten reads size bytes of vol back and compares their digest with
+// want. A mismatch in a pool with less free space than the upload needed
+// is ErrPoolFull: the error libvirt dropped was ENOSPC.
+func checkWritten(ctx context.Context, conn *libvirt.Connect, p *libvirt.StoragePool, vol *libvirt.StorageVol, size int64, want []byte) error {
+	got, err := volumeDigest(ctx, conn, vol, size)
+	if err != nil {
+		return fmt.Errorf("reading the volume back: %w", err)
+	}
+	if bytes.Equal(got, want) {
+		return nil
+	}
+	if refreshPool(ctx, p) == nil {
+		if info, err := p.GetInfo(); err == nil && info.Available < uint64(size) {
+			return fmt.Errorf("%w: %d bytes free: %w", ErrPoolFull, info.Available, errWriteLost)
+		}
+	}
+	return errWriteLost
+}
+
+// volumeDigest is the SHA-256 of the first size bytes of vol.
+func volumeDigest(ctx context.Context, conn *libvirt.Connect, vol *libvirt.StorageVol, size int64) ([]byte, error) {
+	st, err := conn.NewStream(0)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Free()
+	if err := vol.Download(st, 0, uint64(size), 0); err != nil {
+		return nil, err
+	}
+	h := sha256.New()
+	buf := make([]byte, min(uploadChunk, max(size, 1)))
+	for read := int64(0); read < size; {
+		if err := ctx.Err(); err != nil {
+			_ = st.Abort()
+			return nil, err
+		}
+		n, err := st.Recv(buf)
+		if err != nil {
+			_ = st.Abort()
+			return nil, err
+		}
+		if n == 0 {
+			break
+		}
+		h.Write(buf[:n])
+		read += int64(n)
+	}
+	if err := st.Finish(); err != nil {
+		return nil, err
+	}
+	return h.Sum(nil), nil
 }
 
 // ErrPoolNotEmpty is returned by DeletePool for a pool that still holds
