@@ -68,6 +68,12 @@ type templateData struct {
 // CA and holds no credential). A draining server has weight 0: it gets no
 // new connections while its open ones continue. The timeouts are long
 // because clients keep watches open for minutes.
+//
+// When every server fails its check the frontend still forwards, to the
+// same servers unchecked: a guest under load (TCG on a busy host) answers
+// /readyz slower than the check's timeout for minutes while it serves its
+// clients, and a refused connection helps no client. A server that is
+// really down refuses the forwarded connection just the same.
 var configTemplate = template.Must(template.New("haproxy.cfg").Parse(`# Written by cluster-api-provider-libvirt through the guest agent.
 # Local changes are replaced at the next backend change.
 global
@@ -94,6 +100,7 @@ defaults
 
 frontend control-plane
   bind *:{{ .FrontendPort }}
+  use_backend control-plane-unchecked if { nbsrv(control-plane) eq 0 }
   default_backend control-plane
 
 backend control-plane
@@ -101,6 +108,12 @@ backend control-plane
   option httpchk GET /readyz
   http-check expect status 200
   default-server check check-ssl verify none inter {{ .Interval }} fall {{ .Fall }} rise {{ .Rise }}
+{{- range .Servers }}
+  server {{ .Name }} {{ .Address }} weight {{ .Weight }}
+{{- end }}
+
+backend control-plane-unchecked
+  balance roundrobin
 {{- range .Servers }}
   server {{ .Name }} {{ .Address }} weight {{ .Weight }}
 {{- end }}

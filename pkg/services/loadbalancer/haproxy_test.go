@@ -1,10 +1,19 @@
 package loadbalancer
 
 import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,6 +49,8 @@ func TestRender(t *testing.T) {
 			"server cp-1 192.168.150.11:6443 weight 0",
 			"option httpchk GET /readyz",
 			"default-server check check-ssl verify none inter 2s fall 2 rise 2",
+			"use_backend control-plane-unchecked if { nbsrv(control-plane) eq 0 }",
+			"backend control-plane-unchecked\n  balance roundrobin\n  server cp-0 192.168.150.10:6443 weight 1\n  server cp-1 192.168.150.11:6443 weight 0\n",
 		},
 	}, {
 		name: "frontend and backend ports differ",
@@ -176,4 +187,92 @@ func TestNotServingReason(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestEveryServerFailingItsCheckStillForwards runs the host's haproxy with
+// the rendered configuration in front of an API server stand-in whose
+// /readyz always fails: once HAProxy has marked the only server down,
+// connections through the frontend must still reach it.
+func TestEveryServerFailingItsCheckStillForwards(t *testing.T) {
+	bin, err := exec.LookPath("haproxy")
+	if err != nil {
+		t.Skipf("no haproxy on this host (hack/prepare-host.sh installs it): %v", err)
+	}
+	var checks atomic.Int32
+	api := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/readyz" {
+			checks.Add(1)
+			http.Error(w, "[-]etcd failed", http.StatusInternalServerError)
+			return
+		}
+		_, _ = io.WriteString(w, "served")
+	}))
+	t.Cleanup(api.Close)
+	apiAddr := api.Listener.Addr().(*net.TCPAddr)
+	front := freePort(t)
+	cfg, _, err := Config{FrontendPort: int32(front), BackendPort: int32(apiAddr.Port),
+		Backends: []infrav1.LoadBalancerBackend{backend("cp-0", "127.0.0.1", infrav1.BackendActive)}}.Render()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "haproxy.cfg")
+	if err := os.WriteFile(path, withoutVMGlobals(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(ctx, bin, "-db", "-f", path)
+	var logs strings.Builder
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cancel(); _ = cmd.Wait() })
+
+	// fall 2 at inter 2s: down after the second failed check.
+	deadline := time.Now().Add(30 * time.Second)
+	for checks.Load() < checkFall+1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("haproxy ran %d health checks in 30 s; its output:\n%s", checks.Load(), logs.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DisableKeepAlives: true, //nolint:gosec // a test server's own certificate
+	}}
+	for i := range 3 {
+		resp, err := client.Get(fmt.Sprintf("https://127.0.0.1:%d/version", front))
+		if err != nil {
+			t.Fatalf("request %d through the frontend with the server marked down: %v\nhaproxy:\n%s", i, err, logs.String())
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(body) != "served" {
+			t.Fatalf("request %d: got %q", i, body)
+		}
+	}
+}
+
+// withoutVMGlobals drops the global settings that only fit the VM (chroot,
+// user, daemon mode, syslog, stats sockets) so the host's haproxy can run
+// the configuration unprivileged in the foreground.
+func withoutVMGlobals(cfg []byte) []byte {
+	var out []string
+	for _, line := range strings.Split(string(cfg), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && slices.Contains([]string{"chroot", "user", "group", "daemon", "log", "stats"}, f[0]) {
+			continue
+		}
+		out = append(out, line)
+	}
+	return []byte(strings.Join(out, "\n"))
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
