@@ -102,6 +102,16 @@ EnvironmentFile=-/etc/default/kubelet
 ExecStart=
 ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
 EOF
+# Not in Kubernetes' packages: until kubeadm writes the kubelet's
+# configuration the kubelet exits at once and systemd restarts it every 10 s,
+# a few CPU-seconds each under TCG, taken from cloud-init and kubeadm. kubeadm's
+# kubelet-start phase writes the file and restarts the unit, which then passes
+# the condition; kubeadm's preflight only asks that the unit be enabled.
+cat >"$root/lib/systemd/system/kubelet.service.d/05-capl-wait-for-config.conf" <<'EOF'
+# capl node image: start only once kubeadm has configured the kubelet.
+[Unit]
+ConditionPathExists=/var/lib/kubelet/config.yaml
+EOF
 install -d -m 0755 "$root/etc/kubernetes/manifests" "$root/var/lib/kubelet"
 chroot "$root" systemctl enable --quiet containerd.service kubelet.service
 
