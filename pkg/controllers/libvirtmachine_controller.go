@@ -25,14 +25,8 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/address"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/disk"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/hostevents"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/references"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -42,7 +36,8 @@ import (
 // controller provides it; nil means there is no load balancer to leave.
 type LoadBalancerDeregisterer interface {
 	// DeregisterMachine returns nil once the load balancer sends no new
-	// connections to the machine; a services.RequeueError to wait.
+	// connections to the machine; a services.RequeueError to wait,
+	// wrapped in a services.ConditionError for DomainReady.
 	DeregisterMachine(ctx context.Context, s *scope.MachineScope) error
 }
 
@@ -131,7 +126,8 @@ func (r *LibvirtMachineReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	return r.reconcileNormal(ctx, s)
 }
 
-// reconcileNormal provisions the machine, one idempotent step per condition.
+// reconcileNormal provisions the machine: the plan forward, one
+// idempotent step per condition.
 func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope.MachineScope) (ctrl.Result, error) {
 	if s.HasFailed() {
 		return ctrl.Result{}, nil // terminal: left for a MachineHealthCheck to replace
@@ -153,64 +149,18 @@ func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope
 	// Placement: every failure domain is the one host today.
 	s.SetFailureDomain(s.FailureDomain())
 	s.ClearWaiting(infrav1.WaitingForClusterInfrastructureReason, infrav1.WaitingForBootstrapDataReason)
-	g := guest.New(s, r.events)
-	var steps []step
-	// Once provisioned, the reservation, root disk and seed belong to the
-	// running domain: ensuring them again would cost libvirt calls on every
-	// reconcile and recreate a vanished root disk as a blank one, so only
-	// the domain step watches over the machine from then on.
-	if !s.IsProvisioned() {
-		steps = []step{
-			{"references", references.NewMachine(s, r.Tenancy).Reconcile},
-			{"address", address.New(s).Reconcile},
-			{"disk", disk.New(s, r.Images).Reconcile},
-			{"seed", seed.New(s).Reconcile},
-		}
-	}
-	if err := runSteps(ctx, append(steps, []step{
-		{"domain", domain.New(s, r.ShutdownTimeout).Reconcile},
-		{"addresses", g.ReconcileAddresses},
-		{"provisioned", func(context.Context) error { s.SetProvisioned(); return nil }},
-		{"bootstrap", g.ReconcileBootstrap},
-	}...)); err != nil {
-		return r.outcome(s, err)
-	}
-	return ctrl.Result{}, nil
+	return r.plan(s).Reconcile(ctx, s, s.IsProvisioned())
 }
 
-// reconcileDelete removes everything in reverse order of creation.
+// reconcileDelete removes everything in reverse order of creation (the
+// plan backward).
 func (r *LibvirtMachineReconciler) reconcileDelete(ctx context.Context, s *scope.MachineScope) (ctrl.Result, error) {
 	s.MarkFalse(infrav1.DomainReadyCondition, infrav1.DeletingReason, "Deleting the machine")
-	if r.LoadBalancer != nil && s.IsControlPlane() {
-		if err := r.LoadBalancer.DeregisterMachine(ctx, s); err != nil {
-			return r.outcome(s, err)
-		}
-	}
-	for _, svc := range []services.Service{
-		domain.New(s, r.ShutdownTimeout),
-		seed.New(s),
-		disk.New(s, r.Images),
-		address.New(s),
-	} {
-		if err := svc.Delete(ctx); err != nil {
-			return ctrl.Result{}, err
-		}
+	if err := r.plan(s).Delete(ctx, s); err != nil {
+		return services.Outcome(s, err)
 	}
 	controllerutil.RemoveFinalizer(s.LibvirtMachine, infrav1.MachineFinalizer)
 	return ctrl.Result{}, nil
-}
-
-// outcome turns a step's error into the reconcile result: waits requeue
-// without an error, terminal failures are recorded and not retried.
-func (r *LibvirtMachineReconciler) outcome(s *scope.MachineScope, err error) (ctrl.Result, error) {
-	if rq, ok := services.AsRequeue(err); ok {
-		return ctrl.Result{RequeueAfter: rq.After}, nil
-	}
-	if te, ok := services.AsTerminal(err); ok {
-		s.SetFailure(te.FailureReason, te.Message)
-		return ctrl.Result{}, nil
-	}
-	return ctrl.Result{}, err
 }
 
 // cluster finds the machine's Cluster from the Machine, or from the

@@ -76,6 +76,7 @@ type MachineScope struct {
 	HostName       string
 
 	objectScope
+	vmVolumes
 }
 
 // NewMachineScope builds the scope and snapshots the LibvirtMachine for
@@ -303,6 +304,10 @@ func (s *MachineScope) SetAddresses(ips []string) {
 
 // SetFailureDomain records where the machine was placed.
 func (s *MachineScope) SetFailureDomain(fd string) { s.LibvirtMachine.Status.FailureDomain = fd }
+
+// SeedUploaded tells whether an upload of the seed completed:
+// BootstrapDataReady is True, which the seed step's success sets.
+func (s *MachineScope) SeedUploaded() bool { return s.IsTrue(infrav1.BootstrapDataReadyCondition) }
 
 // IsProvisioned tells whether the machine was ever reported provisioned.
 func (s *MachineScope) IsProvisioned() bool {

@@ -103,6 +103,11 @@ func (f *fixture) stored() *infrav1.LibvirtMachine {
 	return got
 }
 
+// reconcile runs svc as its plan step does: its outcome sets condType on s.
+func reconcile(s *scope.MachineScope, condType string, svc services.Service) error {
+	return services.Plan{{Service: svc, Condition: condType}}.Run(context.Background(), s, false)
+}
+
 func wantCondition(t *testing.T, lm *infrav1.LibvirtMachine, condType string, status metav1.ConditionStatus, reason string) *metav1.Condition {
 	t.Helper()
 	c := conditions.Get(lm, condType)
@@ -143,7 +148,7 @@ func TestAddressPersistsMACBeforeReserving(t *testing.T) {
 			t.Error("ReserveAddress ran before the MAC was persisted")
 		}
 	}
-	if err := address.New(s).Reconcile(context.Background()); err != nil {
+	if err := reconcile(s, infrav1.AddressReservedCondition, address.New(s)); err != nil {
 		t.Fatal(err)
 	}
 	if s.MAC() != first[1].String() {
@@ -155,13 +160,15 @@ func TestAddressPersistsMACBeforeReserving(t *testing.T) {
 	}
 	wantCondition(t, f.lm, infrav1.AddressReservedCondition, metav1.ConditionTrue, infrav1.ReadyReason)
 	// Idempotent: a second run keeps the MAC and the one entry.
-	if err := address.New(f.scope()).Reconcile(context.Background()); err != nil {
+	fs := f.scope()
+	if err := reconcile(fs, infrav1.AddressReservedCondition, address.New(fs)); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(f.host.Entries["net"]); n != 2 {
 		t.Errorf("%d entries, want 2", n)
 	}
-	if err := address.New(f.scope()).Delete(context.Background()); err != nil {
+	fs = f.scope()
+	if err := address.New(fs).Delete(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(f.host.Entries["net"]); n != 1 {
@@ -172,14 +179,16 @@ func TestAddressPersistsMACBeforeReserving(t *testing.T) {
 func TestAddressWaitsForNetworkAndHandlesBridges(t *testing.T) {
 	f := newFixture(t)
 	f.lc.Status.Network = nil
-	err := address.New(f.scope()).Reconcile(context.Background())
+	fs := f.scope()
+	err := reconcile(fs, infrav1.AddressReservedCondition, address.New(fs))
 	if rq, ok := services.AsRequeue(err); !ok || rq.After == 0 {
 		t.Fatalf("err = %v, want a timed requeue", err)
 	}
 	wantCondition(t, f.lm, infrav1.AddressReservedCondition, metav1.ConditionFalse, infrav1.WaitingForNetworkReason)
 
 	f.lm.Spec.Network = &infrav1.NetworkAttachment{Bridge: "br0"}
-	if err := address.New(f.scope()).Reconcile(context.Background()); err != nil {
+	fs = f.scope()
+	if err := reconcile(fs, infrav1.AddressReservedCondition, address.New(fs)); err != nil {
 		t.Fatal(err)
 	}
 	wantCondition(t, f.lm, infrav1.AddressReservedCondition, metav1.ConditionTrue, infrav1.ReservationNotSupportedReason)
@@ -191,7 +200,8 @@ func TestAddressWaitsForNetworkAndHandlesBridges(t *testing.T) {
 func TestAddressConflict(t *testing.T) {
 	f := newFixture(t)
 	f.host.Errs["ReserveAddress"] = &virt.AddressConflictError{Network: "net", Reason: virt.ConflictLeased, HeldBy: "52:54:00:00:00:01", Until: time.Now().Add(time.Minute)}
-	err := address.New(f.scope()).Reconcile(context.Background())
+	fs := f.scope()
+	err := reconcile(fs, infrav1.AddressReservedCondition, address.New(fs))
 	if _, ok := services.AsRequeue(err); !ok {
 		t.Fatalf("err = %v, want a requeue until the lease expires", err)
 	}
@@ -219,7 +229,8 @@ func TestDiskErrorsBecomeReasons(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			tc.setup(f)
-			err := disk.New(f.scope(), &syncImporter{host: f.host}).Reconcile(context.Background())
+			fs := f.scope()
+			err := reconcile(fs, infrav1.DiskReadyCondition, disk.New(fs, &syncImporter{host: f.host}))
 			if _, ok := services.AsRequeue(err); !ok {
 				t.Fatalf("err = %v, want a requeue", err)
 			}
@@ -270,7 +281,8 @@ func TestDiskImportReasons(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			f.lm.Spec.Image = infrav1.ImageSource{URL: "http://images.example/img.qcow2", Checksum: "sha256:" + strings.Repeat("a", 64)}
-			err := disk.New(f.scope(), runningImporter{tc.st}).Reconcile(context.Background())
+			fs := f.scope()
+			err := reconcile(fs, infrav1.DiskReadyCondition, disk.New(fs, runningImporter{tc.st}))
 			if rq, ok := services.AsRequeue(err); !ok || rq.After <= 0 {
 				t.Fatalf("err = %v, want a timed requeue", err)
 			}
@@ -291,7 +303,7 @@ func TestDiskImportsByChecksum(t *testing.T) {
 	f.host.Images["file:///img.qcow2"] = sum
 	f.lm.Spec.Image = infrav1.ImageSource{URL: "file:///img.qcow2", Checksum: "sha256:" + sum}
 	s := f.scope()
-	if err := disk.New(s, &syncImporter{host: f.host}).Reconcile(context.Background()); err != nil {
+	if err := reconcile(s, infrav1.DiskReadyCondition, disk.New(s, &syncImporter{host: f.host})); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := f.host.Volumes["pool/"+scope.ImageVolumeName(sum)]; !ok {
@@ -322,7 +334,7 @@ func TestDiskImportsByChecksum(t *testing.T) {
 func TestSeedUploadsOnceAndNeverLeaks(t *testing.T) {
 	f := newFixture(t)
 	s := f.scope()
-	if err := seed.New(s).Reconcile(context.Background()); err != nil {
+	if err := reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s)); err != nil {
 		t.Fatal(err)
 	}
 	wantCondition(t, f.lm, infrav1.BootstrapDataReadyCondition, metav1.ConditionTrue, infrav1.ReadyReason)
@@ -336,7 +348,7 @@ func TestSeedUploadsOnceAndNeverLeaks(t *testing.T) {
 	if err := f.client.Delete(context.Background(), f.secret); err != nil {
 		t.Fatal(err)
 	}
-	if err := seed.New(s).Reconcile(context.Background()); err != nil {
+	if err := reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s)); err != nil {
 		t.Fatal(err)
 	}
 	if f.host.Called("UploadVolume") {
@@ -350,7 +362,7 @@ func TestSeedRewritesUnconfirmedVolume(t *testing.T) {
 	s := f.scope()
 	// A volume from an upload cut short by a crash: no True condition.
 	f.host.Volumes["pool/"+s.SeedVolume()] = virt.VolumeInfo{Name: s.SeedVolume()}
-	if err := seed.New(s).Reconcile(context.Background()); err != nil {
+	if err := reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s)); err != nil {
 		t.Fatal(err)
 	}
 	if !f.host.Called("UploadVolume") {
@@ -361,7 +373,8 @@ func TestSeedRewritesUnconfirmedVolume(t *testing.T) {
 func TestSeedRejectsOtherFormats(t *testing.T) {
 	f := newFixture(t)
 	f.secret.Data["format"] = []byte("ignition")
-	err := seed.New(f.scope()).Reconcile(context.Background())
+	fs := f.scope()
+	err := reconcile(fs, infrav1.BootstrapDataReadyCondition, seed.New(fs))
 	if _, ok := services.AsRequeue(err); !ok {
 		t.Fatalf("err = %v, want a requeue", err)
 	}
@@ -378,7 +391,8 @@ func TestSeedRejectsOtherFormats(t *testing.T) {
 func TestSeedMissingSecret(t *testing.T) {
 	f := newFixture(t)
 	f.machine.Spec.Bootstrap.DataSecretName = ptr.To("other")
-	err := seed.New(f.scope()).Reconcile(context.Background())
+	fs := f.scope()
+	err := reconcile(fs, infrav1.BootstrapDataReadyCondition, seed.New(fs))
 	if rq, ok := services.AsRequeue(err); !ok || rq.After == 0 {
 		t.Fatalf("err = %v, want a timed requeue", err)
 	}
@@ -389,8 +403,12 @@ func TestSeedMissingSecret(t *testing.T) {
 func provision(t *testing.T, f *fixture) *scope.MachineScope {
 	t.Helper()
 	s := f.scope()
-	for _, svc := range []services.Service{address.New(s), disk.New(s, &syncImporter{host: f.host}), seed.New(s)} {
-		if err := svc.Reconcile(context.Background()); err != nil {
+	for _, st := range []services.Step{
+		{Service: address.New(s), Condition: infrav1.AddressReservedCondition},
+		{Service: disk.New(s, &syncImporter{host: f.host}), Condition: infrav1.DiskReadyCondition},
+		{Service: seed.New(s), Condition: infrav1.BootstrapDataReadyCondition},
+	} {
+		if err := reconcile(s, st.Condition, st.Service); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -401,7 +419,7 @@ func TestDomainDefinesAndStarts(t *testing.T) {
 	f := newFixture(t)
 	f.lm.Spec.DomainType, f.lm.Spec.TCGTranslationCacheMiB = infrav1.DomainTypeQEMU, 128
 	s := provision(t, f)
-	if err := domain.New(s, 0).Reconcile(context.Background()); err != nil {
+	if err := reconcile(s, infrav1.DomainReadyCondition, domain.New(s, 0)); err != nil {
 		t.Fatal(err)
 	}
 	spec := f.host.Specs[s.DomainName()]
@@ -422,7 +440,7 @@ func TestDomainStartFailureCarriesLibvirtMessage(t *testing.T) {
 	f := newFixture(t)
 	s := provision(t, f)
 	f.host.Errs["StartDomain"] = &virt.DomainStartError{Name: s.DomainName(), Message: "Cannot get interface MTU on 'br9': No such device"}
-	if err := domain.New(s, 0).Reconcile(context.Background()); err == nil {
+	if err := reconcile(s, infrav1.DomainReadyCondition, domain.New(s, 0)); err == nil {
 		t.Fatal("no error")
 	}
 	c := wantCondition(t, f.lm, infrav1.DomainReadyCondition, metav1.ConditionFalse, infrav1.DomainFailedToStartReason)
@@ -453,12 +471,12 @@ func TestDomainTerminalFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			s := provision(t, f)
-			if err := domain.New(s, 0).Reconcile(context.Background()); err != nil {
+			if err := reconcile(s, infrav1.DomainReadyCondition, domain.New(s, 0)); err != nil {
 				t.Fatal(err)
 			}
 			s.SetProvisioned()
 			tc.break_(f, s)
-			err := domain.New(s, 0).Reconcile(context.Background())
+			err := reconcile(s, infrav1.DomainReadyCondition, domain.New(s, 0))
 			te, ok := services.AsTerminal(err)
 			if !ok || te.FailureReason != scope.FailureReasonUpdate {
 				t.Fatalf("err = %v, want a terminal UpdateError", err)
@@ -474,14 +492,14 @@ func TestDomainTerminalFailures(t *testing.T) {
 func TestDomainRestartsAfterStopAndReportsDrift(t *testing.T) {
 	f := newFixture(t)
 	s := provision(t, f)
-	if err := domain.New(s, 0).Reconcile(context.Background()); err != nil {
+	if err := reconcile(s, infrav1.DomainReadyCondition, domain.New(s, 0)); err != nil {
 		t.Fatal(err)
 	}
 	s.SetProvisioned()
 	d := f.host.Domains[s.DomainName()]
 	d.State, d.Reason, d.VCPUs = "shutoff", "shutdown", 4
 	f.host.Domains[s.DomainName()] = d
-	if err := domain.New(s, 0).Reconcile(context.Background()); err != nil {
+	if err := reconcile(s, infrav1.DomainReadyCondition, domain.New(s, 0)); err != nil {
 		t.Fatal(err)
 	}
 	if f.host.Domains[s.DomainName()].State != "running" {
@@ -518,8 +536,8 @@ func TestGuestAddressesNeedALease(t *testing.T) {
 	f := newFixture(t)
 	s := provision(t, f)
 	leases := &leaseRecorder{}
-	g := guest.New(s, leases)
-	err := g.ReconcileAddresses(context.Background())
+	g := guest.NewAddresses(s, leases)
+	err := reconcile(s, infrav1.AddressAssignedCondition, g)
 	if _, ok := services.AsRequeue(err); !ok {
 		t.Fatalf("err = %v, want to wait for a lease", err)
 	}
@@ -528,7 +546,7 @@ func TestGuestAddressesNeedALease(t *testing.T) {
 		t.Errorf("lease watches = %v", leases.watched)
 	}
 	f.host.Leases["net"] = map[string]netip.Addr{strings.ToUpper(s.MAC()): netip.MustParseAddr("192.168.100.2")}
-	if err := g.ReconcileAddresses(context.Background()); err != nil {
+	if err := reconcile(s, infrav1.AddressAssignedCondition, g); err != nil {
 		t.Fatal(err)
 	}
 	want := []clusterv1.MachineAddress{{Type: clusterv1.MachineInternalIP, Address: "192.168.100.2"}, {Type: clusterv1.MachineHostName, Address: "m0"}}
@@ -540,29 +558,29 @@ func TestGuestAddressesNeedALease(t *testing.T) {
 func TestGuestBootstrapSentinel(t *testing.T) {
 	f := newFixture(t)
 	s := f.scope()
-	g := guest.New(s, nil)
-	err := g.ReconcileBootstrap(context.Background())
+	g := guest.NewBootstrap(s)
+	err := reconcile(s, infrav1.BootstrapSucceededCondition, g)
 	if rq, ok := services.AsRequeue(err); !ok || rq.After < 10*time.Second {
 		t.Fatalf("err = %v, want a requeue with backoff", err)
 	}
 	wantCondition(t, f.lm, infrav1.BootstrapSucceededCondition, metav1.ConditionFalse, infrav1.WaitingForBootstrapReason)
 
 	f.host.Files[s.DomainName()+":/run/cloud-init/result.json"] = []byte(`{"v1": {"errors": ["runcmd failed: ` + secretMarker + `"]}}`)
-	_ = g.ReconcileBootstrap(context.Background())
+	_ = reconcile(s, infrav1.BootstrapSucceededCondition, g)
 	c := wantCondition(t, f.lm, infrav1.BootstrapSucceededCondition, metav1.ConditionFalse, infrav1.BootstrapFailedReason)
 	if !strings.Contains(c.Message, "1 errors") {
 		t.Errorf("message %q", c.Message)
 	}
 
 	f.host.Files[s.DomainName()+":"+guest.SentinelPath] = []byte("success\n")
-	if err := g.ReconcileBootstrap(context.Background()); err != nil {
+	if err := reconcile(s, infrav1.BootstrapSucceededCondition, g); err != nil {
 		t.Fatal(err)
 	}
 	wantCondition(t, f.lm, infrav1.BootstrapSucceededCondition, metav1.ConditionTrue, infrav1.ReadyReason)
 	f.noLeaks()
 
 	f.host.Errs["GuestReadFile"] = errors.New("must not be called again")
-	if err := g.ReconcileBootstrap(context.Background()); err != nil {
+	if err := reconcile(s, infrav1.BootstrapSucceededCondition, g); err != nil {
 		t.Errorf("sentinel re-read after success: %v", err)
 	}
 }

@@ -21,7 +21,7 @@ import (
 // the host's routes or networks.
 const recheck = time.Minute
 
-// Service owns the NetworkReady condition.
+// Service gives the cluster its network; its outcome is NetworkReady's.
 type Service struct{ scope *scope.ClusterScope }
 
 var _ services.Service = (*Service)(nil)
@@ -29,8 +29,11 @@ var _ services.Service = (*Service)(nil)
 // New returns the network service of s.
 func New(s *scope.ClusterScope) *Service { return &Service{scope: s} }
 
+// Name labels the service in logs.
+func (*Service) Name() string { return "network" }
+
 // Reconcile uses or creates the network and records it in status.network.
-func (svc *Service) Reconcile(ctx context.Context) error {
+func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.scope
 	spec := s.LibvirtCluster.Spec.Network
 	var (
@@ -51,14 +54,14 @@ func (svc *Service) Reconcile(ctx context.Context) error {
 		if spec.CIDR != "" {
 			if want.CIDR, err = netip.ParsePrefix(spec.CIDR); err != nil {
 				// The CRD validates the CIDR; this is a defence only.
-				s.MarkFalse(infrav1.NetworkReadyCondition, string(virt.ConflictInvalidSpec), "spec.network.cidr %q: %v", spec.CIDR, err)
-				return services.Requeue(0, "invalid cidr")
+				return services.Result{}, services.Fail(string(virt.ConflictInvalidSpec), services.Requeue(0, "invalid cidr"),
+					"spec.network.cidr %q: %v", spec.CIDR, err)
 			}
 		}
 		info, err = s.Host.EnsureNetwork(ctx, want)
 	}
 	if err != nil {
-		return svc.fail(what, err)
+		return services.Result{}, fail(what, err)
 	}
 	s.SetNetwork(info)
 	msg := what
@@ -68,29 +71,24 @@ func (svc *Service) Reconcile(ctx context.Context) error {
 	if info.Bridge != "" && spec.Bridge == "" {
 		msg += " on bridge " + info.Bridge
 	}
-	s.MarkTrue(infrav1.NetworkReadyCondition, infrav1.ReadyReason, msg)
-	return nil
+	return services.Done(infrav1.ReadyReason, msg), nil
 }
 
-// fail sets NetworkReady False with the reason the error calls for. A
-// conflict's reason names what collided (e.g. SubnetConflict, with the
-// route or network in the message).
-func (svc *Service) fail(what string, err error) error {
-	s := svc.scope
+// fail reports err with the reason it calls for. A conflict's reason names
+// what collided (e.g. SubnetConflict, with the route or network in the
+// message).
+func fail(what string, err error) error {
 	var conflict *virt.NetworkConflictError
 	switch {
 	case errors.As(err, &conflict):
-		s.MarkFalse(infrav1.NetworkReadyCondition, string(conflict.Reason), "%s", conflict.Error())
-		return services.Requeue(recheck, "network conflict")
+		return services.Fail(string(conflict.Reason), services.Requeue(recheck, "network conflict"), "%s", conflict.Error())
 	case errors.Is(err, virt.ErrNetworkInactive):
-		s.MarkFalse(infrav1.NetworkReadyCondition, infrav1.NetworkInactiveReason, "%s exists but is not active; the provider does not start networks it does not own", what)
-		return services.Requeue(recheck, "network inactive")
+		return services.Fail(infrav1.NetworkInactiveReason, services.Requeue(recheck, "network inactive"),
+			"%s exists but is not active; the provider does not start networks it does not own", what)
 	case virt.IsNotFound(err):
-		s.MarkFalse(infrav1.NetworkReadyCondition, infrav1.NetworkNotFoundReason, "%s does not exist", what)
-		return services.Requeue(recheck, "network missing")
+		return services.Fail(infrav1.NetworkNotFoundReason, services.Requeue(recheck, "network missing"), "%s does not exist", what)
 	default:
-		s.MarkFalse(infrav1.NetworkReadyCondition, infrav1.LibvirtErrorReason, "%s: %v", what, err)
-		return fmt.Errorf("%s: %w", what, err)
+		return services.Fail(infrav1.LibvirtErrorReason, fmt.Errorf("%s: %w", what, err), "%s: %v", what, err)
 	}
 }
 
@@ -108,8 +106,7 @@ func (svc *Service) Delete(ctx context.Context) error {
 	case err == nil, errors.Is(err, virt.ErrNetworkNotOwned):
 		return nil
 	case errors.As(err, &inUse):
-		s.MarkFalse(infrav1.NetworkReadyCondition, infrav1.NetworkInUseReason, "%v", inUse)
-		return services.Requeue(30*time.Second, "network in use")
+		return services.Fail(infrav1.NetworkInUseReason, services.Requeue(30*time.Second, "network in use"), "%v", inUse)
 	default:
 		return fmt.Errorf("deleting network %s: %w", s.NetworkName(), err)
 	}
