@@ -9,7 +9,9 @@
 // The services live in the subpackages, one per libvirt resource or
 // check: references, pool and network of a cluster; address, disk, seed,
 // domain and guest of a machine; loadbalancer, the HAProxy VM a cluster's
-// endpoint runs on, built from the machine's services.
+// endpoint runs on, built from the machine's services. imageimport is no
+// step: it imports the base images the disk steps wait for, outside the
+// reconciles.
 package services
 
 import (
