@@ -10,11 +10,11 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/fakehost"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/internal/fakehost"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/references"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
