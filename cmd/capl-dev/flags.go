@@ -12,8 +12,10 @@ import (
 // stringList is a repeatable flag.
 type stringList []string
 
+// String is the values given, for flag's usage and defaults.
 func (s *stringList) String() string { return strings.Join(*s, " ") }
 
+// Set adds one value: the flag may be repeated.
 func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 func planeFlags(fs *flag.FlagSet, o *devplane.Options) {

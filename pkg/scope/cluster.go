@@ -65,8 +65,10 @@ func NewClusterScope(p ClusterScopeParams) (*ClusterScope, error) {
 	}, nil
 }
 
-// Name and Namespace of the LibvirtCluster.
-func (s *ClusterScope) Name() string      { return s.LibvirtCluster.Name }
+// Name is the LibvirtCluster's name.
+func (s *ClusterScope) Name() string { return s.LibvirtCluster.Name }
+
+// Namespace is the LibvirtCluster's namespace.
 func (s *ClusterScope) Namespace() string { return s.LibvirtCluster.Namespace }
 
 // ClusterName is the Cluster API cluster the LibvirtCluster belongs to.

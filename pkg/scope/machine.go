@@ -95,8 +95,10 @@ func NewMachineScope(p MachineScopeParams) (*MachineScope, error) {
 	}, nil
 }
 
-// Name and Namespace of the LibvirtMachine.
-func (s *MachineScope) Name() string      { return s.LibvirtMachine.Name }
+// Name is the LibvirtMachine's name.
+func (s *MachineScope) Name() string { return s.LibvirtMachine.Name }
+
+// Namespace is the LibvirtMachine's namespace.
 func (s *MachineScope) Namespace() string { return s.LibvirtMachine.Namespace }
 
 // DomainName is the libvirt domain's name (see DomainName).
@@ -189,6 +191,8 @@ type NetworkRef struct {
 // IsZero tells whether no network is known.
 func (n NetworkRef) IsZero() bool { return n.Name == "" && n.Bridge == "" }
 
+// String is the NetworkAnnotation value of n: "network:<name>",
+// "bridge:<bridge>", or "" when none is known.
 func (n NetworkRef) String() string {
 	if n.Name != "" {
 		return "network:" + n.Name

@@ -93,6 +93,7 @@ type RequeueError struct {
 	Why   string
 }
 
+// Error says what the step waits for and, when timed, when it looks again.
 func (e *RequeueError) Error() string {
 	if e.After == 0 {
 		return "waiting: " + e.Why
@@ -112,6 +113,7 @@ type TerminalError struct {
 	Message       string
 }
 
+// Error is the failure reason and message the object records.
 func (e *TerminalError) Error() string { return e.FailureReason + ": " + e.Message }
 
 // AsRequeue returns the RequeueError in err's chain.

@@ -64,6 +64,8 @@ type NetworkConflictError struct {
 	Err error
 }
 
+// Error names the network, its subnet, the reason and what it collides
+// with, fit for a condition message.
 func (e *NetworkConflictError) Error() string {
 	s := "network " + e.Network
 	if e.Subnet.IsValid() {
@@ -88,6 +90,7 @@ type NetworkInUseError struct {
 	Domains []string
 }
 
+// Error names the domains that still use the network.
 func (e *NetworkInUseError) Error() string {
 	return fmt.Sprintf("network %s is still used by domains %s", e.Network, strings.Join(e.Domains, ", "))
 }
@@ -112,6 +115,8 @@ type AddressConflictError struct {
 	Until time.Time
 }
 
+// Error says what keeps the address from being reserved, fit for a
+// condition message.
 func (e *AddressConflictError) Error() string {
 	s := fmt.Sprintf("network %s: cannot reserve", e.Network)
 	if e.IP.IsValid() {
