@@ -11,7 +11,6 @@ import (
 	"time"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -21,13 +20,28 @@ import (
 // the host's routes or networks.
 const recheck = time.Minute
 
+// Scope is what the service needs of the cluster whose network it gives.
+type Scope interface {
+	LibvirtHost() virt.Host
+	// NetworkSpec is what the cluster asks for.
+	NetworkSpec() infrav1.ClusterNetwork
+	// NetworkName is the network the provider creates for the cluster,
+	// OwnsNetworkName whether one of that name is the provider's to
+	// delete, and Owner what its metadata names.
+	NetworkName() string
+	OwnsNetworkName() bool
+	Owner() virt.Owner
+	// SetNetwork records the network the cluster's machines join.
+	SetNetwork(info virt.NetworkInfo)
+}
+
 // Service gives the cluster its network; its outcome is NetworkReady's.
-type Service struct{ scope *scope.ClusterScope }
+type Service struct{ scope Scope }
 
 var _ services.Service = (*Service)(nil)
 
 // New returns the network service of s.
-func New(s *scope.ClusterScope) *Service { return &Service{scope: s} }
+func New(s Scope) *Service { return &Service{scope: s} }
 
 // Name labels the service in logs.
 func (*Service) Name() string { return "network" }
@@ -35,7 +49,7 @@ func (*Service) Name() string { return "network" }
 // Reconcile uses or creates the network and records it in status.network.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.scope
-	spec := s.LibvirtCluster.Spec.Network
+	spec := s.NetworkSpec()
 	var (
 		info virt.NetworkInfo
 		err  error
@@ -44,10 +58,10 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	switch {
 	case spec.Name != "":
 		what = "network " + spec.Name
-		info, err = s.Host.UseNetwork(ctx, spec.Name)
+		info, err = s.LibvirtHost().UseNetwork(ctx, spec.Name)
 	case spec.Bridge != "":
 		what = "host bridge " + spec.Bridge
-		info, err = s.Host.UseBridge(ctx, spec.Bridge)
+		info, err = s.LibvirtHost().UseBridge(ctx, spec.Bridge)
 	default:
 		what = "network " + s.NetworkName()
 		want := virt.NetworkSpec{Name: s.NetworkName(), Owner: s.Owner()}
@@ -58,7 +72,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 					"spec.network.cidr %q: %v", spec.CIDR, err)
 			}
 		}
-		info, err = s.Host.EnsureNetwork(ctx, want)
+		info, err = s.LibvirtHost().EnsureNetwork(ctx, want)
 	}
 	if err != nil {
 		return services.Result{}, fail(what, err)
@@ -100,7 +114,7 @@ func (svc *Service) Delete(ctx context.Context) error {
 	if !s.OwnsNetworkName() {
 		return nil
 	}
-	err := s.Host.DeleteNetwork(ctx, s.NetworkName())
+	err := s.LibvirtHost().DeleteNetwork(ctx, s.NetworkName())
 	var inUse *virt.NetworkInUseError
 	switch {
 	case err == nil, errors.Is(err, virt.ErrNetworkNotOwned):

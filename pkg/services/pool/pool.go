@@ -9,15 +9,25 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
+// Scope is what the service needs of the cluster whose pool it ensures.
+type Scope interface {
+	LibvirtHost() virt.Host
+	// SpecPool is the pool the cluster asks for; PoolEnsured tells
+	// whether it was ensured already.
+	SpecPool() virt.PoolSpec
+	PoolEnsured(spec virt.PoolSpec) bool
+}
+
 // Service ensures the pool; its outcome is StoragePoolReady's.
-type Service struct{ scope *scope.ClusterScope }
+type Service struct{ scope Scope }
 
 var _ services.Service = (*Service)(nil)
 
 // New returns the storage pool service of s.
-func New(s *scope.ClusterScope) *Service { return &Service{scope: s} }
+func New(s Scope) *Service { return &Service{scope: s} }
 
 // Name labels the service in logs.
 func (*Service) Name() string { return "storage pool" }
@@ -36,7 +46,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	if s.PoolEnsured(spec) {
 		return services.Result{}, nil
 	}
-	if err := s.Host.EnsurePool(ctx, spec); err != nil {
+	if err := s.LibvirtHost().EnsurePool(ctx, spec); err != nil {
 		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, fmt.Errorf("ensuring storage pool %s: %w", spec.Name, err),
 			"Ensuring pool %s at %s: %v", spec.Name, spec.Path, err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // refused reports a reference refused on condType, the condition of the
@@ -26,14 +27,22 @@ func refused(what, condType, reason, format string, args ...any) error {
 	return services.FailOn(condType, reason, services.Requeue(0, what+" not allowed"), format, args...)
 }
 
+// MachineScope is what the check needs of a machine: what it names.
+type MachineScope interface {
+	Namespace() string
+	Pool() virt.PoolSpec
+	Network() scope.NetworkRef
+	Image() infrav1.ImageSource
+}
+
 // Machine checks a LibvirtMachine's pool, network and base image.
 type Machine struct {
-	scope  *scope.MachineScope
+	scope  MachineScope
 	policy tenancy.Policy
 }
 
 // NewMachine returns the reference check of s under policy.
-func NewMachine(s *scope.MachineScope, policy tenancy.Policy) *Machine {
+func NewMachine(s MachineScope, policy tenancy.Policy) *Machine {
 	return &Machine{scope: s, policy: policy}
 }
 
@@ -63,14 +72,26 @@ func (m *Machine) Reconcile(context.Context) (services.Result, error) {
 	return services.Result{}, nil
 }
 
+// ClusterScope is what the check needs of a cluster: what it names.
+type ClusterScope interface {
+	Namespace() string
+	// SpecPool is the pool the spec names, Pool the one the HAProxy VM's
+	// volumes were placed in (recorded), which may differ.
+	SpecPool() virt.PoolSpec
+	Pool() virt.PoolSpec
+	NetworkSpec() infrav1.ClusterNetwork
+	LoadBalancerEnabled() bool
+	LoadBalancer() *scope.LoadBalancerScope
+}
+
 // Cluster checks a LibvirtCluster's pool, network and HAProxy image.
 type Cluster struct {
-	scope  *scope.ClusterScope
+	scope  ClusterScope
 	policy tenancy.Policy
 }
 
 // NewCluster returns the reference check of s under policy.
-func NewCluster(s *scope.ClusterScope, policy tenancy.Policy) *Cluster {
+func NewCluster(s ClusterScope, policy tenancy.Policy) *Cluster {
 	return &Cluster{scope: s, policy: policy}
 }
 
@@ -94,7 +115,8 @@ func (c *Cluster) Reconcile(context.Context) (services.Result, error) {
 				"Annotation %s %q %v", scope.PoolAnnotation, recorded, perr))
 		}
 	}
-	n := scope.NetworkRef{Name: s.LibvirtCluster.Spec.Network.Name, Bridge: s.LibvirtCluster.Spec.Network.Bridge}
+	ns := s.NetworkSpec()
+	n := scope.NetworkRef{Name: ns.Name, Bridge: ns.Bridge}
 	if nerr := checkNetwork(p, s.Namespace(), n); nerr != nil {
 		refusals = append(refusals, refused("network", infrav1.NetworkReadyCondition, infrav1.NetworkNotAllowedReason,
 			"%s %v", describe(n), nerr))
