@@ -88,7 +88,7 @@ func TestNodeImageReadyForKubeadm(t *testing.T) {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
-	hw, err := netalloc.NewMAC()
+	hw, err := testlibvirt.NewMAC()
 	if err != nil {
 		t.Fatal(err)
 	}

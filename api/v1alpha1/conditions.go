@@ -5,9 +5,6 @@ package v1alpha1
 const (
 	// NetworkReadyCondition tells whether the cluster's network exists and runs.
 	NetworkReadyCondition = "NetworkReady"
-	// NetworkCIDRConflictReason: the requested CIDR overlaps a host route,
-	// a host address or another libvirt network; the message names it.
-	NetworkCIDRConflictReason = "CIDRConflict"
 	// NetworkNotFoundReason: the named libvirt network or bridge does not exist.
 	NetworkNotFoundReason = "NetworkNotFound"
 

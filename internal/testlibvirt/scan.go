@@ -40,6 +40,7 @@ type Object struct {
 	Owner *virt.Owner
 }
 
+// String names the object in a leak report: kind, pool and name.
 func (o Object) String() string {
 	if o.Pool != "" {
 		return fmt.Sprintf("%s %s/%s", o.Kind, o.Pool, o.Name)

@@ -27,9 +27,9 @@ import (
 	"sigs.k8s.io/cluster-api/util/predicates"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hostevents"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/hostevents"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/loadbalancer"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/network"
@@ -114,8 +114,8 @@ func (r *LibvirtClusterReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	return r.reconcileNormal(ctx, s)
 }
 
-// reconcileNormal provisions the cluster infrastructure, one idempotent
-// step per condition.
+// reconcileNormal provisions the cluster infrastructure: the plan
+// forward, one idempotent step per condition.
 func (r *LibvirtClusterReconciler) reconcileNormal(ctx context.Context, s *scope.ClusterScope) (ctrl.Result, error) {
 	if controllerutil.AddFinalizer(s.LibvirtCluster, infrav1.ClusterFinalizer) {
 		// Persisted before anything exists in libvirt.
@@ -124,19 +124,25 @@ func (r *LibvirtClusterReconciler) reconcileNormal(ctx context.Context, s *scope
 		}
 	}
 	s.SetFailureDomains()
-	if err := runSteps(ctx, []step{
-		{"references", references.NewCluster(s, r.Tenancy).Reconcile},
-		{"storage pool", pool.New(s).Reconcile},
-		{"network", network.New(s).Reconcile},
-		{"load balancer", loadbalancer.New(s, r.Images).Reconcile},
-	}); err != nil {
-		return requeueOutcome(err)
+	return r.plan(s).Reconcile(ctx, s, false)
+}
+
+// plan is the cluster's services in the order they create things, each
+// with the condition its outcome sets; reconcile runs it forward, delete
+// backward. The reference check names the condition of each refusal; the
+// load balancer reports LoadBalancerReady through its own plan.
+func (r *LibvirtClusterReconciler) plan(s *scope.ClusterScope) services.Plan {
+	return services.Plan{
+		{Service: references.NewCluster(s, r.Tenancy)},
+		{Service: pool.New(s), Condition: infrav1.StoragePoolReadyCondition},
+		{Service: network.New(s), Condition: infrav1.NetworkReadyCondition},
+		{Service: loadbalancer.New(s, r.Images)},
 	}
-	return ctrl.Result{}, nil
 }
 
 // reconcileDelete waits for the cluster's machines to be gone, then
-// removes the load balancer and the network the provider created.
+// removes the load balancer and the network the provider created (the
+// plan backward).
 func (r *LibvirtClusterReconciler) reconcileDelete(ctx context.Context, s *scope.ClusterScope) (ctrl.Result, error) {
 	left, err := r.remainingMachines(ctx, s)
 	if err != nil {
@@ -151,10 +157,8 @@ func (r *LibvirtClusterReconciler) reconcileDelete(ctx context.Context, s *scope
 	}
 	s.MarkFalse(infrav1.LoadBalancerReadyCondition, infrav1.DeletingReason, "Deleting the load balancer")
 	s.MarkFalse(infrav1.NetworkReadyCondition, infrav1.DeletingReason, "Deleting the network")
-	for _, svc := range []services.Service{loadbalancer.New(s, r.Images), network.New(s)} {
-		if err := svc.Delete(ctx); err != nil {
-			return requeueOutcome(err)
-		}
+	if err := r.plan(s).Delete(ctx, s); err != nil {
+		return services.Outcome(s, err)
 	}
 	controllerutil.RemoveFinalizer(s.LibvirtCluster, infrav1.ClusterFinalizer)
 	return ctrl.Result{}, nil
@@ -176,15 +180,6 @@ func (r *LibvirtClusterReconciler) remainingMachines(ctx context.Context, s *sco
 	}
 	sort.Strings(names)
 	return names, nil
-}
-
-// requeueOutcome turns a step's error into the reconcile result: waits
-// requeue without an error.
-func requeueOutcome(err error) (ctrl.Result, error) {
-	if rq, ok := services.AsRequeue(err); ok {
-		return ctrl.Result{RequeueAfter: rq.After}, nil
-	}
-	return ctrl.Result{}, err
 }
 
 // SetupWithManager registers the reconciler, its watches and the libvirt

@@ -23,13 +23,13 @@ import (
 	"sigs.k8s.io/cluster-api/util/predicates"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hostevents"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/address"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/disk"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/hostevents"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/references"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
@@ -42,7 +42,8 @@ import (
 // controller provides it; nil means there is no load balancer to leave.
 type LoadBalancerDeregisterer interface {
 	// DeregisterMachine returns nil once the load balancer sends no new
-	// connections to the machine; a services.RequeueError to wait.
+	// connections to the machine; a services.RequeueError to wait,
+	// wrapped in a services.ConditionError for DomainReady.
 	DeregisterMachine(ctx context.Context, s *scope.MachineScope) error
 }
 
@@ -131,7 +132,8 @@ func (r *LibvirtMachineReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	return r.reconcileNormal(ctx, s)
 }
 
-// reconcileNormal provisions the machine, one idempotent step per condition.
+// reconcileNormal provisions the machine: the plan forward, one
+// idempotent step per condition.
 func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope.MachineScope) (ctrl.Result, error) {
 	if s.HasFailed() {
 		return ctrl.Result{}, nil // terminal: left for a MachineHealthCheck to replace
@@ -153,64 +155,83 @@ func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope
 	// Placement: every failure domain is the one host today.
 	s.SetFailureDomain(s.FailureDomain())
 	s.ClearWaiting(infrav1.WaitingForClusterInfrastructureReason, infrav1.WaitingForBootstrapDataReason)
-	g := guest.New(s, r.events)
-	var steps []step
-	// Once provisioned, the reservation, root disk and seed belong to the
-	// running domain: ensuring them again would cost libvirt calls on every
-	// reconcile and recreate a vanished root disk as a blank one, so only
-	// the domain step watches over the machine from then on.
-	if !s.IsProvisioned() {
-		steps = []step{
-			{"references", references.NewMachine(s, r.Tenancy).Reconcile},
-			{"address", address.New(s).Reconcile},
-			{"disk", disk.New(s, r.Images).Reconcile},
-			{"seed", seed.New(s).Reconcile},
-		}
-	}
-	if err := runSteps(ctx, append(steps, []step{
-		{"domain", domain.New(s, r.ShutdownTimeout).Reconcile},
-		{"addresses", g.ReconcileAddresses},
-		{"provisioned", func(context.Context) error { s.SetProvisioned(); return nil }},
-		{"bootstrap", g.ReconcileBootstrap},
-	}...)); err != nil {
-		return r.outcome(s, err)
-	}
-	return ctrl.Result{}, nil
+	return r.plan(s).Reconcile(ctx, s, s.IsProvisioned())
 }
 
-// reconcileDelete removes everything in reverse order of creation.
+// reconcileDelete removes everything in reverse order of creation (the
+// plan backward).
 func (r *LibvirtMachineReconciler) reconcileDelete(ctx context.Context, s *scope.MachineScope) (ctrl.Result, error) {
 	s.MarkFalse(infrav1.DomainReadyCondition, infrav1.DeletingReason, "Deleting the machine")
-	if r.LoadBalancer != nil && s.IsControlPlane() {
-		if err := r.LoadBalancer.DeregisterMachine(ctx, s); err != nil {
-			return r.outcome(s, err)
-		}
-	}
-	for _, svc := range []services.Service{
-		domain.New(s, r.ShutdownTimeout),
-		seed.New(s),
-		disk.New(s, r.Images),
-		address.New(s),
-	} {
-		if err := svc.Delete(ctx); err != nil {
-			return ctrl.Result{}, err
-		}
+	if err := r.plan(s).Delete(ctx, s); err != nil {
+		return services.Outcome(s, err)
 	}
 	controllerutil.RemoveFinalizer(s.LibvirtMachine, infrav1.MachineFinalizer)
 	return ctrl.Result{}, nil
 }
 
-// outcome turns a step's error into the reconcile result: waits requeue
-// without an error, terminal failures are recorded and not retried.
-func (r *LibvirtMachineReconciler) outcome(s *scope.MachineScope, err error) (ctrl.Result, error) {
-	if rq, ok := services.AsRequeue(err); ok {
-		return ctrl.Result{RequeueAfter: rq.After}, nil
+// plan is the machine's services in the order they create things, each
+// with the condition its outcome sets; reconcile runs it forward, delete
+// backward. Once the machine is provisioned, the reservation, root disk
+// and seed (the Setup steps) belong to the running domain: ensuring them
+// again would cost libvirt calls on every reconcile and recreate a
+// vanished root disk as a blank one, so only the domain step and those
+// after it watch over the machine from then on.
+func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
+	return services.Plan{
+		// The reference check names the condition of the step a refused
+		// reference belongs to.
+		{Service: references.NewMachine(s, r.Tenancy), Setup: true},
+		{Service: address.New(s), Condition: infrav1.AddressReservedCondition, Setup: true},
+		{Service: disk.New(s, r.Images), Condition: infrav1.DiskReadyCondition, Setup: true},
+		{Service: seed.New(s), Condition: infrav1.BootstrapDataReadyCondition, Setup: true},
+		{Service: domain.New(s, r.ShutdownTimeout), Condition: infrav1.DomainReadyCondition},
+		{Service: guest.NewAddresses(s, r.events), Condition: infrav1.AddressAssignedCondition},
+		{Service: loadBalancerMembership{s: s, lb: r.LoadBalancer}, Condition: infrav1.DomainReadyCondition},
+		{Service: provisioned{s}},
+		{Service: guest.NewBootstrap(s), Condition: infrav1.BootstrapSucceededCondition},
 	}
-	if te, ok := services.AsTerminal(err); ok {
-		s.SetFailure(te.FailureReason, te.Message)
-		return ctrl.Result{}, nil
+}
+
+// provisioned reports the machine provisioned once its domain runs and
+// its guest holds an address; it is never reset.
+type provisioned struct{ s *scope.MachineScope }
+
+// Name labels the step in logs.
+func (provisioned) Name() string { return "provisioned" }
+
+// Reconcile reports the machine provisioned.
+func (p provisioned) Reconcile(context.Context) (services.Result, error) {
+	p.s.SetProvisioned()
+	return services.Result{}, nil
+}
+
+// Delete does nothing: being provisioned is never reset.
+func (provisioned) Delete(context.Context) error { return nil }
+
+// loadBalancerMembership is a control-plane machine's place among the
+// cluster's load balancer's backends. The LibvirtCluster controller adds
+// it once the machine has an address; on delete the machine waits, before
+// its domain is shut down, until the load balancer sends it no new
+// connections.
+type loadBalancerMembership struct {
+	s  *scope.MachineScope
+	lb LoadBalancerDeregisterer
+}
+
+// Name labels the step in logs.
+func (loadBalancerMembership) Name() string { return "load balancer" }
+
+// Reconcile does nothing: the LibvirtCluster controller adds the backend.
+func (loadBalancerMembership) Reconcile(context.Context) (services.Result, error) {
+	return services.Result{}, nil
+}
+
+// Delete waits for the load balancer to drain a control-plane machine.
+func (m loadBalancerMembership) Delete(ctx context.Context) error {
+	if m.lb == nil || !m.s.IsControlPlane() {
+		return nil
 	}
-	return ctrl.Result{}, err
+	return m.lb.DeregisterMachine(ctx, m.s)
 }
 
 // cluster finds the machine's Cluster from the Machine, or from the

@@ -88,8 +88,11 @@ func New(restConfig *rest.Config, opts Options) (ctrl.Manager, error) {
 // replica (it does not wait for leader election).
 type closer struct{ c *virt.Client }
 
+// Start waits for the manager to stop, then closes the connection.
 func (c closer) Start(ctx context.Context) error { <-ctx.Done(); return c.c.Close() }
-func (c closer) NeedLeaderElection() bool        { return false }
+
+// NeedLeaderElection is false: every replica holds its own connection.
+func (c closer) NeedLeaderElection() bool { return false }
 
 // NewWithWiring builds a manager on an existing libvirt Host.
 func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manager, error) {

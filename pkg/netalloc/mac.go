@@ -2,9 +2,7 @@ package netalloc
 
 import (
 	"bytes"
-	"crypto/rand"
 	"crypto/sha256"
-	"fmt"
 	"net"
 )
 
@@ -23,15 +21,6 @@ func qemuMAC(nic [3]byte) net.HardwareAddr {
 func MACFromSeed(seed string) net.HardwareAddr {
 	sum := sha256.Sum256([]byte(seed))
 	return qemuMAC([3]byte(sum[:3]))
-}
-
-// NewMAC returns a random 52:54:00:xx:xx:xx MAC from crypto/rand.
-func NewMAC() (net.HardwareAddr, error) {
-	var nic [3]byte
-	if _, err := rand.Read(nic[:]); err != nil {
-		return nil, fmt.Errorf("generating a MAC: %w", err)
-	}
-	return qemuMAC(nic), nil
 }
 
 // SameMAC reports whether a and b are the same hardware address, ignoring

@@ -2,13 +2,16 @@ package scope
 
 import (
 	"errors"
+	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -62,8 +65,10 @@ func NewClusterScope(p ClusterScopeParams) (*ClusterScope, error) {
 	}, nil
 }
 
-// Name and Namespace of the LibvirtCluster.
-func (s *ClusterScope) Name() string      { return s.LibvirtCluster.Name }
+// Name is the LibvirtCluster's name.
+func (s *ClusterScope) Name() string { return s.LibvirtCluster.Name }
+
+// Namespace is the LibvirtCluster's namespace.
 func (s *ClusterScope) Namespace() string { return s.LibvirtCluster.Namespace }
 
 // ClusterName is the Cluster API cluster the LibvirtCluster belongs to.
@@ -82,6 +87,13 @@ func (s *ClusterScope) Owner() virt.Owner {
 		UID: string(s.LibvirtCluster.UID), Cluster: s.ClusterName(),
 	}
 }
+
+// LibvirtHost is the cluster's libvirt host.
+func (s *ClusterScope) LibvirtHost() virt.Host { return s.Host }
+
+// NetworkSpec is spec.network: the network or bridge the user names, or
+// the CIDR of the one the provider creates.
+func (s *ClusterScope) NetworkSpec() infrav1.ClusterNetwork { return s.LibvirtCluster.Spec.Network }
 
 // NetworkName is the NAT network the provider creates for the cluster
 // (see ClusterNetworkName).
@@ -102,6 +114,20 @@ func (s *ClusterScope) SpecPool() virt.PoolSpec { return ClusterPool(s.LibvirtCl
 // were created, else SpecPool.
 func (s *ClusterScope) Pool() virt.PoolSpec {
 	return recordedPool(s.SpecPool(), s.LibvirtCluster.Annotations)
+}
+
+// PoolEnsuredMessage is StoragePoolReady's message once spec was ensured.
+func PoolEnsuredMessage(spec virt.PoolSpec) string {
+	return fmt.Sprintf("Pool %s at %s", spec.Name, spec.Path)
+}
+
+// PoolEnsured tells whether spec was ensured already: StoragePoolReady is
+// True with spec's PoolEnsuredMessage. The condition is the only record of
+// it that outlives the manager, and the message the only part of it that
+// names the pool.
+func (s *ClusterScope) PoolEnsured(spec virt.PoolSpec) bool {
+	c := conditions.Get(s.LibvirtCluster, infrav1.StoragePoolReadyCondition)
+	return c != nil && c.Status == metav1.ConditionTrue && c.Message == PoolEnsuredMessage(spec)
 }
 
 // SetNetwork records the network the cluster's machines join.

@@ -2,7 +2,6 @@ package scope
 
 import (
 	"context"
-	"fmt"
 	"strings"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
@@ -37,13 +36,11 @@ func loadBalancerHostname(cluster string) string {
 
 // LoadBalancerScope is the HAProxy VM of a cluster as the machine services
 // (address, disk, seed, domain) see it. The VM's steps have no conditions
-// of their own: a step that fails or waits sets LoadBalancerReady False
-// with its reason; LoadBalancerReady turns True only once HAProxy serves.
+// of their own: the load balancer's plan reports them on LoadBalancerReady.
 type LoadBalancerScope struct {
 	c *ClusterScope
+	vmVolumes
 }
-
-var _ VM = (*LoadBalancerScope)(nil)
 
 // LoadBalancer returns the scope of the cluster's HAProxy VM.
 func (s *ClusterScope) LoadBalancer() *LoadBalancerScope { return &LoadBalancerScope{c: s} }
@@ -178,20 +175,11 @@ func (s *LoadBalancerScope) SetProviderID() {}
 // recreated or restarted rather than given up on.
 func (s *LoadBalancerScope) IsProvisioned() bool { return false }
 
-// IsTrue tells whether a step before the domain is complete: once the
-// domain was seen (its state recorded), all of them were.
-func (s *LoadBalancerScope) IsTrue(string) bool {
+// SeedUploaded tells whether the seed's upload completed: once the domain
+// was seen (its state recorded), it had booted from a complete seed.
+func (s *LoadBalancerScope) SeedUploaded() bool {
 	lb := s.c.LibvirtCluster.Status.LoadBalancer
 	return lb != nil && lb.Domain != nil && lb.Domain.State != ""
-}
-
-// MarkTrue does nothing: a finished step does not make the endpoint serve.
-func (s *LoadBalancerScope) MarkTrue(string, string, string) {}
-
-// MarkFalse reports a failing or waiting step as LoadBalancerReady False
-// with the step's reason.
-func (s *LoadBalancerScope) MarkFalse(_ string, reason, format string, args ...any) {
-	s.c.MarkFalse(infrav1.LoadBalancerReadyCondition, reason, "HAProxy VM %s: %s", s.DomainName(), fmt.Sprintf(format, args...))
 }
 
 // Event records an event on the LibvirtCluster.

@@ -76,6 +76,7 @@ type MachineScope struct {
 	HostName       string
 
 	objectScope
+	vmVolumes
 }
 
 // NewMachineScope builds the scope and snapshots the LibvirtMachine for
@@ -94,8 +95,10 @@ func NewMachineScope(p MachineScopeParams) (*MachineScope, error) {
 	}, nil
 }
 
-// Name and Namespace of the LibvirtMachine.
-func (s *MachineScope) Name() string      { return s.LibvirtMachine.Name }
+// Name is the LibvirtMachine's name.
+func (s *MachineScope) Name() string { return s.LibvirtMachine.Name }
+
+// Namespace is the LibvirtMachine's namespace.
 func (s *MachineScope) Namespace() string { return s.LibvirtMachine.Namespace }
 
 // DomainName is the libvirt domain's name (see DomainName).
@@ -188,6 +191,8 @@ type NetworkRef struct {
 // IsZero tells whether no network is known.
 func (n NetworkRef) IsZero() bool { return n.Name == "" && n.Bridge == "" }
 
+// String is the NetworkAnnotation value of n: "network:<name>",
+// "bridge:<bridge>", or "" when none is known.
 func (n NetworkRef) String() string {
 	if n.Name != "" {
 		return "network:" + n.Name
@@ -303,6 +308,10 @@ func (s *MachineScope) SetAddresses(ips []string) {
 
 // SetFailureDomain records where the machine was placed.
 func (s *MachineScope) SetFailureDomain(fd string) { s.LibvirtMachine.Status.FailureDomain = fd }
+
+// SeedUploaded tells whether an upload of the seed completed:
+// BootstrapDataReady is True, which the seed step's success sets.
+func (s *MachineScope) SeedUploaded() bool { return s.IsTrue(infrav1.BootstrapDataReadyCondition) }
 
 // IsProvisioned tells whether the machine was ever reported provisioned.
 func (s *MachineScope) IsProvisioned() bool {

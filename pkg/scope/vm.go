@@ -1,63 +1,41 @@
 package scope
 
 import (
-	"context"
-
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
-// VM is what the per-resource services (address, disk, seed, domain) need
-// of the object whose virtual machine they build: a LibvirtMachine
-// (MachineScope) or a LibvirtCluster's HAProxy VM (LoadBalancerScope). The
-// services set the LibvirtMachine step conditions through it; a scope
-// without those conditions maps them onto its own.
-type VM interface {
-	// LibvirtHost is the libvirt host the VM lives on.
-	LibvirtHost() virt.Host
-
-	// DomainName, DomainUUID, OverlayVolume, SeedVolume and Hostname are
-	// the VM's derived identity; Owner goes into the domain's metadata.
-	DomainName() string
-	DomainUUID() string
-	OverlayVolume() string
-	SeedVolume() string
-	Hostname() string
-	Owner() virt.Owner
-	// MACSeed is what the VM's candidate MACs derive from (MACCandidates).
-	MACSeed() string
-
-	// Pool, Network, Hardware, DiskSizeBytes and Image shape the VM.
-	Pool() virt.PoolSpec
-	Network() NetworkRef
-	Hardware() infrav1.VirtualHardware
-	DiskSizeBytes() uint64
-	Image() infrav1.ImageSource
-
-	// MAC is the NIC's MAC once chosen; SetMAC and RecordPlacement record
-	// it and where the VM's objects go, and PatchObject persists them
-	// before anything is created in libvirt.
-	MAC() string
-	SetMAC(mac string)
-	RecordPlacement()
-	PatchObject(ctx context.Context) error
-	// SetDomainState records libvirt's state of the domain; SetProviderID
-	// records the provider ID, where the object has one.
-	SetDomainState(state string)
-	SetProviderID()
-	// IsProvisioned tells whether a vanished or dead domain is a terminal
-	// failure (a bootstrapped machine) rather than something to recreate.
-	IsProvisioned() bool
-
-	// IsTrue, MarkTrue and MarkFalse read and set a step condition
-	// (infrav1.*Condition of LibvirtMachine); Event records an event.
-	IsTrue(condType string) bool
-	MarkTrue(condType, reason, message string)
-	MarkFalse(condType, reason, format string, args ...any)
-	Event(eventType, reason, message string)
+// vmVolumes carries a VM's root disk and seed from the disk and seed
+// steps to the domain step of the same reconcile, which attaches them, so
+// that neither is looked up again. It lives as long as the scope: one
+// reconcile.
+type vmVolumes struct {
+	rootDisk, seed *virt.VolumeInfo
 }
 
-var _ VM = (*MachineScope)(nil)
+// SetRootDisk records the root disk the disk step ensured.
+func (v *vmVolumes) SetRootDisk(info virt.VolumeInfo) { v.rootDisk = &info }
+
+// RootDisk is the root disk the disk step ensured in this reconcile;
+// false when it did not run (a provisioned VM skips it).
+func (v *vmVolumes) RootDisk() (virt.VolumeInfo, bool) {
+	if v.rootDisk == nil {
+		return virt.VolumeInfo{}, false
+	}
+	return *v.rootDisk, true
+}
+
+// SetSeed records the seed volume the seed step ensured.
+func (v *vmVolumes) SetSeed(info virt.VolumeInfo) { v.seed = &info }
+
+// Seed is the seed volume the seed step ensured in this reconcile; false
+// when it did not run.
+func (v *vmVolumes) Seed() (virt.VolumeInfo, bool) {
+	if v.seed == nil {
+		return virt.VolumeInfo{}, false
+	}
+	return *v.seed, true
+}
 
 // LibvirtHost is the machine's libvirt host.
 func (s *MachineScope) LibvirtHost() virt.Host { return s.Host }

@@ -46,7 +46,7 @@ func TestBootGuestThroughReservedLease(t *testing.T) {
 
 	netSpec := testNetworkSpec(t)
 	network := e.ensure(t, netSpec)
-	hw, err := netalloc.NewMAC()
+	hw, err := testlibvirt.NewMAC()
 	if err != nil {
 		t.Fatal(err)
 	}

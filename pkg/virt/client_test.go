@@ -46,7 +46,7 @@ func TestClientEventsAndOwnerWithTestDriver(t *testing.T) {
 	ctx := context.Background()
 	events := c.Subscribe(ctx)
 	spec := baseSpec()
-	spec.Type, spec.CPUMode, spec.DisabledCPUFeatures = DomainTypeQEMU, CPUModeMaximum, nil
+	spec.Type, spec.CPUMode = DomainTypeQEMU, CPUModeMaximum
 	spec.SeedISOPath, spec.Network, spec.ConsoleLogPath = "", "", ""
 
 	info, err := c.EnsureDomain(ctx, spec)

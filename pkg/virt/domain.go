@@ -24,13 +24,9 @@ type DomainSpec struct {
 	// Type is the hypervisor: "kvm" or "qemu" (TCG).
 	Type string
 	// CPUMode is "host-passthrough", "host-model" or "maximum" (TCG).
-	CPUMode string
-	// DisabledCPUFeatures are CPU features turned off with policy
-	// "disable", e.g. "arch-capabilities" on hosts whose nested KVM
-	// rejects that MSR.
-	DisabledCPUFeatures []string
-	VCPUs               uint
-	MemoryMiB           uint64
+	CPUMode   string
+	VCPUs     uint
+	MemoryMiB uint64
 	// TCGCacheMiB sets TCG's translation-block cache (0 keeps QEMU's
 	// default); it only applies to Type "qemu".
 	TCGCacheMiB uint64

@@ -168,9 +168,6 @@ func domainCPU(s DomainSpec) *libvirtxml.DomainCPU {
 		// otherwise, and "none" keeps the definition stable.
 		cpu.Check = "none"
 	}
-	for _, f := range s.DisabledCPUFeatures {
-		cpu.Features = append(cpu.Features, libvirtxml.DomainCPUFeature{Policy: "disable", Name: f})
-	}
 	return cpu
 }
 

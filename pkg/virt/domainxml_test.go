@@ -8,19 +8,18 @@ import (
 // baseSpec is a valid product-default spec the cases below vary.
 func baseSpec() DomainSpec {
 	return DomainSpec{
-		Name:                "capl-default-worker-0",
-		UUID:                "6F1C2B9E-2D4A-4C55-9B7B-0A1E2F3D4C5B",
-		Owner:               Owner{Kind: "LibvirtMachine", Namespace: "default", Name: "worker-0", UID: "0b5c8f0e-1111-2222-3333-444455556666", Cluster: "demo"},
-		Type:                DomainTypeKVM,
-		CPUMode:             CPUModeHostPassthrough,
-		DisabledCPUFeatures: []string{"arch-capabilities"},
-		VCPUs:               2,
-		MemoryMiB:           2048,
-		DiskPath:            "/var/lib/libvirt/capl-images/capl-default-worker-0-disk",
-		SeedISOPath:         "/var/lib/libvirt/capl-images/capl-default-worker-0-seed.iso",
-		Network:             "capl-demo",
-		MAC:                 "52:54:00:AB:CD:EF",
-		ConsoleLogPath:      DefaultConsoleLogPath("capl-default-worker-0"),
+		Name:           "capl-default-worker-0",
+		UUID:           "6F1C2B9E-2D4A-4C55-9B7B-0A1E2F3D4C5B",
+		Owner:          Owner{Kind: "LibvirtMachine", Namespace: "default", Name: "worker-0", UID: "0b5c8f0e-1111-2222-3333-444455556666", Cluster: "demo"},
+		Type:           DomainTypeKVM,
+		CPUMode:        CPUModeHostPassthrough,
+		VCPUs:          2,
+		MemoryMiB:      2048,
+		DiskPath:       "/var/lib/libvirt/capl-images/capl-default-worker-0-disk",
+		SeedISOPath:    "/var/lib/libvirt/capl-images/capl-default-worker-0-seed.iso",
+		Network:        "capl-demo",
+		MAC:            "52:54:00:AB:CD:EF",
+		ConsoleLogPath: DefaultConsoleLogPath("capl-default-worker-0"),
 	}
 }
 
@@ -31,12 +30,12 @@ func TestDomainXMLGolden(t *testing.T) {
 	}{
 		{"domain-kvm-passthrough.xml", func(*DomainSpec) {}},
 		{"domain-tcg-bridge.xml", func(s *DomainSpec) {
-			s.Type, s.CPUMode, s.DisabledCPUFeatures, s.TCGCacheMiB = DomainTypeQEMU, CPUModeMaximum, nil, 128
+			s.Type, s.CPUMode, s.TCGCacheMiB = DomainTypeQEMU, CPUModeMaximum, 128
 			s.Network, s.Bridge = "", "br0"
 			s.ConsoleLogPath = ""
 		}},
 		{"domain-host-model-no-seed-no-nic.xml", func(s *DomainSpec) {
-			s.CPUMode, s.DisabledCPUFeatures = CPUModeHostModel, nil
+			s.CPUMode = CPUModeHostModel
 			s.SeedISOPath, s.Network, s.MAC = "", "", ""
 			s.DiskFormat = FormatRaw
 		}},

@@ -123,7 +123,7 @@ func (b *broker) close() {
 
 // Subscribe returns a channel of host events that is closed when ctx ends
 // or the client is closed. Each subscriber has its own bounded buffer; a
-// slow subscriber loses events (see DroppedEvents) rather than stalling
+// slow subscriber loses events (the broker counts them) rather than stalling
 // the others, so it should treat events as hints and resync on
 // EventReconnected.
 func (c *Client) Subscribe(ctx context.Context) <-chan Event {
@@ -137,9 +137,6 @@ func (c *Client) Subscribe(ctx context.Context) <-chan Event {
 	}()
 	return ch
 }
-
-// DroppedEvents counts events lost to full subscriber buffers since Dial.
-func (c *Client) DroppedEvents() uint64 { return c.events.dropped.Load() }
 
 // publish hands ev to every subscriber without blocking.
 func (c *Client) publish(ev Event) { c.events.publish(ev) }

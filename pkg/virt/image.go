@@ -273,6 +273,8 @@ func (r *idleReader) expire() {
 	r.cancel(fmt.Errorf("%w for %s", ErrFetchIdle, r.idle))
 }
 
+// Read reads from the source, restarting the idle timer on progress; a
+// read the timer cut short names the idle timeout as its cause.
 func (r *idleReader) Read(p []byte) (int, error) {
 	n, err := r.body.Read(p)
 	if n > 0 && r.timer != nil {
@@ -286,6 +288,8 @@ func (r *idleReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// Close stops the idle timer, closes the source and releases the
+// request's context.
 func (r *idleReader) Close() error {
 	if r.timer != nil {
 		r.timer.Stop()
@@ -302,6 +306,7 @@ type progressReader struct {
 	report      func(done, total int64)
 }
 
+// Read reads from the source and reports the bytes read so far.
 func (r *progressReader) Read(p []byte) (int, error) {
 	n, err := r.ReadCloser.Read(p)
 	if n > 0 {

@@ -376,7 +376,7 @@ func TestReservations(t *testing.T) {
 
 func testMAC(t *testing.T) string {
 	t.Helper()
-	mac, err := netalloc.NewMAC()
+	mac, err := testlibvirt.NewMAC()
 	if err != nil {
 		t.Fatal(err)
 	}

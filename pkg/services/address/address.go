@@ -1,11 +1,12 @@
-// Package address reserves the machine's IP for its MAC in the network's
-// DHCP server, choosing and persisting that MAC first.
+// Package address reserves a VM's IP for its MAC in the network's DHCP
+// server, choosing and persisting that MAC first.
 package address
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
@@ -22,61 +23,84 @@ const macCandidates = 8
 // looks again (no watch covers the LibvirtCluster's status.network).
 const waitForNetwork = 30 * time.Second
 
-// Service owns the AddressReserved condition.
-type Service struct{ scope scope.VM }
+// Scope is what the service needs of the VM it reserves an address for:
+// a machine or the load balancer's HAProxy VM.
+type Scope interface {
+	LibvirtHost() virt.Host
+	// Network is the VM's network; zero until known.
+	Network() scope.NetworkRef
+	// MACSeed is what the VM's candidate MACs derive from.
+	MACSeed() string
+	// MAC is the NIC's MAC once chosen; SetMAC and RecordPlacement
+	// record it and where the VM's objects go, and PatchObject persists
+	// them before anything is created in libvirt.
+	MAC() string
+	SetMAC(mac string)
+	RecordPlacement()
+	PatchObject(ctx context.Context) error
+}
+
+// Service reserves the address; its outcome is AddressReserved's.
+type Service struct {
+	scope Scope
+	// reserved is the address Reconcile reserved; invalid when the
+	// network has none to give (a bridge, no libvirt DHCP).
+	reserved netip.Addr
+}
 
 var _ services.Service = (*Service)(nil)
 
 // New returns the address reservation service of s.
-func New(s scope.VM) *Service { return &Service{scope: s} }
+func New(s Scope) *Service { return &Service{scope: s} }
+
+// Name labels the service in logs.
+func (*Service) Name() string { return "address" }
+
+// Reserved is the address the last Reconcile reserved; invalid when the
+// network reserves none (a host bridge, a network without libvirt DHCP).
+func (svc *Service) Reserved() netip.Addr { return svc.reserved }
 
 // Reconcile chooses the MAC (persisting it and the placement before
 // anything exists in libvirt) and reserves an address for it.
-func (svc *Service) Reconcile(ctx context.Context) error {
+func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.scope
 	network := s.Network()
 	if network.IsZero() {
-		s.MarkFalse(infrav1.AddressReservedCondition, infrav1.WaitingForNetworkReason,
+		return services.Result{}, services.Fail(infrav1.WaitingForNetworkReason, services.Requeue(waitForNetwork, "cluster network unknown"),
 			"The LibvirtCluster has not reported its network yet")
-		return services.Requeue(waitForNetwork, "cluster network unknown")
 	}
 	if err := svc.ensureMAC(ctx, network); err != nil {
-		return err
+		return services.Result{}, err
 	}
 	if network.Bridge != "" {
-		s.MarkTrue(infrav1.AddressReservedCondition, infrav1.ReservationNotSupportedReason,
-			fmt.Sprintf("Host bridge %s: the address comes from the LAN's DHCP server", network.Bridge))
-		return nil
+		return services.Done(infrav1.ReservationNotSupportedReason,
+			fmt.Sprintf("Host bridge %s: the address comes from the LAN's DHCP server", network.Bridge)), nil
 	}
 	ip, err := s.LibvirtHost().ReserveAddress(ctx, network.Name, virt.Reservation{MAC: s.MAC()})
 	var conflict *virt.AddressConflictError
 	switch {
 	case err == nil:
-		s.MarkTrue(infrav1.AddressReservedCondition, infrav1.ReadyReason,
-			fmt.Sprintf("%s is reserved for %s on network %s", ip, s.MAC(), network.Name))
-		return nil
+		svc.reserved = ip
+		return services.Done(infrav1.ReadyReason, fmt.Sprintf("%s is reserved for %s on network %s", ip, s.MAC(), network.Name)), nil
 	case errors.Is(err, virt.ErrNoDHCP):
-		s.MarkTrue(infrav1.AddressReservedCondition, infrav1.ReservationNotSupportedReason,
-			fmt.Sprintf("libvirt serves no DHCP on network %s: the guest agent reports the address", network.Name))
-		return nil
+		return services.Done(infrav1.ReservationNotSupportedReason,
+			fmt.Sprintf("libvirt serves no DHCP on network %s: the guest agent reports the address", network.Name)), nil
 	case virt.IsNotFound(err):
-		s.MarkFalse(infrav1.AddressReservedCondition, infrav1.WaitingForNetworkReason, "Network %s does not exist", network.Name)
-		return services.Requeue(waitForNetwork, "network missing")
+		return services.Result{}, services.Fail(infrav1.WaitingForNetworkReason, services.Requeue(waitForNetwork, "network missing"),
+			"Network %s does not exist", network.Name)
 	case errors.As(err, &conflict):
-		s.MarkFalse(infrav1.AddressReservedCondition, infrav1.AddressConflictReason, "%s", conflict.Error())
 		if !conflict.Until.IsZero() {
-			return services.Requeue(time.Until(conflict.Until)+time.Second, "address leased to another MAC")
+			err = services.Requeue(time.Until(conflict.Until)+time.Second, "address leased to another MAC")
 		}
-		return err
+		return services.Result{}, services.Fail(infrav1.AddressConflictReason, err, "%s", conflict.Error())
 	default:
-		s.MarkFalse(infrav1.AddressReservedCondition, infrav1.LibvirtErrorReason, "Reserving an address: %v", err)
-		return err
+		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, err, "Reserving an address: %v", err)
 	}
 }
 
 // ensureMAC chooses the NIC's MAC once: the first of the UID-derived
 // candidates that no other host entry of the network uses. It is patched
-// onto the LibvirtMachine, together with the pool and network, before the
+// onto the object, together with the pool and network, before the
 // reservation is made, so a crash never leaves an entry we cannot name.
 func (svc *Service) ensureMAC(ctx context.Context, network scope.NetworkRef) error {
 	s := svc.scope
@@ -90,11 +114,10 @@ func (svc *Service) ensureMAC(ctx context.Context, network scope.NetworkRef) err
 		switch {
 		case errors.Is(err, virt.ErrNoDHCP):
 		case virt.IsNotFound(err):
-			s.MarkFalse(infrav1.AddressReservedCondition, infrav1.WaitingForNetworkReason, "Network %s does not exist", network.Name)
-			return services.Requeue(waitForNetwork, "network missing")
+			return services.Fail(infrav1.WaitingForNetworkReason, services.Requeue(waitForNetwork, "network missing"),
+				"Network %s does not exist", network.Name)
 		case err != nil:
-			s.MarkFalse(infrav1.AddressReservedCondition, infrav1.LibvirtErrorReason, "Listing reservations: %v", err)
-			return err
+			return services.Fail(infrav1.LibvirtErrorReason, err, "Listing reservations: %v", err)
 		}
 	}
 	mac := ""
@@ -105,9 +128,8 @@ func (svc *Service) ensureMAC(ctx context.Context, network scope.NetworkRef) err
 		}
 	}
 	if mac == "" {
-		s.MarkFalse(infrav1.AddressReservedCondition, infrav1.AddressConflictReason,
+		return services.Fail(infrav1.AddressConflictReason, fmt.Errorf("no free MAC among %d candidates", macCandidates),
 			"All %d MACs derived for this machine are reserved on network %s", macCandidates, network.Name)
-		return fmt.Errorf("no free MAC among %d candidates", macCandidates)
 	}
 	s.SetMAC(mac)
 	s.RecordPlacement()
@@ -123,15 +145,15 @@ func reserved(entries []virt.Reservation, mac string) bool {
 	return false
 }
 
-// Delete removes the machine's host entry. A machine whose MAC was never
-// recorded made no reservation.
+// Delete removes the VM's host entry. A VM whose MAC was never recorded
+// made no reservation.
 func (svc *Service) Delete(ctx context.Context) error {
 	s := svc.scope
 	network := s.Network()
 	if s.MAC() == "" || network.Name == "" {
 		return nil
 	}
-	if err := s.LibvirtHost().ReleaseAddress(ctx, network.Name, s.MAC()); err != nil && !virt.IsNotFound(err) {
+	if err := s.LibvirtHost().ReleaseAddress(ctx, network.Name, s.MAC()); err != nil {
 		return fmt.Errorf("releasing the address of %s: %w", s.MAC(), err)
 	}
 	return nil

@@ -1,4 +1,4 @@
-// Package disk gives a machine its root disk: a qcow2 overlay on a base
+// Package disk gives a VM its root disk: a qcow2 overlay on a base
 // image that is imported into the pool once or named as an existing volume.
 package disk
 
@@ -35,45 +35,66 @@ type Importer interface {
 	Release(w imageimport.Waiter)
 }
 
-// Service owns the DiskReady condition.
+// Scope is what the service needs of the VM whose root disk it makes: a
+// machine or the load balancer's HAProxy VM.
+type Scope interface {
+	LibvirtHost() virt.Host
+	// Pool, OverlayVolume, DiskSizeBytes and Image say where the root
+	// disk goes, its name, its size (zero: the image's) and what it is a
+	// copy of.
+	Pool() virt.PoolSpec
+	OverlayVolume() string
+	DiskSizeBytes() uint64
+	Image() infrav1.ImageSource
+	// Owner is whose reconcile a finished image import triggers.
+	Owner() virt.Owner
+	// SetRootDisk hands the root disk to the domain step of the same
+	// reconcile, which attaches it.
+	SetRootDisk(info virt.VolumeInfo)
+}
+
+// Service makes the root disk; its outcome is DiskReady's.
 type Service struct {
-	scope  scope.VM
+	scope  Scope
 	images Importer
 }
 
 var _ services.Service = (*Service)(nil)
 
 // New returns the disk service of s; images imports base images given by URL.
-func New(s scope.VM, images Importer) *Service { return &Service{scope: s, images: images} }
+func New(s Scope, images Importer) *Service { return &Service{scope: s, images: images} }
+
+// Name labels the service in logs.
+func (*Service) Name() string { return "disk" }
 
 // Reconcile ensures the overlay exists with at least the requested size.
-func (svc *Service) Reconcile(ctx context.Context) error {
+func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.scope
 	pool := s.Pool()
 	want := s.DiskSizeBytes()
 	if info, err := s.LibvirtHost().VolumeInfo(ctx, pool.Name, s.OverlayVolume()); err == nil && info.CapacityBytes >= want {
-		s.MarkTrue(infrav1.DiskReadyCondition, infrav1.ReadyReason, "")
-		return nil
+		s.SetRootDisk(info)
+		return services.Done(infrav1.ReadyReason, ""), nil
 	}
 	if pool.Path != "" {
 		if err := s.LibvirtHost().EnsurePool(ctx, pool); err != nil {
-			return svc.fail(err, "Ensuring storage pool %s: %v", pool.Name, err)
+			return services.Result{}, fail(err, "Ensuring storage pool %s: %v", pool.Name, err)
 		}
 	}
 	basePool, baseVolume, err := svc.baseImage(ctx, pool.Name)
 	if err != nil {
-		return err
+		return services.Result{}, err
 	}
-	_, err = s.LibvirtHost().EnsureOverlay(ctx, virt.OverlaySpec{
+	info, err := s.LibvirtHost().EnsureOverlay(ctx, virt.OverlaySpec{
 		Pool: pool.Name, Name: s.OverlayVolume(),
 		BackingPool: basePool, BackingVolume: baseVolume,
 		CapacityBytes: want,
 	})
 	if err != nil {
-		return svc.fail(err, "Creating the root disk on %s/%s: %v", basePool, baseVolume, err)
+		return services.Result{}, fail(err, "Creating the root disk on %s/%s: %v", basePool, baseVolume, err)
 	}
-	s.MarkTrue(infrav1.DiskReadyCondition, infrav1.ReadyReason, "")
-	return nil
+	s.SetRootDisk(info)
+	return services.Done(infrav1.ReadyReason, ""), nil
 }
 
 // baseImage returns the base volume: imported from spec.image.url (named
@@ -89,8 +110,8 @@ func (svc *Service) baseImage(ctx context.Context, pool string) (string, string,
 	}
 	sum, ok := strings.CutPrefix(img.Checksum, "sha256:")
 	if img.URL == "" || !ok {
-		svc.scope.MarkFalse(infrav1.DiskReadyCondition, infrav1.ImageNotFoundReason, "spec.image needs a volume, or a url with a sha256 checksum")
-		return "", "", services.Requeue(0, "no image")
+		return "", "", services.Fail(infrav1.ImageNotFoundReason, services.Requeue(0, "no image"),
+			"spec.image needs a volume, or a url with a sha256 checksum")
 	}
 	return svc.importImage(imageimport.Key{Pool: pool, Volume: scope.ImageVolumeName(sum), Source: img.URL, SHA256: sum})
 }
@@ -98,10 +119,9 @@ func (svc *Service) baseImage(ctx context.Context, pool string) (string, string,
 // importImage asks the importer for the image and reports how its import
 // goes; the reconcile never waits for it.
 func (svc *Service) importImage(key imageimport.Key) (string, string, error) {
-	s := svc.scope
 	if svc.images == nil {
-		s.MarkFalse(infrav1.DiskReadyCondition, infrav1.ImageImportFailedReason, "No image importer is configured to fetch %s", key.Source)
-		return "", "", errors.New("disk service without an image importer")
+		return "", "", services.Fail(infrav1.ImageImportFailedReason, errors.New("disk service without an image importer"),
+			"No image importer is configured to fetch %s", key.Source)
 	}
 	st := svc.images.Ensure(key, svc.waiter())
 	switch st.Phase {
@@ -110,13 +130,11 @@ func (svc *Service) importImage(key imageimport.Key) (string, string, error) {
 		return key.Pool, st.Volume.Name, nil
 	case imageimport.Failed:
 		retry := max(time.Until(st.RetryAt), time.Second)
-		s.MarkFalse(infrav1.DiskReadyCondition, importFailureReason(st.Err), "Importing %s failed (attempt %d, next in %s): %v",
-			key.Source, st.Attempt, retry.Round(time.Second), st.Err)
-		return "", "", services.Requeue(retry, "image import failed")
+		return "", "", services.Fail(importFailureReason(st.Err), services.Requeue(retry, "image import failed"),
+			"Importing %s failed (attempt %d, next in %s): %v", key.Source, st.Attempt, retry.Round(time.Second), st.Err)
 	default:
-		s.MarkFalse(infrav1.DiskReadyCondition, infrav1.WaitingForImageImportReason, "Importing %s (attempt %d): %s",
-			key.Source, st.Attempt, st.Progress())
-		return "", "", services.Requeue(recheckImport, "image import running")
+		return "", "", services.Fail(infrav1.WaitingForImageImportReason, services.Requeue(recheckImport, "image import running"),
+			"Importing %s (attempt %d): %s", key.Source, st.Attempt, st.Progress())
 	}
 }
 
@@ -140,28 +158,22 @@ func importFailureReason(err error) string {
 	}
 }
 
-// fail sets DiskReady False with the reason the error calls for: problems
-// a user must fix are rechecked periodically, others are retried with
-// the controller's backoff.
-func (svc *Service) fail(err error, format string, args ...any) error {
-	s := svc.scope
+// fail reports err with the reason it calls for: problems a user must fix
+// are rechecked periodically, others are retried with the controller's
+// backoff.
+func fail(err error, format string, args ...any) error {
 	switch {
 	case errors.Is(err, virt.ErrImageNotFound):
-		s.MarkFalse(infrav1.DiskReadyCondition, infrav1.ImageNotFoundReason, format, args...)
-		return services.Requeue(recheckMissing, "image not found")
+		return services.Fail(infrav1.ImageNotFoundReason, services.Requeue(recheckMissing, "image not found"), format, args...)
 	case errors.Is(err, virt.ErrChecksumMismatch):
-		s.MarkFalse(infrav1.DiskReadyCondition, infrav1.ImageChecksumMismatchReason, format, args...)
-		return services.Requeue(recheckChecksum, "image checksum mismatch")
+		return services.Fail(infrav1.ImageChecksumMismatchReason, services.Requeue(recheckChecksum, "image checksum mismatch"), format, args...)
 	case errors.Is(err, virt.ErrPoolFull):
-		s.MarkFalse(infrav1.DiskReadyCondition, infrav1.PoolFullReason, format, args...)
-		return services.Requeue(recheckMissing, "pool full")
+		return services.Fail(infrav1.PoolFullReason, services.Requeue(recheckMissing, "pool full"), format, args...)
 	case virt.IsNotFound(err):
 		// The pool (named but not created by us) is missing.
-		s.MarkFalse(infrav1.DiskReadyCondition, infrav1.ImageNotFoundReason, format, args...)
-		return services.Requeue(recheckMissing, "pool or volume missing")
+		return services.Fail(infrav1.ImageNotFoundReason, services.Requeue(recheckMissing, "pool or volume missing"), format, args...)
 	default:
-		s.MarkFalse(infrav1.DiskReadyCondition, infrav1.LibvirtErrorReason, format, args...)
-		return fmt.Errorf("root disk: %w", err)
+		return services.Fail(infrav1.LibvirtErrorReason, fmt.Errorf("root disk: %w", err), format, args...)
 	}
 }
 
@@ -172,7 +184,7 @@ func (svc *Service) Delete(ctx context.Context) error {
 	if svc.images != nil {
 		svc.images.Release(svc.waiter())
 	}
-	if err := s.LibvirtHost().DeleteVolume(ctx, s.Pool().Name, s.OverlayVolume()); err != nil && !virt.IsNotFound(err) {
+	if err := s.LibvirtHost().DeleteVolume(ctx, s.Pool().Name, s.OverlayVolume()); err != nil {
 		return fmt.Errorf("deleting the root disk: %w", err)
 	}
 	return nil

@@ -1,5 +1,5 @@
-// Package domain defines and starts the machine's libvirt domain, watches
-// over it once provisioned, and shuts it down and removes it on delete.
+// Package domain defines and starts a VM's libvirt domain, watches over it
+// once provisioned, and shuts it down and removes it on delete.
 package domain
 
 import (
@@ -19,9 +19,40 @@ import (
 // the domain is destroyed.
 const DefaultShutdownTimeout = 30 * time.Second
 
-// Service owns the DomainReady condition.
+// ErrVolumesUnknown is a domain to define whose root disk and seed the
+// disk and seed steps have not handed over in this reconcile (they are
+// skipped once the VM is provisioned). It is a not-found: the volumes are
+// ensured again before the domain is defined anew.
+var ErrVolumesUnknown = fmt.Errorf("the root disk and seed were not ensured in this reconcile: %w", virt.ErrNotFound)
+
+// Scope is what the service needs of the VM whose domain it runs: a
+// machine or the load balancer's HAProxy VM.
+type Scope interface {
+	LibvirtHost() virt.Host
+	// DomainName, DomainUUID and Owner are the domain's identity.
+	DomainName() string
+	DomainUUID() string
+	Owner() virt.Owner
+	// Hardware, Network and MAC shape the domain; RootDisk and Seed are
+	// the volumes the disk and seed steps of this reconcile ensured.
+	Hardware() infrav1.VirtualHardware
+	Network() scope.NetworkRef
+	MAC() string
+	RootDisk() (virt.VolumeInfo, bool)
+	Seed() (virt.VolumeInfo, bool)
+	// SetDomainState records libvirt's state of the domain; SetProviderID
+	// the provider ID, where the object has one.
+	SetDomainState(state string)
+	SetProviderID()
+	// IsProvisioned tells whether a vanished or dead domain is a terminal
+	// failure (a bootstrapped machine) rather than something to recreate.
+	IsProvisioned() bool
+	Event(eventType, reason, message string)
+}
+
+// Service runs the domain; its outcome is DomainReady's.
 type Service struct {
-	scope           scope.VM
+	scope           Scope
 	shutdownTimeout time.Duration
 }
 
@@ -29,7 +60,7 @@ var _ services.Service = (*Service)(nil)
 
 // New returns the domain service of s; a zero shutdownTimeout means
 // DefaultShutdownTimeout.
-func New(s scope.VM, shutdownTimeout time.Duration) *Service {
+func New(s Scope, shutdownTimeout time.Duration) *Service {
 	if shutdownTimeout <= 0 {
 		shutdownTimeout = DefaultShutdownTimeout
 	}
@@ -41,42 +72,44 @@ func New(s scope.VM, shutdownTimeout time.Duration) *Service {
 // started. After provisioning, a missing or replaced domain, or one that
 // stopped and cannot be started again, is a terminal failure: recreating
 // it would silently give the Machine a fresh, unbootstrapped disk.
-func (svc *Service) Reconcile(ctx context.Context) error {
+func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.scope
 	info, err := s.LibvirtHost().DomainInfo(ctx, s.DomainName())
 	switch {
 	case virt.IsNotFound(err) && s.IsProvisioned():
-		return svc.terminal(scope.FailureReasonUpdate, infrav1.DomainMissingReason, "Domain %s vanished after the machine was provisioned", s.DomainName())
+		return services.Result{}, services.Terminal(scope.FailureReasonUpdate, infrav1.DomainMissingReason,
+			"Domain %s vanished after the machine was provisioned", s.DomainName())
 	case virt.IsNotFound(err):
 		if info, err = svc.define(ctx); err != nil {
-			return err
+			return services.Result{}, err
 		}
 	case err != nil:
-		s.MarkFalse(infrav1.DomainReadyCondition, infrav1.LibvirtErrorReason, "Reading domain %s: %v", s.DomainName(), err)
-		return err
+		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, err, "Reading domain %s: %v", s.DomainName(), err)
 	}
 	if !strings.EqualFold(info.UUID, s.DomainUUID()) {
-		return svc.replaced(&virt.DomainReplacedError{Name: s.DomainName(), ExpectedUUID: s.DomainUUID(), ActualUUID: info.UUID})
+		return services.Result{}, svc.replaced(&virt.DomainReplacedError{Name: s.DomainName(), ExpectedUUID: s.DomainUUID(), ActualUUID: info.UUID})
 	}
 	s.SetProviderID()
 	s.SetDomainState(info.State)
 	switch info.State {
 	case "running":
 	case "paused":
-		s.MarkFalse(infrav1.DomainReadyCondition, infrav1.DomainPausedReason, "Domain %s is paused (%s)", s.DomainName(), info.Reason)
-		return services.Requeue(time.Minute, "domain paused")
+		return services.Result{}, services.Fail(infrav1.DomainPausedReason, services.Requeue(time.Minute, "domain paused"),
+			"Domain %s is paused (%s)", s.DomainName(), info.Reason)
 	case "shutdown":
-		s.MarkFalse(infrav1.DomainReadyCondition, infrav1.DomainCrashedReason, "Domain %s is shutting down", s.DomainName())
-		return services.Requeue(0, "domain shutting down")
+		return services.Result{}, services.Fail(infrav1.DomainCrashedReason, services.Requeue(0, "domain shutting down"),
+			"Domain %s is shutting down", s.DomainName())
 	default: // shutoff, crashed, pmsuspended…
 		if err := svc.start(ctx, info); err != nil {
-			return err
+			return services.Result{}, err
 		}
 		s.SetDomainState("running")
 	}
-	svc.reportHardware(info)
-	return nil
+	return svc.hardwareResult(info), nil
 }
+
+// Name labels the service in logs.
+func (*Service) Name() string { return "domain" }
 
 // define creates the domain on the overlay and seed volumes, unless the
 // host could never hold it.
@@ -85,14 +118,10 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 	if err := svc.checkHostMemory(ctx); err != nil {
 		return virt.DomainInfo{}, err
 	}
-	pool := s.Pool().Name
-	disk, err := s.LibvirtHost().VolumeInfo(ctx, pool, s.OverlayVolume())
-	if err != nil {
-		return virt.DomainInfo{}, fmt.Errorf("looking up the root disk: %w", err)
-	}
-	seed, err := s.LibvirtHost().VolumeInfo(ctx, pool, s.SeedVolume())
-	if err != nil {
-		return virt.DomainInfo{}, fmt.Errorf("looking up the seed: %w", err)
+	disk, haveDisk := s.RootDisk()
+	seed, haveSeed := s.Seed()
+	if !haveDisk || !haveSeed {
+		return virt.DomainInfo{}, fmt.Errorf("defining domain %s: %w", s.DomainName(), ErrVolumesUnknown)
 	}
 	hw := s.Hardware()
 	network := s.Network()
@@ -108,8 +137,7 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 		return virt.DomainInfo{}, svc.replaced(err)
 	}
 	if err != nil {
-		s.MarkFalse(infrav1.DomainReadyCondition, infrav1.LibvirtErrorReason, "Defining domain %s: %v", s.DomainName(), err)
-		return virt.DomainInfo{}, err
+		return virt.DomainInfo{}, services.Fail(infrav1.LibvirtErrorReason, err, "Defining domain %s: %v", s.DomainName(), err)
 	}
 	s.Event("Normal", "DomainDefined", fmt.Sprintf("Defined domain %s with UUID %s", info.Name, info.UUID))
 	return info, nil
@@ -125,14 +153,13 @@ func (svc *Service) checkHostMemory(ctx context.Context) error {
 	s := svc.scope
 	total, err := s.LibvirtHost().HostMemory(ctx)
 	if err != nil {
-		s.MarkFalse(infrav1.DomainReadyCondition, infrav1.LibvirtErrorReason, "Reading the libvirt host's memory: %v", err)
-		return err
+		return services.Fail(infrav1.LibvirtErrorReason, err, "Reading the libvirt host's memory: %v", err)
 	}
 	asked := uint64(s.Hardware().MemoryMiB)
 	if asked<<20 <= total {
 		return nil
 	}
-	return svc.terminal(scope.FailureReasonCreate, infrav1.InsufficientHostMemoryReason,
+	return services.Terminal(scope.FailureReasonCreate, infrav1.InsufficientHostMemoryReason,
 		"memoryMiB %d MiB exceeds the libvirt host's total memory %.1f GiB", asked, float64(total)/(1<<30))
 }
 
@@ -151,47 +178,34 @@ func (svc *Service) start(ctx context.Context, info virt.DomainInfo) error {
 		}
 		return nil
 	case errors.As(err, &startErr) && s.IsProvisioned():
-		return svc.terminal(scope.FailureReasonUpdate, infrav1.DomainCrashedReason, "Domain %s was %s (%s) and cannot be started again: %s",
+		return services.Terminal(scope.FailureReasonUpdate, infrav1.DomainCrashedReason, "Domain %s was %s (%s) and cannot be started again: %s",
 			s.DomainName(), info.State, info.Reason, startErr.Message)
 	case errors.As(err, &startErr):
-		s.MarkFalse(infrav1.DomainReadyCondition, infrav1.DomainFailedToStartReason, "%s", startErr.Message)
-		return err
+		return services.Fail(infrav1.DomainFailedToStartReason, err, "%s", startErr.Message)
 	default:
-		s.MarkFalse(infrav1.DomainReadyCondition, infrav1.LibvirtErrorReason, "Starting domain %s: %v", s.DomainName(), err)
-		return err
+		return services.Fail(infrav1.LibvirtErrorReason, err, "Starting domain %s: %v", s.DomainName(), err)
 	}
 }
 
 // replaced handles a domain of our name with a foreign UUID.
 func (svc *Service) replaced(err error) error {
 	if svc.scope.IsProvisioned() {
-		return svc.terminal(scope.FailureReasonUpdate, infrav1.DomainMissingReason, "%v", err)
+		return services.Terminal(scope.FailureReasonUpdate, infrav1.DomainMissingReason, "%v", err)
 	}
-	svc.scope.MarkFalse(infrav1.DomainReadyCondition, infrav1.DomainMissingReason, "%v", err)
-	return err
+	return services.Fail(infrav1.DomainMissingReason, err, "%v", err)
 }
 
-// terminal sets DomainReady False with reason and returns the failure the
-// controller records as failureReason (scope.FailureReason*) and message.
-func (svc *Service) terminal(failureReason, reason, format string, args ...any) error {
-	msg := fmt.Sprintf(format, args...)
-	svc.scope.MarkFalse(infrav1.DomainReadyCondition, reason, "%s", msg)
-	return &services.TerminalError{FailureReason: failureReason, Message: msg}
-}
-
-// reportHardware sets DomainReady True, saying so when CPUs or memory
+// hardwareResult is DomainReady True, saying so when CPUs or memory
 // differ from the spec. The VM is never recreated to fix that: its disk
 // holds a bootstrapped node.
-func (svc *Service) reportHardware(info virt.DomainInfo) {
-	s := svc.scope
-	hw := s.Hardware()
+func (svc *Service) hardwareResult(info virt.DomainInfo) services.Result {
+	hw := svc.scope.Hardware()
 	if info.VCPUs != uint(hw.CPUs) || info.MemoryMiB != uint64(hw.MemoryMiB) {
-		s.MarkTrue(infrav1.DomainReadyCondition, infrav1.HardwareDriftReason, fmt.Sprintf(
+		return services.Done(infrav1.HardwareDriftReason, fmt.Sprintf(
 			"Domain runs with %d vCPUs and %d MiB, the spec asks for %d and %d; replace the Machine to apply the spec",
 			info.VCPUs, info.MemoryMiB, hw.CPUs, hw.MemoryMiB))
-		return
 	}
-	s.MarkTrue(infrav1.DomainReadyCondition, infrav1.ReadyReason, "")
+	return services.Done(infrav1.ReadyReason, "")
 }
 
 // Delete shuts the domain down (bounded), then destroys and undefines it.
@@ -208,10 +222,10 @@ func (svc *Service) Delete(ctx context.Context) error {
 		s.Event("Warning", "DomainNotOwned", fmt.Sprintf("Domain %s has UUID %s, not %s: leaving it alone", s.DomainName(), info.UUID, s.DomainUUID()))
 		return nil
 	}
-	if err := s.LibvirtHost().ShutdownDomain(ctx, s.DomainName(), svc.shutdownTimeout); err != nil && !virt.IsNotFound(err) {
+	if err := s.LibvirtHost().ShutdownDomain(ctx, s.DomainName(), svc.shutdownTimeout); err != nil {
 		return fmt.Errorf("shutting down domain %s: %w", s.DomainName(), err)
 	}
-	if err := s.LibvirtHost().DeleteDomain(ctx, s.DomainName()); err != nil && !virt.IsNotFound(err) {
+	if err := s.LibvirtHost().DeleteDomain(ctx, s.DomainName()); err != nil {
 		return fmt.Errorf("deleting domain %s: %w", s.DomainName(), err)
 	}
 	return nil

@@ -3,15 +3,16 @@ package domain_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/fakehost"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/internal/fakehost"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -22,8 +23,8 @@ type condition struct {
 	message string
 }
 
-// vm is a scope.VM over a fake host that keeps conditions in memory: the
-// domain service's decisions are pure logic on what the host answers.
+// vm is a domain.Scope over a fake host that keeps conditions in memory:
+// the domain service's decisions are pure logic on what the host answers.
 type vm struct {
 	host       *fakehost.Host
 	memoryMiB  int32
@@ -31,7 +32,7 @@ type vm struct {
 	conditions map[string]condition
 }
 
-var _ scope.VM = (*vm)(nil)
+var _ domain.Scope = (*vm)(nil)
 
 func newVM(host *fakehost.Host, memoryMiB int32) *vm {
 	host.Volumes["pool/m0-root"] = virt.VolumeInfo{Pool: "pool", Name: "m0-root", Path: "/pools/pool/m0-root", Format: "qcow2"}
@@ -42,34 +43,33 @@ func newVM(host *fakehost.Host, memoryMiB int32) *vm {
 func (v *vm) LibvirtHost() virt.Host { return v.host }
 func (v *vm) DomainName() string     { return "capl-ns.m0" }
 func (v *vm) DomainUUID() string     { return "0b9d6c86-1111-4e2e-9c55-3b6f1b0d7a11" }
-func (v *vm) OverlayVolume() string  { return "m0-root" }
-func (v *vm) SeedVolume() string     { return "m0-seed" }
-func (v *vm) Hostname() string       { return "m0" }
 func (v *vm) Owner() virt.Owner {
 	return virt.Owner{Kind: "LibvirtMachine", Namespace: "ns", Name: "m0"}
 }
-func (v *vm) MACSeed() string           { return "m0" }
-func (v *vm) Pool() virt.PoolSpec       { return virt.PoolSpec{Name: "pool", Path: "/pools/pool"} }
 func (v *vm) Network() scope.NetworkRef { return scope.NetworkRef{Name: "net"} }
 func (v *vm) Hardware() infrav1.VirtualHardware {
 	return infrav1.VirtualHardware{CPUs: 1, MemoryMiB: v.memoryMiB, DomainType: "qemu", CPUMode: "maximum"}
 }
-func (v *vm) DiskSizeBytes() uint64                   { return 0 }
-func (v *vm) Image() infrav1.ImageSource              { return infrav1.ImageSource{} }
 func (v *vm) MAC() string                             { return "52:54:00:00:00:01" }
-func (v *vm) SetMAC(string)                           {}
-func (v *vm) RecordPlacement()                        {}
-func (v *vm) PatchObject(context.Context) error       { return nil }
 func (v *vm) SetDomainState(state string)             { v.state = state }
 func (v *vm) SetProviderID()                          {}
 func (v *vm) IsProvisioned() bool                     { return false }
-func (v *vm) IsTrue(condType string) bool             { return v.conditions[condType].status }
 func (v *vm) Event(eventType, reason, message string) {}
-func (v *vm) MarkTrue(condType, reason, message string) {
-	v.conditions[condType] = condition{status: true, reason: reason, message: message}
+func (v *vm) RootDisk() (virt.VolumeInfo, bool) {
+	return v.host.Volumes["pool/m0-root"], true
 }
-func (v *vm) MarkFalse(condType, reason, format string, args ...any) {
-	v.conditions[condType] = condition{reason: reason, message: fmt.Sprintf(format, args...)}
+func (v *vm) Seed() (virt.VolumeInfo, bool) {
+	return v.host.Volumes["pool/m0-seed"], true
+}
+
+// SetCondition keeps the condition a plan step sets (services.Reporter).
+func (v *vm) SetCondition(condType string, status metav1.ConditionStatus, reason, message string) {
+	v.conditions[condType] = condition{status: status == metav1.ConditionTrue, reason: reason, message: message}
+}
+
+// reconcile runs svc as the plan's domain step does.
+func (v *vm) reconcile(svc *domain.Service) error {
+	return services.Plan{{Service: svc, Condition: infrav1.DomainReadyCondition}}.Run(context.Background(), v, false)
 }
 
 // TestDomainChecksHostMemory covers the refusal of a VM that asks more
@@ -110,7 +110,7 @@ func TestDomainChecksHostMemory(t *testing.T) {
 			// The second reconcile is the controller's retry: it must not
 			// define the domain either.
 			for attempt := range 2 {
-				err := svc.Reconcile(context.Background())
+				err := v.reconcile(svc)
 				if (err != nil) != tc.wantAnError {
 					t.Fatalf("attempt %d: Reconcile() = %v, want an error: %v", attempt, err, tc.wantAnError)
 				}
@@ -150,11 +150,11 @@ func TestDomainSteadyStateAsksOnce(t *testing.T) {
 	host := fakehost.New()
 	v := newVM(host, 512)
 	svc := domain.New(v, 0)
-	if err := svc.Reconcile(context.Background()); err != nil {
+	if err := v.reconcile(svc); err != nil {
 		t.Fatal(err)
 	}
 	host.Calls = nil
-	if err := svc.Reconcile(context.Background()); err != nil {
+	if err := v.reconcile(svc); err != nil {
 		t.Fatal(err)
 	}
 	if got := strings.Join(host.Calls, ","); got != "DomainInfo" {

@@ -7,10 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"time"
-
-	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
@@ -42,36 +39,62 @@ type LeaseWatcher interface {
 	WatchLease(network, mac string)
 }
 
-// Service owns the AddressAssigned and BootstrapSucceeded conditions. It
-// creates nothing, so it has no Delete.
-type Service struct {
-	scope  *scope.MachineScope
+// Scope is what the guest services need of the machine whose guest they
+// read.
+type Scope interface {
+	LibvirtHost() virt.Host
+	DomainName() string
+	Network() scope.NetworkRef
+	MAC() string
+	// IsProvisioned tells whether the machine was reported provisioned:
+	// from then on, a guest that stops answering keeps what it last said.
+	IsProvisioned() bool
+	// SetAddresses records the guest's addresses.
+	SetAddresses(ips []string)
+	// IsTrue and LastTransitionTime read the machine's conditions: the
+	// sentinel is read until BootstrapSucceeded is True, and polled less
+	// the longer ago AddressAssigned changed.
+	IsTrue(condType string) bool
+	LastTransitionTime(condType string) time.Time
+}
+
+// Addresses reads the guest's addresses; its outcome is AddressAssigned's.
+// It creates nothing, so its Delete does nothing.
+type Addresses struct {
+	scope  Scope
 	leases LeaseWatcher
 }
 
-// New returns the guest service of s; leases may be nil.
-func New(s *scope.MachineScope, leases LeaseWatcher) *Service {
-	return &Service{scope: s, leases: leases}
+var _ services.Service = (*Addresses)(nil)
+
+// NewAddresses returns the address reader of s; leases may be nil.
+func NewAddresses(s Scope, leases LeaseWatcher) *Addresses {
+	return &Addresses{scope: s, leases: leases}
 }
 
-// ReconcileAddresses sets status.addresses from the guest's lease (or the
-// guest agent on networks without libvirt DHCP). A reservation alone does
-// not count: the guest must actually hold the address.
-func (svc *Service) ReconcileAddresses(ctx context.Context) error {
+// Name labels the service in logs.
+func (*Addresses) Name() string { return "addresses" }
+
+// Delete does nothing: reading addresses creates nothing.
+func (*Addresses) Delete(context.Context) error { return nil }
+
+// Reconcile sets status.addresses from the guest's lease (or the guest
+// agent on networks without libvirt DHCP). A reservation alone does not
+// count: the guest must actually hold the address.
+func (svc *Addresses) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.scope
 	network := s.Network()
-	addrs, err := s.Host.Addresses(ctx, virt.AddressQuery{Domain: s.DomainName(), Network: network.Name, MAC: s.MAC()})
+	addrs, err := s.LibvirtHost().Addresses(ctx, virt.AddressQuery{Domain: s.DomainName(), Network: network.Name, MAC: s.MAC()})
 	switch {
 	case err == nil:
 	case network.Name == "" || errors.Is(err, virt.ErrAgentUnavailable):
 		if s.IsProvisioned() {
-			return nil // keep the addresses last seen
+			return services.Result{}, nil // keep the addresses last seen
 		}
-		s.MarkFalse(infrav1.AddressAssignedCondition, infrav1.WaitingForAddressReason, "Asking the guest agent: %v", err)
-		return services.Requeue(recheckAgent, "guest agent not answering")
+		return services.Result{}, services.Fail(infrav1.WaitingForAddressReason, services.Requeue(recheckAgent, "guest agent not answering"),
+			"Asking the guest agent: %v", err)
 	default:
-		s.MarkFalse(infrav1.AddressAssignedCondition, infrav1.LibvirtErrorReason, "Reading addresses: %v", err)
-		return err
+		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, err, "Reading addresses: %v", err)
 	}
 	var ips []string
 	for _, a := range addrs {
@@ -81,48 +104,61 @@ func (svc *Service) ReconcileAddresses(ctx context.Context) error {
 	}
 	if len(ips) == 0 {
 		if s.IsProvisioned() {
-			return nil
+			return services.Result{}, nil
 		}
-		s.MarkFalse(infrav1.AddressAssignedCondition, infrav1.WaitingForAddressReason, "No DHCP lease for %s yet", s.MAC())
 		if network.Name != "" && svc.leases != nil {
 			svc.leases.WatchLease(network.Name, s.MAC())
 		}
-		return services.Requeue(recheckLease, "waiting for a lease")
+		return services.Result{}, services.Fail(infrav1.WaitingForAddressReason, services.Requeue(recheckLease, "waiting for a lease"),
+			"No DHCP lease for %s yet", s.MAC())
 	}
 	s.SetAddresses(ips)
-	s.MarkTrue(infrav1.AddressAssignedCondition, infrav1.ReadyReason, "")
-	return nil
+	return services.Done(infrav1.ReadyReason, ""), nil
 }
 
-// ReconcileBootstrap checks the sentinel until it is seen once.
-func (svc *Service) ReconcileBootstrap(ctx context.Context) error {
+// Bootstrap reads whether the guest's bootstrap succeeded; its outcome is
+// BootstrapSucceeded's. It creates nothing, so its Delete does nothing.
+type Bootstrap struct{ scope Scope }
+
+var _ services.Service = (*Bootstrap)(nil)
+
+// NewBootstrap returns the bootstrap check of s.
+func NewBootstrap(s Scope) *Bootstrap { return &Bootstrap{scope: s} }
+
+// Name labels the service in logs.
+func (*Bootstrap) Name() string { return "bootstrap" }
+
+// Delete does nothing: checking the bootstrap creates nothing.
+func (*Bootstrap) Delete(context.Context) error { return nil }
+
+// Reconcile checks the sentinel until it is seen once.
+func (svc *Bootstrap) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.scope
-	if conditions.IsTrue(s.LibvirtMachine, infrav1.BootstrapSucceededCondition) {
-		return nil
+	if s.IsTrue(infrav1.BootstrapSucceededCondition) {
+		return services.Result{}, nil
 	}
-	_, err := s.Host.GuestReadFile(ctx, s.DomainName(), SentinelPath)
+	_, err := s.LibvirtHost().GuestReadFile(ctx, s.DomainName(), SentinelPath)
 	switch {
 	case err == nil:
-		s.MarkTrue(infrav1.BootstrapSucceededCondition, infrav1.ReadyReason, "")
-		return nil
+		return services.Done(infrav1.ReadyReason, ""), nil
 	case virt.IsNotFound(err):
 		if errs, done := svc.cloudInitResult(ctx); done {
-			s.MarkFalse(infrav1.BootstrapSucceededCondition, infrav1.BootstrapFailedReason,
+			return services.Result{}, services.Fail(infrav1.BootstrapFailedReason, services.Requeue(maxBackoff, "bootstrap failed"),
 				"cloud-init finished (%d errors) without writing %s; see /var/log/cloud-init-output.log in the guest", errs, SentinelPath)
-			return services.Requeue(maxBackoff, "bootstrap failed")
 		}
-		s.MarkFalse(infrav1.BootstrapSucceededCondition, infrav1.WaitingForBootstrapReason, "cloud-init has not written %s yet", SentinelPath)
+		return services.Result{}, services.Fail(infrav1.WaitingForBootstrapReason, services.Requeue(svc.backoff(), "bootstrap not finished"),
+			"cloud-init has not written %s yet", SentinelPath)
 	default:
-		s.MarkFalse(infrav1.BootstrapSucceededCondition, infrav1.GuestAgentUnavailableReason, "Reading %s: %v", SentinelPath, err)
+		return services.Result{}, services.Fail(infrav1.GuestAgentUnavailableReason, services.Requeue(svc.backoff(), "bootstrap not finished"),
+			"Reading %s: %v", SentinelPath, err)
 	}
-	return services.Requeue(svc.backoff(), "bootstrap not finished")
 }
 
 // cloudInitResult reads cloud-init's result file: done tells whether it
 // exists, errs how many errors it lists. Its error texts are not copied
 // anywhere: they may quote bootstrap data.
-func (svc *Service) cloudInitResult(ctx context.Context) (errs int, done bool) {
-	data, err := svc.scope.Host.GuestReadFile(ctx, svc.scope.DomainName(), cloudInitResultPath)
+func (svc *Bootstrap) cloudInitResult(ctx context.Context) (errs int, done bool) {
+	data, err := svc.scope.LibvirtHost().GuestReadFile(ctx, svc.scope.DomainName(), cloudInitResultPath)
 	if err != nil {
 		return 0, false
 	}
@@ -140,13 +176,10 @@ func (svc *Service) cloudInitResult(ctx context.Context) (errs int, done bool) {
 // backoff grows with the time since the guest got its address (cloud-init
 // runs after that): polls are frequent when the sentinel is due soon and
 // rare when something is slow.
-func (svc *Service) backoff() time.Duration {
+func (svc *Bootstrap) backoff() time.Duration {
 	since := time.Duration(0)
-	if t := conditions.GetLastTransitionTime(svc.scope.LibvirtMachine, infrav1.AddressAssignedCondition); t != nil {
-		since = time.Since(t.Time)
+	if t := svc.scope.LastTransitionTime(infrav1.AddressAssignedCondition); !t.IsZero() {
+		since = time.Since(t)
 	}
 	return min(max(since/4, minBackoff), maxBackoff)
 }
-
-// String names the service in logs.
-func (svc *Service) String() string { return fmt.Sprintf("guest(%s)", svc.scope.DomainName()) }

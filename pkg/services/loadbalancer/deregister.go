@@ -41,7 +41,8 @@ type Deregisterer struct {
 // taking connections), when the whole cluster is being deleted (Cluster
 // API deletes the machines before the LibvirtCluster, and no client of the
 // endpoint is left to spare), when the cluster has no HAProxy VM that
-// serves, or when the wait timed out; otherwise a services.RequeueError.
+// serves, or when the wait timed out; otherwise a services.ConditionError
+// for DomainReady that waits (a services.RequeueError).
 func (d *Deregisterer) DeregisterMachine(_ context.Context, s *scope.MachineScope) error {
 	lc := s.LibvirtCluster
 	if (s.Cluster != nil && !s.Cluster.DeletionTimestamp.IsZero()) ||
@@ -78,6 +79,6 @@ func (d *Deregisterer) DeregisterMachine(_ context.Context, s *scope.MachineScop
 			"The load balancer still sends new connections to %s after %s; deleting the machine anyway", backends[mine].Machine, timeout))
 		return nil
 	}
-	s.MarkFalse(infrav1.DomainReadyCondition, infrav1.DeletingReason, "Waiting for the load balancer to drain %s", backends[mine].Machine)
-	return services.Requeue(drainPoll, "waiting for the load balancer to drain the machine")
+	return services.Fail(infrav1.DeletingReason, services.Requeue(drainPoll, "waiting for the load balancer to drain the machine"),
+		"Waiting for the load balancer to drain %s", backends[mine].Machine)
 }

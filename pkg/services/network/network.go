@@ -11,7 +11,6 @@ import (
 	"time"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -21,18 +20,36 @@ import (
 // the host's routes or networks.
 const recheck = time.Minute
 
-// Service owns the NetworkReady condition.
-type Service struct{ scope *scope.ClusterScope }
+// Scope is what the service needs of the cluster whose network it gives.
+type Scope interface {
+	LibvirtHost() virt.Host
+	// NetworkSpec is what the cluster asks for.
+	NetworkSpec() infrav1.ClusterNetwork
+	// NetworkName is the network the provider creates for the cluster,
+	// OwnsNetworkName whether one of that name is the provider's to
+	// delete, and Owner what its metadata names.
+	NetworkName() string
+	OwnsNetworkName() bool
+	Owner() virt.Owner
+	// SetNetwork records the network the cluster's machines join.
+	SetNetwork(info virt.NetworkInfo)
+}
+
+// Service gives the cluster its network; its outcome is NetworkReady's.
+type Service struct{ scope Scope }
 
 var _ services.Service = (*Service)(nil)
 
 // New returns the network service of s.
-func New(s *scope.ClusterScope) *Service { return &Service{scope: s} }
+func New(s Scope) *Service { return &Service{scope: s} }
+
+// Name labels the service in logs.
+func (*Service) Name() string { return "network" }
 
 // Reconcile uses or creates the network and records it in status.network.
-func (svc *Service) Reconcile(ctx context.Context) error {
+func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.scope
-	spec := s.LibvirtCluster.Spec.Network
+	spec := s.NetworkSpec()
 	var (
 		info virt.NetworkInfo
 		err  error
@@ -41,24 +58,24 @@ func (svc *Service) Reconcile(ctx context.Context) error {
 	switch {
 	case spec.Name != "":
 		what = "network " + spec.Name
-		info, err = s.Host.UseNetwork(ctx, spec.Name)
+		info, err = s.LibvirtHost().UseNetwork(ctx, spec.Name)
 	case spec.Bridge != "":
 		what = "host bridge " + spec.Bridge
-		info, err = s.Host.UseBridge(ctx, spec.Bridge)
+		info, err = s.LibvirtHost().UseBridge(ctx, spec.Bridge)
 	default:
 		what = "network " + s.NetworkName()
 		want := virt.NetworkSpec{Name: s.NetworkName(), Owner: s.Owner()}
 		if spec.CIDR != "" {
 			if want.CIDR, err = netip.ParsePrefix(spec.CIDR); err != nil {
 				// The CRD validates the CIDR; this is a defence only.
-				s.MarkFalse(infrav1.NetworkReadyCondition, string(virt.ConflictInvalidSpec), "spec.network.cidr %q: %v", spec.CIDR, err)
-				return services.Requeue(0, "invalid cidr")
+				return services.Result{}, services.Fail(string(virt.ConflictInvalidSpec), services.Requeue(0, "invalid cidr"),
+					"spec.network.cidr %q: %v", spec.CIDR, err)
 			}
 		}
-		info, err = s.Host.EnsureNetwork(ctx, want)
+		info, err = s.LibvirtHost().EnsureNetwork(ctx, want)
 	}
 	if err != nil {
-		return svc.fail(what, err)
+		return services.Result{}, fail(what, err)
 	}
 	s.SetNetwork(info)
 	msg := what
@@ -68,29 +85,24 @@ func (svc *Service) Reconcile(ctx context.Context) error {
 	if info.Bridge != "" && spec.Bridge == "" {
 		msg += " on bridge " + info.Bridge
 	}
-	s.MarkTrue(infrav1.NetworkReadyCondition, infrav1.ReadyReason, msg)
-	return nil
+	return services.Done(infrav1.ReadyReason, msg), nil
 }
 
-// fail sets NetworkReady False with the reason the error calls for. A
-// conflict's reason names what collided (e.g. SubnetConflict, with the
-// route or network in the message).
-func (svc *Service) fail(what string, err error) error {
-	s := svc.scope
+// fail reports err with the reason it calls for. A conflict's reason names
+// what collided (e.g. SubnetConflict, with the route or network in the
+// message).
+func fail(what string, err error) error {
 	var conflict *virt.NetworkConflictError
 	switch {
 	case errors.As(err, &conflict):
-		s.MarkFalse(infrav1.NetworkReadyCondition, string(conflict.Reason), "%s", conflict.Error())
-		return services.Requeue(recheck, "network conflict")
+		return services.Fail(string(conflict.Reason), services.Requeue(recheck, "network conflict"), "%s", conflict.Error())
 	case errors.Is(err, virt.ErrNetworkInactive):
-		s.MarkFalse(infrav1.NetworkReadyCondition, infrav1.NetworkInactiveReason, "%s exists but is not active; the provider does not start networks it does not own", what)
-		return services.Requeue(recheck, "network inactive")
+		return services.Fail(infrav1.NetworkInactiveReason, services.Requeue(recheck, "network inactive"),
+			"%s exists but is not active; the provider does not start networks it does not own", what)
 	case virt.IsNotFound(err):
-		s.MarkFalse(infrav1.NetworkReadyCondition, infrav1.NetworkNotFoundReason, "%s does not exist", what)
-		return services.Requeue(recheck, "network missing")
+		return services.Fail(infrav1.NetworkNotFoundReason, services.Requeue(recheck, "network missing"), "%s does not exist", what)
 	default:
-		s.MarkFalse(infrav1.NetworkReadyCondition, infrav1.LibvirtErrorReason, "%s: %v", what, err)
-		return fmt.Errorf("%s: %w", what, err)
+		return services.Fail(infrav1.LibvirtErrorReason, fmt.Errorf("%s: %w", what, err), "%s: %v", what, err)
 	}
 }
 
@@ -102,14 +114,13 @@ func (svc *Service) Delete(ctx context.Context) error {
 	if !s.OwnsNetworkName() {
 		return nil
 	}
-	err := s.Host.DeleteNetwork(ctx, s.NetworkName())
+	err := s.LibvirtHost().DeleteNetwork(ctx, s.NetworkName())
 	var inUse *virt.NetworkInUseError
 	switch {
 	case err == nil, errors.Is(err, virt.ErrNetworkNotOwned):
 		return nil
 	case errors.As(err, &inUse):
-		s.MarkFalse(infrav1.NetworkReadyCondition, infrav1.NetworkInUseReason, "%v", inUse)
-		return services.Requeue(30*time.Second, "network in use")
+		return services.Fail(infrav1.NetworkInUseReason, services.Requeue(30*time.Second, "network in use"), "%v", inUse)
 	default:
 		return fmt.Errorf("deleting network %s: %w", s.NetworkName(), err)
 	}

@@ -6,42 +6,51 @@ import (
 	"context"
 	"fmt"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"sigs.k8s.io/cluster-api/util/conditions"
-
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
-// Service owns the StoragePoolReady condition.
-type Service struct{ scope *scope.ClusterScope }
+// Scope is what the service needs of the cluster whose pool it ensures.
+type Scope interface {
+	LibvirtHost() virt.Host
+	// SpecPool is the pool the cluster asks for; PoolEnsured tells
+	// whether it was ensured already.
+	SpecPool() virt.PoolSpec
+	PoolEnsured(spec virt.PoolSpec) bool
+}
+
+// Service ensures the pool; its outcome is StoragePoolReady's.
+type Service struct{ scope Scope }
+
+var _ services.Service = (*Service)(nil)
 
 // New returns the storage pool service of s.
-func New(s *scope.ClusterScope) *Service { return &Service{scope: s} }
+func New(s Scope) *Service { return &Service{scope: s} }
+
+// Name labels the service in logs.
+func (*Service) Name() string { return "storage pool" }
 
 // Reconcile defines, starts and autostarts the pool spec.storagePool asks
 // for, once: after that the machines' disk steps ensure it again when they
 // need it, and the cluster's reconciles stay clear of the pool's lock,
-// which image imports hold for long (a changed spec ensures the new pool). A pool named without a path is used
-// as it is.
-func (svc *Service) Reconcile(ctx context.Context) error {
+// which image imports hold for long (a changed spec ensures the new
+// pool). A pool named without a path is used as it is.
+func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.scope
 	spec := s.SpecPool()
 	if spec.Path == "" {
-		s.MarkTrue(infrav1.StoragePoolReadyCondition, infrav1.ReadyReason, fmt.Sprintf("Using the existing pool %s", spec.Name))
-		return nil
+		return services.Done(infrav1.ReadyReason, fmt.Sprintf("Using the existing pool %s", spec.Name)), nil
 	}
-	done := fmt.Sprintf("Pool %s at %s", spec.Name, spec.Path)
-	if c := conditions.Get(s.LibvirtCluster, infrav1.StoragePoolReadyCondition); c != nil && c.Status == metav1.ConditionTrue && c.Message == done {
-		return nil
+	if s.PoolEnsured(spec) {
+		return services.Result{}, nil
 	}
-	if err := s.Host.EnsurePool(ctx, spec); err != nil {
-		s.MarkFalse(infrav1.StoragePoolReadyCondition, infrav1.LibvirtErrorReason, "Ensuring pool %s at %s: %v", spec.Name, spec.Path, err)
-		return fmt.Errorf("ensuring storage pool %s: %w", spec.Name, err)
+	if err := s.LibvirtHost().EnsurePool(ctx, spec); err != nil {
+		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, fmt.Errorf("ensuring storage pool %s: %w", spec.Name, err),
+			"Ensuring pool %s at %s: %v", spec.Name, spec.Path, err)
 	}
-	s.MarkTrue(infrav1.StoragePoolReadyCondition, infrav1.ReadyReason, done)
-	return nil
+	return services.Done(infrav1.ReadyReason, scope.PoolEnsuredMessage(spec)), nil
 }
 
 // Delete does nothing: pools are shared by clusters and hold base images.

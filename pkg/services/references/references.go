@@ -9,95 +9,127 @@ package references
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
-// refused stops the reconcile until the object or the policy changes: the
-// references are immutable or the user's to edit, and a policy change
-// restarts the manager, which reconciles everything again.
-func refused(what string) error { return services.Requeue(0, what+" not allowed") }
+// refused reports a reference refused on condType, the condition of the
+// step that would use it, and stops the reconcile until the object or the
+// policy changes: the references are immutable or the user's to edit, and
+// a policy change restarts the manager, which reconciles everything again.
+func refused(what, condType, reason, format string, args ...any) error {
+	return services.FailOn(condType, reason, services.Requeue(0, what+" not allowed"), format, args...)
+}
+
+// MachineScope is what the check needs of a machine: what it names.
+type MachineScope interface {
+	Namespace() string
+	Pool() virt.PoolSpec
+	Network() scope.NetworkRef
+	Image() infrav1.ImageSource
+}
 
 // Machine checks a LibvirtMachine's pool, network and base image.
 type Machine struct {
-	scope  *scope.MachineScope
+	scope  MachineScope
 	policy tenancy.Policy
 }
 
 // NewMachine returns the reference check of s under policy.
-func NewMachine(s *scope.MachineScope, policy tenancy.Policy) *Machine {
+func NewMachine(s MachineScope, policy tenancy.Policy) *Machine {
 	return &Machine{scope: s, policy: policy}
 }
+
+// Name labels the check in logs.
+func (*Machine) Name() string { return "references" }
 
 // Reconcile refuses the machine, with DiskReady or AddressReserved False,
 // when it names what its namespace may not use; it runs before any step
 // creates something.
-func (m *Machine) Reconcile(context.Context) error {
+func (m *Machine) Reconcile(context.Context) (services.Result, error) {
 	s, p := m.scope, m.policy
 	pool := s.Pool()
 	if f, err := p.CheckPool(pool.Name, pool.Path); err != nil {
-		s.MarkFalse(infrav1.DiskReadyCondition, infrav1.StoragePoolNotAllowedReason, "Storage pool %s %q %v", f, poolField(pool.Name, pool.Path, f), err)
-		return refused("storage pool")
+		return services.Result{}, refused("storage pool", infrav1.DiskReadyCondition, infrav1.StoragePoolNotAllowedReason,
+			"Storage pool %s %q %v", f, poolField(pool.Name, pool.Path, f), err)
 	}
 	if err := checkNetwork(p, s.Namespace(), s.Network()); err != nil {
-		s.MarkFalse(infrav1.AddressReservedCondition, infrav1.NetworkNotAllowedReason, "%s %v", describe(s.Network()), err)
-		return refused("network")
+		return services.Result{}, refused("network", infrav1.AddressReservedCondition, infrav1.NetworkNotAllowedReason,
+			"%s %v", describe(s.Network()), err)
 	}
 	if v := s.Image().Volume; v != nil {
 		if f, err := p.CheckImageVolume(*v, pool.Name); err != nil {
-			s.MarkFalse(infrav1.DiskReadyCondition, infrav1.ImageNotAllowedReason, "spec.image.volume.%s %q %v", f, volumeField(*v, f), err)
-			return refused("image")
+			return services.Result{}, refused("image", infrav1.DiskReadyCondition, infrav1.ImageNotAllowedReason,
+				"spec.image.volume.%s %q %v", f, volumeField(*v, f), err)
 		}
 	}
-	return nil
+	return services.Result{}, nil
+}
+
+// ClusterScope is what the check needs of a cluster: what it names.
+type ClusterScope interface {
+	Namespace() string
+	// SpecPool is the pool the spec names, Pool the one the HAProxy VM's
+	// volumes were placed in (recorded), which may differ.
+	SpecPool() virt.PoolSpec
+	Pool() virt.PoolSpec
+	NetworkSpec() infrav1.ClusterNetwork
+	LoadBalancerEnabled() bool
+	LoadBalancer() *scope.LoadBalancerScope
 }
 
 // Cluster checks a LibvirtCluster's pool, network and HAProxy image.
 type Cluster struct {
-	scope  *scope.ClusterScope
+	scope  ClusterScope
 	policy tenancy.Policy
 }
 
 // NewCluster returns the reference check of s under policy.
-func NewCluster(s *scope.ClusterScope, policy tenancy.Policy) *Cluster {
+func NewCluster(s ClusterScope, policy tenancy.Policy) *Cluster {
 	return &Cluster{scope: s, policy: policy}
 }
+
+// Name labels the check in logs.
+func (*Cluster) Name() string { return "references" }
 
 // Reconcile refuses the cluster, with StoragePoolReady, NetworkReady or
 // LoadBalancerReady False, when it names what its namespace may not use;
 // it runs before the steps that create the pool, the network and the
-// HAProxy VM.
-func (c *Cluster) Reconcile(context.Context) error {
+// HAProxy VM. Every refusal is reported, not only the first.
+func (c *Cluster) Reconcile(context.Context) (services.Result, error) {
 	s, p := c.scope, c.policy
-	var err error
+	var refusals []error
 	spec := s.SpecPool()
 	if f, perr := p.CheckPool(spec.Name, spec.Path); perr != nil {
-		s.MarkFalse(infrav1.StoragePoolReadyCondition, infrav1.StoragePoolNotAllowedReason, "spec.storagePool.%s %q %v", f, poolField(spec.Name, spec.Path, f), perr)
-		err = refused("storage pool")
+		refusals = append(refusals, refused("storage pool", infrav1.StoragePoolReadyCondition, infrav1.StoragePoolNotAllowedReason,
+			"spec.storagePool.%s %q %v", f, poolField(spec.Name, spec.Path, f), perr))
 	} else if recorded := s.Pool().Name; recorded != spec.Name {
 		if perr := p.CheckPoolName(recorded); perr != nil {
-			s.MarkFalse(infrav1.StoragePoolReadyCondition, infrav1.StoragePoolNotAllowedReason, "Annotation %s %q %v", scope.PoolAnnotation, recorded, perr)
-			err = refused("storage pool")
+			refusals = append(refusals, refused("storage pool", infrav1.StoragePoolReadyCondition, infrav1.StoragePoolNotAllowedReason,
+				"Annotation %s %q %v", scope.PoolAnnotation, recorded, perr))
 		}
 	}
-	n := scope.NetworkRef{Name: s.LibvirtCluster.Spec.Network.Name, Bridge: s.LibvirtCluster.Spec.Network.Bridge}
+	ns := s.NetworkSpec()
+	n := scope.NetworkRef{Name: ns.Name, Bridge: ns.Bridge}
 	if nerr := checkNetwork(p, s.Namespace(), n); nerr != nil {
-		s.MarkFalse(infrav1.NetworkReadyCondition, infrav1.NetworkNotAllowedReason, "%s %v", describe(n), nerr)
-		err = refused("network")
+		refusals = append(refusals, refused("network", infrav1.NetworkReadyCondition, infrav1.NetworkNotAllowedReason,
+			"%s %v", describe(n), nerr))
 	}
 	if s.LoadBalancerEnabled() {
 		if v := s.LoadBalancer().Image().Volume; v != nil {
 			if f, ierr := p.CheckImageVolume(*v, s.Pool().Name); ierr != nil {
-				s.MarkFalse(infrav1.LoadBalancerReadyCondition, infrav1.ImageNotAllowedReason, "spec.loadBalancer.image.volume.%s %q %v", f, volumeField(*v, f), ierr)
-				err = refused("load balancer image")
+				refusals = append(refusals, refused("load balancer image", infrav1.LoadBalancerReadyCondition, infrav1.ImageNotAllowedReason,
+					"spec.loadBalancer.image.volume.%s %q %v", f, volumeField(*v, f), ierr))
 			}
 		}
 	}
-	return err
+	return services.Result{}, errors.Join(refusals...)
 }
 
 // Delete does nothing: the check creates nothing.

@@ -10,11 +10,11 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/fakehost"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/internal/fakehost"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/references"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
@@ -27,6 +27,12 @@ var (
 
 // want is the condition a refused reference sets; zero when accepted.
 type want struct{ condition, reason string }
+
+// run runs the check as its plan step does: each refusal sets the
+// condition it names on s.
+func run(s services.Reporter, check services.Service) error {
+	return services.Plan{{Service: check}}.Run(context.Background(), s, false)
+}
 
 func checkOutcome(t *testing.T, obj conditions.Getter, err error, w want) {
 	t.Helper()
@@ -88,7 +94,7 @@ func TestMachine(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkOutcome(t, lm, references.NewMachine(s, policy).Reconcile(context.Background()), tc.want)
+			checkOutcome(t, lm, run(s, references.NewMachine(s, policy)), tc.want)
 		})
 	}
 }
@@ -135,7 +141,7 @@ func TestCluster(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkOutcome(t, lc, references.NewCluster(s, policy).Reconcile(context.Background()), tc.want)
+			checkOutcome(t, lc, run(s, references.NewCluster(s, policy)), tc.want)
 		})
 	}
 	strict := policy
@@ -146,6 +152,6 @@ func TestCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkOutcome(t, lc, references.NewCluster(s, strict).Reconcile(context.Background()),
+	checkOutcome(t, lc, run(s, references.NewCluster(s, strict)),
 		want{infrav1.StoragePoolReadyCondition, infrav1.StoragePoolNotAllowedReason})
 }

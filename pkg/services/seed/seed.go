@@ -1,5 +1,5 @@
-// Package seed turns the machine's bootstrap Secret into a NoCloud seed ISO
-// volume. The bootstrap data only ever lives in memory and in that 0600
+// Package seed turns a VM's user-data (a machine's bootstrap Secret, or
+// what the load balancer generates) into a NoCloud seed ISO volume. The bootstrap data only ever lives in memory and in that 0600
 // volume: never in a log line, an event, a condition or a local file.
 package seed
 
@@ -28,9 +28,27 @@ const FormatCloudConfig = "cloud-config"
 // bootstrap provider normally creates it before naming it.
 const recheckSecret = 30 * time.Second
 
-// Service owns the BootstrapDataReady condition.
+// Scope is what the service needs of the VM whose seed it writes: a
+// machine or the load balancer's HAProxy VM.
+type Scope interface {
+	LibvirtHost() virt.Host
+	// Pool and SeedVolume say where the seed goes; DomainUUID and
+	// Hostname are its instance-id and local-hostname.
+	Pool() virt.PoolSpec
+	SeedVolume() string
+	DomainUUID() string
+	Hostname() string
+	// SeedUploaded tells whether an upload of the seed is known to have
+	// completed; a volume without that record may be an upload cut short.
+	SeedUploaded() bool
+	// SetSeed hands the seed to the domain step of the same reconcile,
+	// which attaches it.
+	SetSeed(info virt.VolumeInfo)
+}
+
+// Service writes the seed; its outcome is BootstrapDataReady's.
 type Service struct {
-	scope scope.VM
+	scope Scope
 	// userData returns the seed's user-data: the machine's bootstrap
 	// Secret, or what the caller generated.
 	userData func(context.Context) ([]byte, error)
@@ -47,29 +65,32 @@ func New(s *scope.MachineScope) *Service {
 // NewWithUserData returns the seed service of a VM whose user-data the
 // caller generates (the load balancer's). It must not be secret: it is not
 // read from a Secret and may be rebuilt at any time.
-func NewWithUserData(s scope.VM, userData []byte) *Service {
+func NewWithUserData(s Scope, userData []byte) *Service {
 	return &Service{scope: s, userData: func(context.Context) ([]byte, error) { return userData, nil }}
 }
 
+// Name labels the service in logs.
+func (*Service) Name() string { return "seed" }
+
 // Reconcile uploads the seed unless it is known complete: the volume exists
-// and BootstrapDataReady was persisted True after an upload. A volume
-// without that record may be an upload cut short by a crash, so it is
-// written again (same bytes: BuildISO is deterministic). Once the seed is
-// complete the Secret is not read again.
-func (svc *Service) Reconcile(ctx context.Context) error {
+// and the scope records a finished upload (SeedUploaded). A volume without
+// that record may be an upload cut short by a crash, so it is written
+// again (same bytes: BuildISO is deterministic). Once the seed is complete
+// the Secret is not read again.
+func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.scope
 	pool := s.Pool().Name
-	_, err := s.LibvirtHost().VolumeInfo(ctx, pool, s.SeedVolume())
+	info, err := s.LibvirtHost().VolumeInfo(ctx, pool, s.SeedVolume())
 	switch {
-	case err == nil && s.IsTrue(infrav1.BootstrapDataReadyCondition):
-		return nil
+	case err == nil && s.SeedUploaded():
+		s.SetSeed(info)
+		return services.Result{}, nil
 	case err != nil && !virt.IsNotFound(err):
-		s.MarkFalse(infrav1.BootstrapDataReadyCondition, infrav1.LibvirtErrorReason, "Looking up the seed volume: %v", err)
-		return err
+		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, err, "Looking up the seed volume: %v", err)
 	}
 	userData, err := svc.userData(ctx)
 	if err != nil {
-		return err
+		return services.Result{}, err
 	}
 	iso, err := cloudinit.BuildISO(cloudinit.Seed{
 		InstanceID:    s.DomainUUID(),
@@ -78,50 +99,47 @@ func (svc *Service) Reconcile(ctx context.Context) error {
 	})
 	if err != nil {
 		// Validation errors name the instance-id and hostname only.
-		s.MarkFalse(infrav1.BootstrapDataReadyCondition, infrav1.LibvirtErrorReason, "Building the seed: %v", err)
-		return services.Requeue(0, "invalid seed")
+		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, services.Requeue(0, "invalid seed"), "Building the seed: %v", err)
 	}
-	if _, err := s.LibvirtHost().UploadVolume(ctx, pool, s.SeedVolume(), iso); err != nil {
+	info, err = s.LibvirtHost().UploadVolume(ctx, pool, s.SeedVolume(), iso)
+	if err != nil {
 		reason := infrav1.LibvirtErrorReason
 		if errors.Is(err, virt.ErrPoolFull) {
 			reason = infrav1.PoolFullReason
 		}
-		s.MarkFalse(infrav1.BootstrapDataReadyCondition, reason, "Uploading the seed: %v", err)
-		return err
+		return services.Result{}, services.Fail(reason, err, "Uploading the seed: %v", err)
 	}
-	s.MarkTrue(infrav1.BootstrapDataReadyCondition, infrav1.ReadyReason, "")
-	return nil
+	s.SetSeed(info)
+	return services.Done(infrav1.ReadyReason, ""), nil
 }
 
 // bootstrapData reads value and format from the Machine's bootstrap Secret.
 func bootstrapData(ctx context.Context, s *scope.MachineScope) ([]byte, error) {
 	name := s.BootstrapDataSecretName()
 	if name == nil {
-		s.MarkFalse(infrav1.BootstrapDataReadyCondition, infrav1.WaitingForBootstrapDataReason, "Waiting for the bootstrap provider")
-		return nil, services.Requeue(0, "no bootstrap data")
+		return nil, services.Fail(infrav1.WaitingForBootstrapDataReason, services.Requeue(0, "no bootstrap data"), "Waiting for the bootstrap provider")
 	}
 	secret := &corev1.Secret{}
 	err := s.Client.Get(ctx, types.NamespacedName{Namespace: s.Namespace(), Name: *name}, secret)
 	if apierrors.IsNotFound(err) {
-		s.MarkFalse(infrav1.BootstrapDataReadyCondition, infrav1.BootstrapSecretNotFoundReason, "Bootstrap Secret %s not found", *name)
-		return nil, services.Requeue(recheckSecret, "bootstrap secret missing")
+		return nil, services.Fail(infrav1.BootstrapSecretNotFoundReason, services.Requeue(recheckSecret, "bootstrap secret missing"),
+			"Bootstrap Secret %s not found", *name)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading bootstrap Secret %s: %w", *name, err)
 	}
 	value, ok := secret.Data["value"]
 	if !ok || len(value) == 0 {
-		s.MarkFalse(infrav1.BootstrapDataReadyCondition, infrav1.BootstrapSecretNotFoundReason, "Bootstrap Secret %s has no value", *name)
-		return nil, services.Requeue(recheckSecret, "bootstrap secret empty")
+		return nil, services.Fail(infrav1.BootstrapSecretNotFoundReason, services.Requeue(recheckSecret, "bootstrap secret empty"),
+			"Bootstrap Secret %s has no value", *name)
 	}
 	if format := strings.TrimSpace(string(secret.Data["format"])); format != "" && format != FormatCloudConfig {
 		// The format is a short keyword, not bootstrap data; cap it anyway.
 		if len(format) > 32 {
 			format = format[:32] + "…"
 		}
-		s.MarkFalse(infrav1.BootstrapDataReadyCondition, infrav1.UnsupportedBootstrapFormatReason,
+		return nil, services.Fail(infrav1.UnsupportedBootstrapFormatReason, services.Requeue(2*recheckSecret, "unsupported bootstrap format"),
 			"Bootstrap Secret %s has format %q; only %s is supported", *name, format, FormatCloudConfig)
-		return nil, services.Requeue(2*recheckSecret, "unsupported bootstrap format")
 	}
 	return value, nil
 }
@@ -129,7 +147,7 @@ func bootstrapData(ctx context.Context, s *scope.MachineScope) ([]byte, error) {
 // Delete removes the seed volume.
 func (svc *Service) Delete(ctx context.Context) error {
 	s := svc.scope
-	if err := s.LibvirtHost().DeleteVolume(ctx, s.Pool().Name, s.SeedVolume()); err != nil && !virt.IsNotFound(err) {
+	if err := s.LibvirtHost().DeleteVolume(ctx, s.Pool().Name, s.SeedVolume()); err != nil {
 		return fmt.Errorf("deleting the seed: %w", err)
 	}
 	return nil

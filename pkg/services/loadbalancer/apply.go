@@ -38,6 +38,7 @@ var errNoStats = errors.New("HAProxy's stats socket does not answer")
 // what it said.
 type ConfigInvalidError struct{ Output string }
 
+// Error quotes haproxy -c for the condition message.
 func (e *ConfigInvalidError) Error() string {
 	return "haproxy -c rejected the configuration: " + e.Output
 }
@@ -49,6 +50,7 @@ type ReloadError struct {
 	Log           string
 }
 
+// Error says which configuration runs and ends with HAProxy's log.
 func (e *ReloadError) Error() string {
 	return fmt.Sprintf("HAProxy runs configuration %q instead of %s after the reload; its log ends: %s", e.Running, e.Want, e.Log)
 }

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"flag"
+	"strings"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+)
+
+// stringList is a repeatable flag.
+type stringList []string
+
+// String is the values given, for flag's usage and defaults.
+func (s *stringList) String() string { return strings.Join(*s, " ") }
+
+// Set adds one value: the flag may be repeated.
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+func planeFlags(fs *flag.FlagSet, o *devplane.Options) {
+	fs.StringVar(&o.StateDir, "state-dir", devplane.DefaultStateDir, "directory of the plane's etcd data, kubeconfig, pid files and logs")
+	fs.StringVar(&o.LibvirtURI, "libvirt-uri", manager.DefaultLibvirtURI, "libvirt host the manager drives")
+}
+
+func managerFlags(fs *flag.FlagSet, o *devplane.Options) {
+	fs.StringVar(&o.ManagerBinary, "manager", "bin/manager", "the provider's manager binary (make build)")
+	fs.Var((*stringList)(&o.ManagerArgs), "manager-arg", "extra flag for the manager, e.g. --manager-arg=--v=4 (repeatable)")
+}
+
+// clusterFlags are the flags shaping the cluster `capl-dev up` makes.
+type clusterFlags struct {
+	namespace, name     string
+	imageDir            string
+	domainType, cpuMode string
+	storagePool         string
+	controlPlane        int
+	workers             int
+	// Kubernetes cluster only.
+	kubernetesVersion, template, cni, kubeconfigOut string
+	// standIn makes the stand-in demo (no Kubernetes) instead.
+	standIn bool
+}
+
+func (f *clusterFlags) bind(fs *flag.FlagSet) {
+	fs.StringVar(&f.namespace, "namespace", "default", "namespace of the cluster")
+	fs.StringVar(&f.name, "name", "demo", "name of the cluster")
+	fs.StringVar(&f.imageDir, "image-dir", "/var/cache/capi-libvirt/images",
+		"directory of `make images node-image`, holding the node image, "+devplane.HAProxyImageFile+" and (stand-in) "+devplane.NodeImageFile)
+	fs.StringVar(&f.domainType, "domain-type", "auto", "auto, kvm or qemu (TCG)")
+	fs.StringVar(&f.cpuMode, "cpu-mode", "", "libvirt CPU mode; default host-passthrough for kvm, maximum for qemu")
+	fs.StringVar(&f.storagePool, "storage-pool", "", "storage pool of the cluster's volumes, at /var/lib/libvirt/<name>; empty means the provider's default (capi-libvirt)")
+	fs.IntVar(&f.controlPlane, "control-plane", 1, "control-plane machines")
+	fs.IntVar(&f.workers, "workers", 1, "worker machines (MachineDeployment replicas)")
+	fs.StringVar(&f.kubernetesVersion, "kubernetes-version", "v1.36.3", "Kubernetes version of the node image (make node-image)")
+	fs.StringVar(&f.template, "template", "templates/cluster-template.yaml", "cluster template, rendered by clusterctl's variable rules")
+	fs.StringVar(&f.cni, "cni", "templates/cni-flannel.yaml", "CNI manifest a ClusterResourceSet applies to the cluster")
+	fs.StringVar(&f.kubeconfigOut, "kubeconfig-out", "", "where to write the workload cluster's kubeconfig (default <state-dir>/<name>.kubeconfig)")
+	fs.BoolVar(&f.standIn, "stand-in", false, "make the stand-in demo instead: VMs running a stand-in API server, no Kubernetes (fast, for the provider's own tests)")
+}
+
+// choice resolves the accelerator.
+func (f *clusterFlags) choice() (devplane.DomainChoice, error) {
+	return devplane.ChooseDomainType(f.domainType, f.cpuMode)
+}
+
+// demoOptions are the stand-in demo's options.
+func (f *clusterFlags) demoOptions(c devplane.DomainChoice) devplane.DemoOptions {
+	return devplane.DemoOptions{
+		Namespace: f.namespace, Name: f.name, ImageDir: f.imageDir, StoragePool: f.storagePool,
+		ControlPlane: int32(f.controlPlane), Workers: int32(f.workers),
+		DomainType: c.DomainType, CPUMode: c.CPUMode, TCGCacheMiB: c.TCGCacheMiB,
+	}
+}
+
+// clusterOptions are the Kubernetes cluster's options. The template sets
+// no CPU mode: the provider's default per domain type applies.
+func (f *clusterFlags) clusterOptions(c devplane.DomainChoice) devplane.ClusterOptions {
+	o := devplane.ClusterOptions{
+		Namespace: f.namespace, Name: f.name, ImageDir: f.imageDir, StoragePool: f.storagePool,
+		ControlPlane: int32(f.controlPlane), Workers: int32(f.workers),
+		KubernetesVersion: f.kubernetesVersion, Template: f.template, CNI: f.cni,
+		DomainType: c.DomainType,
+	}
+	if c.DomainType == string(infrav1.DomainTypeQEMU) {
+		o = o.TCGTuning()
+	}
+	return o
+}

@@ -1,0 +1,89 @@
+package address_test
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/servicetest"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/address"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+func TestAddressPersistsMACBeforeReserving(t *testing.T) {
+	f := servicetest.NewFixture(t)
+	s := f.Scope()
+	first := scope.MACCandidates(string(f.LM.UID), 2)
+	// Someone else's entry holds the first candidate.
+	f.Host.Entries["net"] = []virt.Reservation{{MAC: strings.ToUpper(first[0].String()), IP: netip.MustParseAddr("192.168.100.2")}}
+	f.Host.OnCall = func(method string) {
+		if method == "ReserveAddress" && f.Stored().Status.Domain == nil {
+			t.Error("ReserveAddress ran before the MAC was persisted")
+		}
+	}
+	if err := servicetest.Reconcile(s, infrav1.AddressReservedCondition, address.New(s)); err != nil {
+		t.Fatal(err)
+	}
+	if s.MAC() != first[1].String() {
+		t.Errorf("MAC = %s, want the second candidate %s", s.MAC(), first[1])
+	}
+	stored := f.Stored()
+	if stored.Annotations[scope.PoolAnnotation] != "pool" || stored.Annotations[scope.NetworkAnnotation] != "network:net" {
+		t.Errorf("placement not recorded: %v", stored.Annotations)
+	}
+	servicetest.WantCondition(t, f.LM, infrav1.AddressReservedCondition, metav1.ConditionTrue, infrav1.ReadyReason)
+	// Idempotent: a second run keeps the MAC and the one entry.
+	fs := f.Scope()
+	if err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs)); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.Host.Entries["net"]); n != 2 {
+		t.Errorf("%d entries, want 2", n)
+	}
+	fs = f.Scope()
+	if err := address.New(fs).Delete(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.Host.Entries["net"]); n != 1 {
+		t.Errorf("after delete %d entries, want only the foreign one", n)
+	}
+}
+
+func TestAddressWaitsForNetworkAndHandlesBridges(t *testing.T) {
+	f := servicetest.NewFixture(t)
+	f.LC.Status.Network = nil
+	fs := f.Scope()
+	err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs))
+	if rq, ok := services.AsRequeue(err); !ok || rq.After == 0 {
+		t.Fatalf("err = %v, want a timed requeue", err)
+	}
+	servicetest.WantCondition(t, f.LM, infrav1.AddressReservedCondition, metav1.ConditionFalse, infrav1.WaitingForNetworkReason)
+
+	f.LM.Spec.Network = &infrav1.NetworkAttachment{Bridge: "br0"}
+	fs = f.Scope()
+	if err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs)); err != nil {
+		t.Fatal(err)
+	}
+	servicetest.WantCondition(t, f.LM, infrav1.AddressReservedCondition, metav1.ConditionTrue, infrav1.ReservationNotSupportedReason)
+	if f.Host.Called("ReserveAddress") {
+		t.Error("reserved on a bridge")
+	}
+}
+
+func TestAddressConflict(t *testing.T) {
+	f := servicetest.NewFixture(t)
+	f.Host.Errs["ReserveAddress"] = &virt.AddressConflictError{Network: "net", Reason: virt.ConflictLeased, HeldBy: "52:54:00:00:00:01", Until: time.Now().Add(time.Minute)}
+	fs := f.Scope()
+	err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs))
+	if _, ok := services.AsRequeue(err); !ok {
+		t.Fatalf("err = %v, want a requeue until the lease expires", err)
+	}
+	servicetest.WantCondition(t, f.LM, infrav1.AddressReservedCondition, metav1.ConditionFalse, infrav1.AddressConflictReason)
+}

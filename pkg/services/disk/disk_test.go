@@ -1,0 +1,127 @@
+package disk_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/servicetest"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/disk"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+func TestDiskErrorsBecomeReasons(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		setup  func(*servicetest.Fixture)
+		reason string
+	}{
+		{"missing volume", func(f *servicetest.Fixture) { f.LM.Spec.Image.Volume.Name = "nope" }, infrav1.ImageNotFoundReason},
+		{"missing url", func(f *servicetest.Fixture) {
+			f.LM.Spec.Image = infrav1.ImageSource{URL: "file:///nope.qcow2", Checksum: "sha256:" + strings.Repeat("a", 64)}
+		}, infrav1.ImageNotFoundReason},
+		{"checksum", func(f *servicetest.Fixture) {
+			f.Host.Images["file:///img.qcow2"] = strings.Repeat("b", 64)
+			f.LM.Spec.Image = infrav1.ImageSource{URL: "file:///img.qcow2", Checksum: "sha256:" + strings.Repeat("a", 64)}
+		}, infrav1.ImageChecksumMismatchReason},
+		{"pool full", func(f *servicetest.Fixture) {
+			f.Host.Errs["EnsureOverlay"] = fmt.Errorf("%w: no space left on device", virt.ErrPoolFull)
+		}, infrav1.PoolFullReason},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := servicetest.NewFixture(t)
+			tc.setup(f)
+			fs := f.Scope()
+			err := servicetest.Reconcile(fs, infrav1.DiskReadyCondition, disk.New(fs, &servicetest.SyncImporter{Host: f.Host}))
+			if _, ok := services.AsRequeue(err); !ok {
+				t.Fatalf("err = %v, want a requeue", err)
+			}
+			servicetest.WantCondition(t, f.LM, infrav1.DiskReadyCondition, metav1.ConditionFalse, tc.reason)
+		})
+	}
+}
+
+// runningImporter reports an import under way.
+type runningImporter struct{ st imageimport.Status }
+
+func (i runningImporter) Ensure(imageimport.Key, imageimport.Waiter) imageimport.Status { return i.st }
+
+func (runningImporter) Release(imageimport.Waiter) {}
+
+func TestDiskImportReasons(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		st      imageimport.Status
+		reason  string
+		message string
+	}{
+		{"running", imageimport.Status{Phase: imageimport.Running, Attempt: 1, Read: 3 << 20, Total: 12 << 20, Elapsed: 3 * time.Second},
+			infrav1.WaitingForImageImportReason, "3.0 MiB of 12.0 MiB (25%), 1.0 MiB/s"},
+		{"no answer yet", imageimport.Status{Phase: imageimport.Running, Attempt: 2, Elapsed: 4 * time.Second},
+			infrav1.WaitingForImageImportReason, "(attempt 2): waiting for the source to answer (4s so far)"},
+		{"timed out", imageimport.Status{Phase: imageimport.Failed, Attempt: 1, Err: errors.New("timeout awaiting response headers"), RetryAt: time.Now().Add(time.Minute)},
+			infrav1.ImageImportFailedReason, "timeout awaiting response headers"},
+		{"not found", imageimport.Status{Phase: imageimport.Failed, Attempt: 1, Err: fmt.Errorf("%w: 404", virt.ErrImageNotFound), RetryAt: time.Now().Add(time.Minute)},
+			infrav1.ImageNotFoundReason, "404"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := servicetest.NewFixture(t)
+			f.LM.Spec.Image = infrav1.ImageSource{URL: "http://images.example/img.qcow2", Checksum: "sha256:" + strings.Repeat("a", 64)}
+			fs := f.Scope()
+			err := servicetest.Reconcile(fs, infrav1.DiskReadyCondition, disk.New(fs, runningImporter{tc.st}))
+			if rq, ok := services.AsRequeue(err); !ok || rq.After <= 0 {
+				t.Fatalf("err = %v, want a timed requeue", err)
+			}
+			c := servicetest.WantCondition(t, f.LM, infrav1.DiskReadyCondition, metav1.ConditionFalse, tc.reason)
+			if c != nil && !strings.Contains(c.Message, tc.message) {
+				t.Errorf("message %q does not say %q", c.Message, tc.message)
+			}
+			if f.Host.Called("EnsureOverlay") {
+				t.Error("overlay created before the image")
+			}
+		})
+	}
+}
+
+func TestDiskImportsByChecksum(t *testing.T) {
+	f := servicetest.NewFixture(t)
+	sum := strings.Repeat("c", 64)
+	f.Host.Images["file:///img.qcow2"] = sum
+	f.LM.Spec.Image = infrav1.ImageSource{URL: "file:///img.qcow2", Checksum: "sha256:" + sum}
+	s := f.Scope()
+	if err := servicetest.Reconcile(s, infrav1.DiskReadyCondition, disk.New(s, &servicetest.SyncImporter{Host: f.Host})); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := f.Host.Volumes["pool/"+scope.ImageVolumeName(sum)]; !ok {
+		t.Errorf("base not imported under its checksum name: %v", f.Host.Volumes)
+	}
+	ov, ok := f.Host.Volumes["pool/"+s.OverlayVolume()]
+	if !ok || ov.CapacityBytes != uint64(infrav1.DefaultDiskSizeGiB)<<30 {
+		t.Errorf("overlay = %+v", ov)
+	}
+	if f.Host.Pools["pool"].Path != "/pools/pool" {
+		t.Errorf("pool not ensured: %v", f.Host.Pools)
+	}
+	images := &servicetest.SyncImporter{Host: f.Host}
+	if err := disk.New(s, images).Delete(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(images.Released) != 1 || images.Released[0].Name != f.LM.Name {
+		t.Errorf("Delete released %v, want the machine's wait", images.Released)
+	}
+	if _, ok := f.Host.Volumes["pool/"+s.OverlayVolume()]; ok {
+		t.Error("overlay survived Delete")
+	}
+	if _, ok := f.Host.Volumes["pool/"+scope.ImageVolumeName(sum)]; !ok {
+		t.Error("Delete removed the shared base image")
+	}
+}

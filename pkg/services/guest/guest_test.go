@@ -1,0 +1,78 @@
+package guest_test
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/servicetest"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
+)
+
+type leaseRecorder struct{ watched []string }
+
+func (l *leaseRecorder) WatchLease(network, mac string) {
+	l.watched = append(l.watched, network+"/"+mac)
+}
+
+func TestGuestAddressesNeedALease(t *testing.T) {
+	f := servicetest.NewFixture(t)
+	s := servicetest.Provision(t, f)
+	leases := &leaseRecorder{}
+	g := guest.NewAddresses(s, leases)
+	err := servicetest.Reconcile(s, infrav1.AddressAssignedCondition, g)
+	if _, ok := services.AsRequeue(err); !ok {
+		t.Fatalf("err = %v, want to wait for a lease", err)
+	}
+	servicetest.WantCondition(t, f.LM, infrav1.AddressAssignedCondition, metav1.ConditionFalse, infrav1.WaitingForAddressReason)
+	if len(leases.watched) != 1 || leases.watched[0] != "net/"+s.MAC() {
+		t.Errorf("lease watches = %v", leases.watched)
+	}
+	f.Host.Leases["net"] = map[string]netip.Addr{strings.ToUpper(s.MAC()): netip.MustParseAddr("192.168.100.2")}
+	if err := servicetest.Reconcile(s, infrav1.AddressAssignedCondition, g); err != nil {
+		t.Fatal(err)
+	}
+	want := []clusterv1.MachineAddress{{Type: clusterv1.MachineInternalIP, Address: "192.168.100.2"}, {Type: clusterv1.MachineHostName, Address: "m0"}}
+	if fmt.Sprint(f.LM.Status.Addresses) != fmt.Sprint(want) {
+		t.Errorf("addresses = %v, want %v", f.LM.Status.Addresses, want)
+	}
+}
+
+func TestGuestBootstrapSentinel(t *testing.T) {
+	f := servicetest.NewFixture(t)
+	s := f.Scope()
+	g := guest.NewBootstrap(s)
+	err := servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, g)
+	if rq, ok := services.AsRequeue(err); !ok || rq.After < 10*time.Second {
+		t.Fatalf("err = %v, want a requeue with backoff", err)
+	}
+	servicetest.WantCondition(t, f.LM, infrav1.BootstrapSucceededCondition, metav1.ConditionFalse, infrav1.WaitingForBootstrapReason)
+
+	f.Host.Files[s.DomainName()+":/run/cloud-init/result.json"] = []byte(`{"v1": {"errors": ["runcmd failed: ` + servicetest.SecretMarker + `"]}}`)
+	_ = servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, g)
+	c := servicetest.WantCondition(t, f.LM, infrav1.BootstrapSucceededCondition, metav1.ConditionFalse, infrav1.BootstrapFailedReason)
+	if !strings.Contains(c.Message, "1 errors") {
+		t.Errorf("message %q", c.Message)
+	}
+
+	f.Host.Files[s.DomainName()+":"+guest.SentinelPath] = []byte("success\n")
+	if err := servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, g); err != nil {
+		t.Fatal(err)
+	}
+	servicetest.WantCondition(t, f.LM, infrav1.BootstrapSucceededCondition, metav1.ConditionTrue, infrav1.ReadyReason)
+	f.NoLeaks()
+
+	f.Host.Errs["GuestReadFile"] = errors.New("must not be called again")
+	if err := servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, g); err != nil {
+		t.Errorf("sentinel re-read after success: %v", err)
+	}
+}

@@ -1,0 +1,144 @@
+package services
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+)
+
+// Step is one entry of a Plan: a service and the condition its outcome
+// sets.
+type Step struct {
+	Service Service
+	// Condition is set from the service's outcome (see Report); empty when
+	// the service sets none of its own (it runs a plan of its own, or
+	// names the condition in each ConditionError).
+	Condition string
+	// Setup marks a step whose objects, once the object is provisioned,
+	// belong to what later steps made of them: ensuring them again would
+	// cost libvirt calls on every reconcile and could recreate a vanished
+	// root disk as a blank one, so a provisioned object skips them.
+	Setup bool
+}
+
+// Plan is an object's services in the order they create things. Written
+// once: Run walks it forward, Delete backward.
+type Plan []Step
+
+// Reporter is the scope whose object the steps' conditions are set on.
+type Reporter interface {
+	SetCondition(condType string, status metav1.ConditionStatus, reason, message string)
+}
+
+// FailureRecorder is a Reporter whose object records terminal failures
+// (a LibvirtMachine, for MachineHealthChecks). A terminal failure of any
+// other object is retried like an error.
+type FailureRecorder interface {
+	SetFailure(reason, message string)
+}
+
+// Run runs the steps forward until one fails or waits; provisioned skips
+// the Setup steps. Each step's outcome sets its condition on s as soon as
+// the step returns, so conditions and events come in the order of the
+// steps. The failing step's error is returned as it is: a plan run inside
+// a service leaves it to the service's caller.
+func (p Plan) Run(ctx context.Context, s Reporter, provisioned bool) error {
+	log := ctrl.LoggerFrom(ctx)
+	for _, st := range p {
+		if provisioned && st.Setup {
+			continue
+		}
+		start := time.Now()
+		res, err := st.Service.Reconcile(ctx)
+		log.V(4).Info("Step", "step", st.Service.Name(), "took", time.Since(start).String(), "outcome", fmt.Sprint(err))
+		Report(s, st.Condition, res, err)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Reconcile is Run for a reconciler: it returns what the reconcile
+// returns (see Outcome).
+func (p Plan) Reconcile(ctx context.Context, s Reporter, provisioned bool) (ctrl.Result, error) {
+	return Outcome(s, p.Run(ctx, s, provisioned))
+}
+
+// Delete deletes in reverse order of creation until a step fails; the
+// failure sets the step's condition like Run's.
+func (p Plan) Delete(ctx context.Context, s Reporter) error {
+	for i := len(p) - 1; i >= 0; i-- {
+		st := p[i]
+		if err := st.Service.Delete(ctx); err != nil {
+			Report(s, st.Condition, Result{}, err)
+			return err
+		}
+	}
+	return nil
+}
+
+// Report sets a step's condition from its service's outcome: True with a
+// Result's reason and message (a zero Result leaves it), False with those
+// of each ConditionError in err, on the condition the error names or else
+// condType. An error without a ConditionError sets nothing: the
+// reconcile's error reports it.
+func Report(s Reporter, condType string, res Result, err error) {
+	if err == nil {
+		if condType != "" && res.Reason != "" {
+			s.SetCondition(condType, metav1.ConditionTrue, res.Reason, res.Message)
+		}
+		return
+	}
+	for _, ce := range conditionErrors(err) {
+		t := ce.Condition
+		if t == "" {
+			t = condType
+		}
+		if t != "" {
+			s.SetCondition(t, metav1.ConditionFalse, ce.Reason, ce.Message)
+		}
+	}
+}
+
+// conditionErrors are the outermost ConditionErrors in err's tree, in
+// order (errors.Join keeps a check's refusals in the order found).
+func conditionErrors(err error) []*ConditionError {
+	if ce, ok := err.(*ConditionError); ok { //nolint:errorlint // the outermost, not any in the chain
+		return []*ConditionError{ce}
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() []error }:
+		var out []*ConditionError
+		for _, e := range u.Unwrap() {
+			out = append(out, conditionErrors(e)...)
+		}
+		return out
+	case interface{ Unwrap() error }:
+		return conditionErrors(u.Unwrap())
+	}
+	return nil
+}
+
+// Outcome turns a plan's error into the reconcile's result: waits requeue
+// without an error; a terminal failure is recorded where s records them
+// and not retried; anything else is retried with the controller's
+// backoff.
+func Outcome(s Reporter, err error) (ctrl.Result, error) {
+	if err == nil {
+		return ctrl.Result{}, nil
+	}
+	if rq, ok := AsRequeue(err); ok {
+		return ctrl.Result{RequeueAfter: rq.After}, nil
+	}
+	if te, ok := AsTerminal(err); ok {
+		if f, ok := s.(FailureRecorder); ok {
+			f.SetFailure(te.FailureReason, te.Message)
+			return ctrl.Result{}, nil
+		}
+	}
+	return ctrl.Result{}, err
+}

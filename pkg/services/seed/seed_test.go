@@ -1,0 +1,84 @@
+package seed_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/servicetest"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+func TestSeedUploadsOnceAndNeverLeaks(t *testing.T) {
+	f := servicetest.NewFixture(t)
+	s := f.Scope()
+	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s)); err != nil {
+		t.Fatal(err)
+	}
+	servicetest.WantCondition(t, f.LM, infrav1.BootstrapDataReadyCondition, metav1.ConditionTrue, infrav1.ReadyReason)
+	iso := string(f.Host.Data["pool/"+s.SeedVolume()])
+	if !strings.Contains(iso, "instance-id: "+s.DomainUUID()) || !strings.Contains(iso, "local-hostname: m0") || !strings.Contains(iso, servicetest.SecretMarker) {
+		t.Error("seed lacks instance-id, hostname or user-data")
+	}
+	// Known complete: neither the Secret nor libvirt is written again.
+	f.Host.Calls = nil
+	f.Secret.Data = nil
+	if err := f.Client.Delete(context.Background(), f.Secret); err != nil {
+		t.Fatal(err)
+	}
+	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s)); err != nil {
+		t.Fatal(err)
+	}
+	if f.Host.Called("UploadVolume") {
+		t.Error("uploaded again although the seed was complete")
+	}
+	f.NoLeaks()
+}
+
+func TestSeedRewritesUnconfirmedVolume(t *testing.T) {
+	f := servicetest.NewFixture(t)
+	s := f.Scope()
+	// A volume from an upload cut short by a crash: no True condition.
+	f.Host.Volumes["pool/"+s.SeedVolume()] = virt.VolumeInfo{Name: s.SeedVolume()}
+	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s)); err != nil {
+		t.Fatal(err)
+	}
+	if !f.Host.Called("UploadVolume") {
+		t.Error("an unconfirmed seed volume was trusted")
+	}
+}
+
+func TestSeedRejectsOtherFormats(t *testing.T) {
+	f := servicetest.NewFixture(t)
+	f.Secret.Data["format"] = []byte("ignition")
+	fs := f.Scope()
+	err := servicetest.Reconcile(fs, infrav1.BootstrapDataReadyCondition, seed.New(fs))
+	if _, ok := services.AsRequeue(err); !ok {
+		t.Fatalf("err = %v, want a requeue", err)
+	}
+	c := servicetest.WantCondition(t, f.LM, infrav1.BootstrapDataReadyCondition, metav1.ConditionFalse, infrav1.UnsupportedBootstrapFormatReason)
+	if !strings.Contains(c.Message, `"ignition"`) {
+		t.Errorf("message %q does not name the format", c.Message)
+	}
+	if f.Host.Called("UploadVolume") {
+		t.Error("uploaded a seed of an unsupported format")
+	}
+	f.NoLeaks()
+}
+
+func TestSeedMissingSecret(t *testing.T) {
+	f := servicetest.NewFixture(t)
+	f.Machine.Spec.Bootstrap.DataSecretName = ptr.To("other")
+	fs := f.Scope()
+	err := servicetest.Reconcile(fs, infrav1.BootstrapDataReadyCondition, seed.New(fs))
+	if rq, ok := services.AsRequeue(err); !ok || rq.After == 0 {
+		t.Fatalf("err = %v, want a timed requeue", err)
+	}
+	servicetest.WantCondition(t, f.LM, infrav1.BootstrapDataReadyCondition, metav1.ConditionFalse, infrav1.BootstrapSecretNotFoundReason)
+}
