@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
 	"io/fs"
 	"net"
@@ -159,16 +158,15 @@ func uploadImage(ctx context.Context, conn *libvirt.Connect, p *libvirt.StorageP
 		return err
 	}
 	defer vol.Free()
-	h := sha256.New()
-	verify := func() error { return checkDigest(img, h) }
-	if err := upload(ctx, conn, p, vol, io.TeeReader(src, h), size, verify); err != nil {
+	verify := func(sent []byte) error { return checkDigest(img, sent) }
+	if err := upload(ctx, conn, p, vol, src, size, verify); err != nil {
 		return fmt.Errorf("importing %s into %s/%s: %w", img.Source, img.Pool, img.Volume, err)
 	}
 	return nil
 }
 
-func checkDigest(img ImageImport, h hash.Hash) error {
-	got := hex.EncodeToString(h.Sum(nil))
+func checkDigest(img ImageImport, sent []byte) error {
+	got := hex.EncodeToString(sent)
 	if !strings.EqualFold(got, img.SHA256) {
 		return &ChecksumError{Source: img.Source, Expected: strings.ToLower(img.SHA256), Actual: got}
 	}

@@ -89,14 +89,15 @@ func modeEqual(a, b string) bool {
 }
 
 // upload streams exactly size bytes from r into vol in uploadChunk pieces.
-// When verify is set, it runs after the last byte and before the stream is
-// finished; an error from it (or from ctx) aborts the upload.
+// When verify is set, it gets the SHA-256 of the bytes sent after the last
+// one and before the stream is finished; an error from it (or from ctx)
+// aborts the upload.
 //
 // libvirt (9.0 at least) drops a write error its I/O thread meets after the
 // client's last Send: Finish then succeeds over a volume that holds only
 // part of the data (a pool filling up does exactly this). So the volume is
 // read back and compared with what was sent before the upload counts.
-func upload(ctx context.Context, conn *libvirt.Connect, p *libvirt.StoragePool, vol *libvirt.StorageVol, r io.Reader, size int64, verify func() error) error {
+func upload(ctx context.Context, conn *libvirt.Connect, p *libvirt.StoragePool, vol *libvirt.StorageVol, r io.Reader, size int64, verify func(sent []byte) error) error {
 	st, err := conn.NewStream(0)
 	if err != nil {
 		return err
@@ -129,15 +130,16 @@ func upload(ctx context.Context, conn *libvirt.Connect, p *libvirt.StoragePool, 
 		}
 		done += int64(n)
 	}
+	digest := sent.Sum(nil)
 	if verify != nil {
-		if err := verify(); err != nil {
+		if err := verify(digest); err != nil {
 			return fail(err)
 		}
 	}
 	if err := st.Finish(); err != nil {
 		return err
 	}
-	return checkWritten(ctx, conn, p, vol, size, sent.Sum(nil))
+	return checkWritten(ctx, conn, p, vol, size, digest)
 }
 
 // errWriteLost says a volume read back differs from what was uploaded.
