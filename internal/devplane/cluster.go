@@ -54,6 +54,9 @@ type ClusterOptions struct {
 	TCGCacheMiB int32
 	// WorkerCPUs overrides the template's worker vCPUs when set.
 	WorkerCPUs int32
+	// ProbeTimeout, LivenessFailures and StartupFailures override the
+	// template's control-plane static pod probes (kubeadm's defaults).
+	ProbeTimeout, LivenessFailures, StartupFailures string
 	// LeaderElectLease and LeaderElectRenew override the template's leader
 	// election timing of the controller manager and scheduler when set.
 	LeaderElectLease, LeaderElectRenew string
@@ -178,11 +181,16 @@ func ClusterVariables(o ClusterOptions, imgs ClusterImages) map[string]string {
 	if o.WorkerCPUs > 0 {
 		vars["LIBVIRT_WORKER_MACHINE_CPUS"] = strconv.Itoa(int(o.WorkerCPUs))
 	}
-	if o.LeaderElectLease != "" {
-		vars["LIBVIRT_LEADER_ELECT_LEASE_DURATION"] = o.LeaderElectLease
-	}
-	if o.LeaderElectRenew != "" {
-		vars["LIBVIRT_LEADER_ELECT_RENEW_DEADLINE"] = o.LeaderElectRenew
+	for name, value := range map[string]string{
+		"LIBVIRT_PROBE_TIMEOUT_SECONDS":            o.ProbeTimeout,
+		"LIBVIRT_LIVENESS_PROBE_FAILURE_THRESHOLD": o.LivenessFailures,
+		"LIBVIRT_STARTUP_PROBE_FAILURE_THRESHOLD":  o.StartupFailures,
+		"LIBVIRT_LEADER_ELECT_LEASE_DURATION":      o.LeaderElectLease,
+		"LIBVIRT_LEADER_ELECT_RENEW_DEADLINE":      o.LeaderElectRenew,
+	} {
+		if value != "" {
+			vars[name] = value
+		}
 	}
 	if o.StagedWorkers {
 		vars["WORKER_MACHINE_COUNT"] = "0"
@@ -280,13 +288,14 @@ func ApplyCluster(ctx context.Context, c client.Client, cni []client.Object, clu
 // TCGTuning is what ClusterOptions change for a host without usable KVM:
 // a large translation cache, 1-vCPU workers (a 2-core host keeps a core
 // for the control plane), workers staged after the control plane, and a
-// leader election that survives an API server answering in tens of
-// seconds.
+// leader election and static pod probes that survive an API server
+// answering in tens of seconds.
 func (o ClusterOptions) TCGTuning() ClusterOptions {
 	o.TCGCacheMiB = NodeTCGCacheMiB
 	o.WorkerCPUs = 1
 	o.StagedWorkers = true
 	o.LeaderElectLease, o.LeaderElectRenew = "60s", "40s"
+	o.ProbeTimeout, o.LivenessFailures, o.StartupFailures = "60", "60", "120"
 	return o
 }
 
