@@ -83,20 +83,16 @@ test: envtest images node-image clusterctl ## Unit and integration tests (envtes
 ARTIFACTS ?= $(ROOT)/_artifacts
 # Extra flags for the end-to-end suite, e.g. E2E_ARGS="-e2e.kill-rounds=30".
 E2E_ARGS ?=
-E2E_TIMEOUT ?= 75m
+E2E_TIMEOUT ?= 80m
 
 .PHONY: test-e2e
-test-e2e: envtest images node-image build ## End-to-end: management plane + real VMs, faults, bad input, leak checks; report in $(ARTIFACTS).
+test-e2e: envtest images node-image build ## End-to-end on real VMs: a kubeadm cluster from the template (nodes Ready, a Service across nodes, faults, scaling, MHC remediation, deletion, bad input, leak checks); report in $(ARTIFACTS).
 	$(TEST_ENV) CAPL_E2E_ARTIFACTS=$(ARTIFACTS) CAPL_E2E_BIN=$(BIN) \
 		go test -tags e2e -count=1 -timeout=$(E2E_TIMEOUT) -v ./e2e/ -args $(E2E_ARGS)
 
-.PHONY: test-e2e-kubeadm
-test-e2e-kubeadm: ## The e2e suite's kubeadm scenario alone: a cluster from the template, nodes Ready, a Service across nodes, scaling, MHC remediation, deletion (outside CI for now: ~45 min under TCG on 2 cores).
-	$(MAKE) test-e2e E2E_TIMEOUT=120m E2E_ARGS="-e2e.stand-in=false -e2e.kubeadm $(E2E_ARGS)"
-
 .PHONY: test-soak
-test-soak: ## test-e2e with 10 manager-kill rounds and the stand-in worker scaling (outside CI).
-	$(MAKE) test-e2e E2E_ARGS="-e2e.kill-rounds=10 -e2e.soak $(E2E_ARGS)"
+test-soak: ## Outside CI: the stand-in cluster (3 control plane + 2 workers, endpoint balancing, worker scaling, control-plane deletion) with 10 manager-kill rounds.
+	$(MAKE) test-e2e E2E_ARGS="-e2e.stand-in -e2e.kill-rounds=10 $(E2E_ARGS)"
 
 .PHONY: test-unit
 test-unit: ## Unit tests only: nothing outside the process.

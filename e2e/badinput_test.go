@@ -81,7 +81,7 @@ func (s *suite) badInput(t *testing.T) {
 // waits until condType is False with one of reasons; then it checks no
 // domain exists, deletes the machine and checks nothing of it remains.
 func (s *suite) badMachine(t *testing.T, name string, mutate func(*infrav1.LibvirtMachine), condType string, reasons []string) {
-	objs := s.createExtraMachine(t, clusterName, name, mutate)
+	objs := s.createExtraMachine(t, s.cut.name, name, mutate)
 	var reason, msg string
 	s.waitFor(t, fmt.Sprintf("%s: %s False with reason %v", name, condType, reasons), bootTimeout, func() (bool, string) {
 		lm := s.lm(name)
@@ -159,7 +159,7 @@ func (s *suite) badCIDR(t *testing.T) {
 	lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name,
 		Labels: map[string]string{clusterv1.ClusterNameLabel: name}}}
 	lc.Spec.Network.CIDR = dummyCIDR
-	lc.Spec.StoragePool = s.demo.lc.Spec.StoragePool
+	lc.Spec.StoragePool = s.libvirtCluster(t, s.cut.name).Spec.StoragePool
 	lc.Spec.LoadBalancer.Type = infrav1.LoadBalancerNone
 	lc.Spec.ControlPlaneEndpoint = clusterv1.APIEndpoint{Host: "172.31.213.10", Port: 6443}
 	if err := s.c.Create(s.ctx, lc); err != nil {

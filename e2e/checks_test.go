@@ -53,12 +53,12 @@ func checkConditions(t *testing.T, what string, conds []metav1.Condition, requir
 }
 
 // checkContract checks every field of Cluster API's infrastructure
-// contract on every object of the ready demo cluster.
+// contract on every object of the ready cluster under test.
 func (s *suite) checkContract(t *testing.T) {
 	ctx := s.ctx
 	cl := &clusterv1.Cluster{}
-	must(t, s.c.Get(ctx, client.ObjectKeyFromObject(s.demo.cluster), cl))
-	lc := s.libvirtCluster(t, s.demo.lc.Name)
+	must(t, s.c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: s.cut.name}, cl))
+	lc := s.libvirtCluster(t, s.cut.name)
 
 	// LibvirtCluster.
 	ep := lc.Spec.ControlPlaneEndpoint
@@ -104,7 +104,7 @@ func (s *suite) checkContract(t *testing.T) {
 
 	// Machines and LibvirtMachines.
 	machines := &clusterv1.MachineList{}
-	must(t, s.c.List(ctx, machines, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: clusterName}))
+	must(t, s.c.List(ctx, machines, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: s.cut.name}))
 	count := 0
 	for _, m := range machines.Items {
 		if extraMachine(m.Name) {
@@ -154,12 +154,12 @@ func (s *suite) checkContract(t *testing.T) {
 			t.Errorf("Machine %s: status.addresses = %v, want the LibvirtMachine's %v", m.Name, m.Status.Addresses, lm.Status.Addresses)
 		}
 	}
-	if want := int(standInControlPlane() + standInWorkers()); count != want {
-		t.Errorf("%d demo Machines, want %d", count, want)
+	if want := int(s.cut.controlPlaneMachines + s.cut.workerMachines); count != want {
+		t.Errorf("%d Machines of cluster %s, want %d", count, s.cut.name, want)
 	}
 
 	// MachineDeployment and its MachineSet.
-	s.checkReplicas(t, standInWorkers())
+	s.checkReplicas(t, s.cut.workerMachines)
 }
 
 // checkReplicas checks the MachineDeployment and its one MachineSet have
@@ -167,7 +167,7 @@ func (s *suite) checkContract(t *testing.T) {
 func (s *suite) checkReplicas(t *testing.T, want int32) {
 	t.Helper()
 	md := &clusterv1.MachineDeployment{}
-	must(t, s.c.Get(s.ctx, client.ObjectKeyFromObject(s.demo.md), md))
+	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: s.cut.workers}, md))
 	if got := ptr.Deref(md.Spec.Replicas, -1); got != want {
 		t.Errorf("MachineDeployment spec.replicas = %d, want %d", got, want)
 	}
@@ -269,7 +269,7 @@ func (s *suite) checkEndpoint(t *testing.T) {
 // checkGuests checks providerIDs against the UUIDs the guests read from
 // their firmware, and addresses against those the guests have.
 func (s *suite) checkGuests(t *testing.T) {
-	lms, err := s.clusterMachines(clusterName)
+	lms, err := s.clusterMachines(s.cut.name)
 	must(t, err)
 	uuidRE := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 	for _, lm := range lms {

@@ -28,70 +28,78 @@ const (
 	domainTimeout = 8 * time.Minute // a machine to DomainReady
 )
 
-// The stand-in cluster's size: CI's run boots 2 + 1 machines, leaving the
-// cores to the kubeadm cluster's time; `make test-soak` boots 3 + 2 and
-// scales the workers 2 → 3 → 1 on top.
-func standInControlPlane() int32 {
-	if *soak {
-		return 3
-	}
-	return 2
-}
+// The stand-in cluster's size (`make test-soak`): 3 control-plane
+// machines behind the endpoint, 2 workers scaled 2 → 3 → 1.
+const (
+	standInControlPlane int32 = 3
+	standInWorkers      int32 = 2
+)
 
-func standInWorkers() int32 {
-	if *soak {
-		return 2
-	}
-	return 1
-}
-
-// TestE2E runs the whole scenario in order; the phases share the demo
-// cluster's VMs, because booting them is what costs the time.
+// TestE2E runs the whole scenario in order; the phases share one
+// cluster's VMs, because booting them is what costs the time. By default
+// that is a kubeadm cluster from templates/cluster-template.yaml; with
+// -e2e.stand-in the stand-in cluster of devplane.Demo, whose guests boot
+// in parallel and run no Kubernetes.
 func TestE2E(t *testing.T) {
 	s := newSuite(t)
-
 	if *standIn {
-		// 1. The demo cluster `make up` creates, with bad input exercised
-		// while its VMs boot.
-		s.createDemo()
-		t.Run("bad input", s.badInput)
-		s.waitDemoReady()
-		t.Run("contract", s.checkContract)
-		t.Run("endpoint", s.checkEndpoint)
-		t.Run("guests", s.checkGuests)
-		t.Run("steady state", s.measureSteadyState)
-
-		// 2. Scaling and control-plane deletion behind the endpoint.
-		if *soak {
-			t.Run("scale workers", s.scaleWorkers)
-		}
-		t.Run("delete control-plane machine", s.deleteControlPlaneMachine)
-
-		// 3. Faults.
-		t.Run("kill manager", s.killManagerRounds)
-		t.Run("restart libvirtd", s.restartLibvirtd)
-		t.Run("delete cluster while creating", s.deleteClusterWhileCreating)
+		s.standInScenario(t)
+	} else {
+		s.kubeadmScenario(t)
 	}
-	if *kubeadm {
-		// 4. A real Kubernetes cluster from templates/cluster-template.yaml,
-		// once the host is quiet: kubeadm under TCG needs the cores.
-		s.createKubeadm(t)
-		t.Run("kubeadm nodes ready", s.kubeadmReady)
-		t.Run("kubeadm service across nodes", s.kubeadmService)
-		t.Run("kubeadm scale workers", s.kubeadmScale)
-		t.Run("kubeadm remediation", s.kubeadmRemediation)
-		t.Run("kubeadm delete", s.kubeadmDelete)
-	}
-
-	// 5. Nothing of the run outlives it.
+	// Nothing of the run outlives it.
 	s.down(true)
+}
+
+// kubeadmScenario is CI's: a real Kubernetes cluster, the contract and
+// guest checks, bad input, and the fault rounds on its machines.
+func (s *suite) kubeadmScenario(t *testing.T) {
+	// 1. The cluster `make up` creates, with bad input exercised while the
+	// control plane's VM boots (the bad machines never start a guest).
+	s.createKubeadm(t)
+	t.Run("bad input", s.badInput)
+	t.Run("kubeadm nodes ready", s.kubeadmReady)
+	if !s.k8s.ready {
+		return
+	}
+	t.Run("contract", s.checkContract)
+	t.Run("guests", s.checkGuests)
+	t.Run("steady state", s.measureSteadyState)
+	t.Run("kubeadm service across nodes", s.kubeadmService)
+
+	// 2. Faults on a running cluster: its nodes must stay Ready through them.
+	t.Run("kill manager", s.killManagerRounds)
+	t.Run("restart libvirtd", s.restartLibvirtd)
+	t.Run("kubeadm nodes still ready", func(t *testing.T) { s.waitNodes(t, 5*time.Minute) })
+
+	// 3. Scaling, remediation, and deletion while machines are created.
+	t.Run("kubeadm scale workers", s.kubeadmScale)
+	t.Run("kubeadm remediation", s.kubeadmRemediation)
+	t.Run("delete cluster while creating", s.deleteClusterWhileCreating)
+}
+
+// standInScenario is `make test-soak`'s: the stand-in cluster, larger,
+// with the endpoint's balancing and control-plane deletion behind it.
+func (s *suite) standInScenario(t *testing.T) {
+	s.createDemo()
+	t.Run("bad input", s.badInput)
+	s.waitDemoReady()
+	t.Run("contract", s.checkContract)
+	t.Run("endpoint", s.checkEndpoint)
+	t.Run("guests", s.checkGuests)
+	t.Run("steady state", s.measureSteadyState)
+	t.Run("scale workers", s.scaleWorkers)
+	t.Run("delete control-plane machine", s.deleteControlPlaneMachine)
+	t.Run("kill manager", s.killManagerRounds)
+	t.Run("restart libvirtd", s.restartLibvirtd)
+	t.Run("delete cluster while creating", s.deleteClusterWhileCreating)
 }
 
 // createDemo renders devplane.Demo for the namespace and applies it.
 func (s *suite) createDemo() {
 	t := s.t
 	opts := devplane.DemoOptions{
-		Namespace: namespace, Name: clusterName, ControlPlane: standInControlPlane(), Workers: standInWorkers(),
+		Namespace: namespace, Name: clusterName, ControlPlane: standInControlPlane, Workers: standInWorkers,
 		ImageDir: filepath.Dir(s.image), DomainType: string(infrav1.DomainTypeQEMU), CPUMode: string(infrav1.CPUModeMaximum),
 		TCGCacheMiB: 64, StoragePool: e2ePool,
 	}
@@ -120,9 +128,9 @@ func (s *suite) createDemo() {
 			}
 		}
 	}
-	if s.demo.cluster == nil || s.demo.lc == nil || s.demo.md == nil || s.demo.template == nil || s.demo.workerSecret == "" || len(s.demo.controlPlane) != int(standInControlPlane()) {
+	if s.demo.cluster == nil || s.demo.lc == nil || s.demo.md == nil || s.demo.template == nil || s.demo.workerSecret == "" || len(s.demo.controlPlane) != int(standInControlPlane) {
 		t.Fatalf("devplane.Demo: want a Cluster, LibvirtCluster, MachineDeployment with dataSecretName, LibvirtMachineTemplate "+
-			"and %d control-plane Machines; got %d objects (%d control-plane Machines)", standInControlPlane(), len(objs), len(s.demo.controlPlane))
+			"and %d control-plane Machines; got %d objects (%d control-plane Machines)", standInControlPlane, len(objs), len(s.demo.controlPlane))
 	}
 	slices.Sort(s.demo.controlPlane)
 	for _, o := range objs {
@@ -130,6 +138,9 @@ func (s *suite) createDemo() {
 			t.Fatalf("devplane.Demo put %T %s into namespace %q, want %q", o, o.GetName(), o.GetNamespace(), namespace)
 		}
 	}
+	s.cut = clusterUnderTest{name: s.demo.cluster.Name, workers: s.demo.md.Name,
+		machineSpec: *s.demo.template.Spec.Template.Spec.DeepCopy(), bootstrapSecret: s.demo.workerSecret,
+		controlPlaneMachines: standInControlPlane, workerMachines: standInWorkers}
 	must(t, devplane.ApplyDemo(s.ctx, s.c, objs))
 	s.bootStart = time.Now()
 	t.Logf("demo applied: cluster %s, control plane %v, MachineDeployment %s (%d replicas)", s.demo.cluster.Name,
@@ -140,7 +151,7 @@ func (s *suite) createDemo() {
 // machines report BootstrapSucceeded, then records the batch's figures.
 func (s *suite) waitDemoReady() {
 	t := s.t
-	cp, w := standInControlPlane(), standInWorkers()
+	cp, w := standInControlPlane, standInWorkers
 	all := int(cp + w)
 	defer s.rep.phaseSince(fmt.Sprintf("create stand-in cluster (LB + %d control plane + %d workers) to all BootstrapSucceeded", cp, w), s.bootStart)()
 	s.waitFor(t, "cluster infrastructure provisioned", bootTimeout, func() (bool, string) {

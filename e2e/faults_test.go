@@ -89,7 +89,7 @@ func (s *suite) killManagerRounds(t *testing.T) {
 		deleteDelay := s.randomDelay(12 * time.Second)
 		t.Logf("round %d: machine %s, kill %.1fs after creating, %.1fs after deleting", round, name, createDelay.Seconds(), deleteDelay.Seconds())
 		dup := s.watchDuplicates(name)
-		objs := s.createExtraMachine(t, clusterName, name, nil)
+		objs := s.createExtraMachine(t, s.cut.name, name, nil)
 		time.Sleep(createDelay)
 		s.killManager(t)
 		lm := s.waitMachineCondition(t, name, infrav1.DomainReadyCondition, domainTimeout)
@@ -124,7 +124,7 @@ func (s *suite) restartLibvirtd(t *testing.T) {
 	network := s.clusterNetwork()
 	name := extraPrefix + "libvirtd-restart"
 	delay := 500*time.Millisecond + s.randomDelay(3*time.Second)
-	objs := s.createExtraMachine(t, clusterName, name, nil)
+	objs := s.createExtraMachine(t, s.cut.name, name, nil)
 	time.Sleep(delay)
 	t.Logf("stopping libvirtd %.1fs after creating %s", delay.Seconds(), name)
 	pid, err := testlibvirt.StopLibvirtd(time.Minute)
@@ -157,7 +157,11 @@ func (s *suite) restartLibvirtd(t *testing.T) {
 // Cluster while the new machines are being created; every object and
 // every libvirt object of the cluster must go.
 func (s *suite) deleteClusterWhileCreating(t *testing.T) {
-	defer s.rep.phase("delete the cluster while machines are being created")()
+	phase := "delete the cluster while machines are being created"
+	if !*standIn {
+		phase = kubeadmPhasePrefix + "delete the cluster (while 2 more workers are being created)"
+	}
+	defer s.rep.phase(phase)()
 	before := s.workerMachines(t)
 	s.setWorkers(t, 3)
 	s.waitFor(t, "new worker machines to be created", 5*time.Minute, func() (bool, string) {
@@ -187,7 +191,7 @@ func (s *suite) deleteClusterWhileCreating(t *testing.T) {
 		}
 	}
 	cl := &clusterv1.Cluster{}
-	must(t, s.c.Get(s.ctx, client.ObjectKeyFromObject(s.demo.cluster), cl))
+	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: s.cut.name}, cl))
 	must(t, s.c.Delete(s.ctx, cl))
 	s.waitClusterGone(t)
 }

@@ -16,6 +16,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -79,12 +80,44 @@ func (s *suite) createKubeadm(t *testing.T) {
 	must(t, err)
 	cni, err := devplane.CNIObjects(s.k8s.opts)
 	must(t, err)
+	s.cut = clusterUnderTest{name: kubeadmName, workers: s.k8s.opts.MachineDeploymentName(), bootstrapSecret: extraBootstrapSecret,
+		controlPlaneMachines: s.k8s.opts.ControlPlane, workerMachines: s.k8s.opts.Workers}
+	for _, o := range objs {
+		if o.GetKind() == "LibvirtMachineTemplate" && o.GetName() == s.cut.workers {
+			tmpl := &infrav1.LibvirtMachineTemplate{}
+			must(t, runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, tmpl))
+			s.cut.machineSpec = tmpl.Spec.Template.Spec
+		}
+	}
+	if s.cut.machineSpec.Image.Volume == nil {
+		t.Fatalf("the template rendered no LibvirtMachineTemplate %s with an image volume", s.cut.workers)
+	}
+	must(t, s.c.Create(s.ctx, extraBootstrap()))
 	must(t, devplane.ApplyCluster(s.ctx, s.c, cni, objs))
 	s.k8s.applied = time.Now()
 	t.Logf("kubeadm cluster %s applied (%d objects from the template, Kubernetes %s)", kubeadmName, len(objs), version)
-	s.rep.note("kubeadm cluster: Kubernetes %s, domain type %s (TCG) with CPU mode maximum and a %d MiB translation cache, on %d host cores; "+
-		"control plane 2 vCPU / 4096 MiB, workers %d vCPU / 2048 MiB, created once the control-plane node is Ready (devplane.ClusterOptions.TCGTuning, as make up does under TCG)",
-		version, s.k8s.opts.DomainType, s.k8s.opts.TCGCacheMiB, s.cores, s.k8s.opts.WorkerCPUs)
+	s.rep.mu.Lock()
+	s.rep.KubeadmCluster = fmt.Sprintf("Kubernetes %s, domain type %s (TCG) with CPU mode maximum and a %d MiB translation cache, on %d host cores; "+
+		"control plane 2 vCPU / 4096 MiB, workers %d vCPU / 2048 MiB created once the control-plane node is Ready, "+
+		"leader election %s/%s, static pod probes timeout %ss, liveness %s and startup %s failures (devplane.ClusterOptions.TCGTuning, as make up does under TCG).",
+		version, s.k8s.opts.DomainType, s.k8s.opts.TCGCacheMiB, s.cores, s.k8s.opts.WorkerCPUs,
+		s.k8s.opts.LeaderElectLease, s.k8s.opts.LeaderElectRenew, s.k8s.opts.ProbeTimeout, s.k8s.opts.LivenessFailures, s.k8s.opts.StartupFailures)
+	s.rep.mu.Unlock()
+}
+
+// extraBootstrapSecret is the bootstrap data of the machines the suite
+// adds to the kubeadm cluster itself (bad input, faults): a cloud-config
+// that joins nothing, so that a guest that boots before its machine is
+// deleted stays out of the workload cluster.
+const extraBootstrapSecret = extraPrefix + "bootstrap"
+
+func extraBootstrap() *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: extraBootstrapSecret,
+			Labels: map[string]string{clusterv1.ClusterNameLabel: kubeadmName}},
+		Type: clusterv1.ClusterSecretType,
+		Data: map[string][]byte{"format": []byte("cloud-config"), "value": []byte("#cloud-config\nruncmd:\n- [mkdir, -p, /run/cluster-api]\n- [touch, /run/cluster-api/bootstrap-success.complete]\n")},
+	}
 }
 
 // kubeadmReady waits for the load balancer, the first control-plane node
@@ -324,11 +357,11 @@ func (s *suite) kubeadmScale(t *testing.T) {
 	before, err := s.kubeadmWorkerNodes()
 	must(t, err)
 	stop := s.rep.phase("kubeadm: scale workers 1 → 2, new node Ready")
-	s.setReplicas(t, s.k8s.mdName(), 2)
+	s.setWorkers(t, 2)
 	s.waitNodes(t, kubeadmJoinTimeout)
 	stop()
 	stop = s.rep.phase("kubeadm: scale workers 2 → 1, node drained and gone")
-	s.setReplicas(t, s.k8s.mdName(), 1)
+	s.setWorkers(t, 1)
 	s.waitWorkload(t, "one worker Machine and one worker Node", deleteTimeout, func() (bool, string) {
 		nodes, err := s.kubeadmWorkerNodes()
 		if err != nil {
@@ -412,25 +445,6 @@ func destroyDomain(uri, name string) error {
 		return err
 	}
 	return dom.UndefineFlags(libvirt.DOMAIN_UNDEFINE_NVRAM)
-}
-
-// kubeadmDelete deletes the kubeadm cluster; every object and every libvirt
-// object of it must go.
-func (s *suite) kubeadmDelete(t *testing.T) {
-	defer s.rep.phase("kubeadm: delete the cluster")()
-	cl := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: kubeadmName}}
-	must(t, client.IgnoreNotFound(s.c.Delete(s.ctx, cl)))
-	s.waitClusterGone(t)
-}
-
-// setReplicas sets a MachineDeployment's replicas.
-func (s *suite) setReplicas(t *testing.T, md string, n int32) {
-	t.Helper()
-	obj := &clusterv1.MachineDeployment{}
-	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: md}, obj))
-	patch := client.MergeFrom(obj.DeepCopy())
-	obj.Spec.Replicas = ptr.To(n)
-	must(t, s.c.Patch(s.ctx, obj, patch))
 }
 
 // mdMachines names the kubeadm MachineDeployment's Machines not being deleted.

@@ -21,8 +21,8 @@ type extraMachineObjs struct {
 }
 
 // createExtraMachine creates a worker Machine of cluster with its
-// LibvirtMachine (the demo workers' spec) and the demo workers' bootstrap
-// Secret. name must start with extraPrefix.
+// LibvirtMachine (the spec of the workers of the cluster under test) and
+// the extra machines' bootstrap Secret. name must start with extraPrefix.
 func (s *suite) createExtraMachine(t *testing.T, cluster, name string, mutate func(*infrav1.LibvirtMachine)) extraMachineObjs {
 	t.Helper()
 	if !extraMachine(name) {
@@ -30,14 +30,14 @@ func (s *suite) createExtraMachine(t *testing.T, cluster, name string, mutate fu
 	}
 	labels := map[string]string{clusterv1.ClusterNameLabel: cluster}
 	lm := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: labels}}
-	lm.Spec = *s.demo.template.Spec.Template.Spec.DeepCopy()
+	lm.Spec = *s.cut.machineSpec.DeepCopy()
 	if mutate != nil {
 		mutate(lm)
 	}
 	must(t, s.c.Create(s.ctx, lm))
 	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: labels}}
 	m.Spec.ClusterName = cluster
-	m.Spec.Bootstrap.DataSecretName = ptr.To(s.demo.workerSecret)
+	m.Spec.Bootstrap.DataSecretName = ptr.To(s.cut.bootstrapSecret)
 	m.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{
 		APIGroup: infrav1.GroupVersion.Group, Kind: "LibvirtMachine", Name: name}
 	must(t, s.c.Create(s.ctx, m))

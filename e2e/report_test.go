@@ -33,6 +33,9 @@ type report struct {
 	HostCores uint           `json:"hostCores"`
 	// Phases is the suite's timeline.
 	Phases []phaseTiming `json:"phases"`
+	// KubeadmCluster describes the kubeadm cluster: Kubernetes version,
+	// accelerator, sizes, host cores.
+	KubeadmCluster string `json:"kubeadmCluster,omitempty"`
 	// Batches are the per-machine phase figures of a group of machines
 	// created together.
 	Batches []batchReport `json:"batches"`
@@ -204,6 +207,13 @@ func (r *report) markdown() string {
 		r.Finished.Sub(r.Started).Round(time.Second), result, r.Seed)
 	fmt.Fprintf(&b, "%s Timings are first observations by polling the API server and libvirt's DHCP leases every %s.\n\n",
 		guestsLine(r.Guests, r.HostCores), observeInterval)
+	if k := r.kubeadmPhases(); len(k) > 0 {
+		fmt.Fprintf(&b, "## Kubernetes cluster\n\n%s\n\n| figure | seconds |\n|---|---|\n", r.KubeadmCluster)
+		for _, p := range k {
+			fmt.Fprintf(&b, "| %s | %.0f |\n", strings.TrimPrefix(p.Name, kubeadmPhasePrefix), p.Seconds)
+		}
+		fmt.Fprintf(&b, "\n")
+	}
 	fmt.Fprintf(&b, "## Machine phases\n\n")
 	fmt.Fprintf(&b, "| batch | machines | eligible → domain started | lease → address | domain started → BootstrapSucceeded |\n|---|---|---|---|---|\n")
 	for _, bt := range r.Batches {
@@ -249,6 +259,21 @@ func (r *report) markdown() string {
 		}
 	}
 	return b.String()
+}
+
+// kubeadmPhasePrefix starts the names of the kubeadm cluster's phases,
+// which the report also lists on their own.
+const kubeadmPhasePrefix = "kubeadm: "
+
+// kubeadmPhases are the phases named with kubeadmPhasePrefix, in order.
+func (r *report) kubeadmPhases() []phaseTiming {
+	var out []phaseTiming
+	for _, p := range r.Phases {
+		if strings.HasPrefix(p.Name, kubeadmPhasePrefix) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // guestSize describes the virtual hardware of one VM, e.g. "machine:

@@ -128,7 +128,7 @@ func (s *suite) measureSteadyState(t *testing.T) {
 		return
 	}
 	start := time.Now()
-	lms, err := s.clusterMachines(clusterName)
+	lms, err := s.clusterMachines(s.cut.name)
 	must(t, err)
 	touched := 0
 	for round := range 3 {
@@ -183,7 +183,7 @@ func (s *suite) measureSteadyState(t *testing.T) {
 func (s *suite) setWorkers(t *testing.T, n int32) {
 	t.Helper()
 	md := &clusterv1.MachineDeployment{}
-	must(t, s.c.Get(s.ctx, client.ObjectKeyFromObject(s.demo.md), md))
+	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: s.cut.workers}, md))
 	patch := client.MergeFrom(md.DeepCopy())
 	md.Spec.Replicas = ptr.To(n)
 	must(t, s.c.Patch(s.ctx, md, patch))
@@ -194,7 +194,7 @@ func (s *suite) setWorkers(t *testing.T, n int32) {
 func (s *suite) workerMachines(t *testing.T) map[string]*infrav1.LibvirtMachine {
 	t.Helper()
 	machines := &clusterv1.MachineList{}
-	must(t, s.c.List(s.ctx, machines, client.InNamespace(namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: s.demo.md.Name}))
+	must(t, s.c.List(s.ctx, machines, client.InNamespace(namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: s.cut.workers}))
 	out := map[string]*infrav1.LibvirtMachine{}
 	for _, m := range machines.Items {
 		if lm := s.lm(m.Spec.InfrastructureRef.Name); lm != nil {

@@ -33,9 +33,7 @@ import (
 
 var (
 	killRounds = flag.Int("e2e.kill-rounds", 3, "rounds of killing the manager during a machine's creation and deletion")
-	standIn    = flag.Bool("e2e.stand-in", true, "the stand-in cluster's scenarios (contract, endpoint, faults, bad input); `make test-e2e`")
-	kubeadm    = flag.Bool("e2e.kubeadm", false, "the kubeadm cluster's scenario (template, nodes Ready, Service, scaling, remediation, deletion); `make test-e2e-kubeadm`")
-	soak       = flag.Bool("e2e.soak", false, "also the scenarios the kubeadm scenario covers on the stand-in cluster (worker scaling with batch figures); `make test-soak`")
+	standIn    = flag.Bool("e2e.stand-in", false, "run the checks and faults against the stand-in cluster (3 + 2 machines, worker scaling with batch figures, control-plane deletion behind the endpoint) instead of the kubeadm cluster; `make test-soak`")
 	seedFlag   = flag.Uint64("e2e.seed", 0, "seed of the random fault timings; 0 picks one from the clock (the log prints it)")
 )
 
@@ -82,6 +80,9 @@ type suite struct {
 	// before the run (imagesBefore).
 	imagesBefore map[string]bool
 
+	// cut is the cluster the shared checks, bad input and faults run
+	// against: the kubeadm cluster, or the stand-in one with -e2e.stand-in.
+	cut       clusterUnderTest
 	demo      demoObjects
 	k8s       kubeadmState
 	bootStart time.Time
@@ -90,6 +91,23 @@ type suite struct {
 
 	mu       sync.Mutex
 	downDone bool
+}
+
+// clusterUnderTest is what the shared checks, the bad-input cases and the
+// fault rounds need to know of the cluster they run against.
+type clusterUnderTest struct {
+	// name is the Cluster's and the LibvirtCluster's.
+	name string
+	// workers is the MachineDeployment of workers.
+	workers string
+	// machineSpec is the spec of the machines the suite adds itself (bad
+	// input, faults): the workers'.
+	machineSpec infrav1.LibvirtMachineSpec
+	// bootstrapSecret is their bootstrap data Secret.
+	bootstrapSecret string
+	// controlPlaneMachines and workerMachines are how many Machines the
+	// cluster has once ready.
+	controlPlaneMachines, workerMachines int32
 }
 
 // demoObjects are the objects devplane.Demo rendered, by role.
@@ -466,8 +484,8 @@ func (s *suite) waitGone(t *testing.T, timeout time.Duration, objs ...client.Obj
 	}
 }
 
-// clusterNetwork is the libvirt network of the demo cluster.
-func (s *suite) clusterNetwork() string { return s.clusterNetworkOf(s.demo.lc.Name) }
+// clusterNetwork is the libvirt network of the cluster under test.
+func (s *suite) clusterNetwork() string { return s.clusterNetworkOf(s.cut.name) }
 
 // clusterNetworkOf is the libvirt network of LibvirtCluster cluster of the
 // namespace.
