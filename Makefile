@@ -94,6 +94,10 @@ test-e2e: envtest images node-image build ## End-to-end on real VMs: a kubeadm c
 test-soak: ## Outside CI: the stand-in cluster (3 control plane + 2 workers, endpoint balancing, worker scaling, control-plane deletion) with 10 manager-kill rounds.
 	$(MAKE) test-e2e E2E_ARGS="-e2e.stand-in -e2e.kill-rounds=10 $(E2E_ARGS)"
 
+.PHONY: test-node-image
+test-node-image: envtest node-image ## Boot the node image alone and check it is ready for kubeadm (CAPL_TEST_NODE_KUBEADM_INIT=1 adds a kubeadm init); make test-e2e covers it in CI.
+	$(TEST_ENV) CAPL_TEST_NODE_BOOT=1 go test -count=1 -timeout=40m -v -run TestNodeImageReadyForKubeadm ./images/
+
 .PHONY: test-unit
 test-unit: ## Unit tests only: nothing outside the process.
 	go test -count=1 -short ./...

@@ -325,12 +325,13 @@ func testLibvirtdRestart(h *harness, cluster string) {
 	h.startProvider(nil)
 }
 
-// testBootedMachines boots five small VMs at once: it measures the
+// testBootedMachines boots three small VMs at once: it measures the
 // controller's latencies, runs the full happy path on one (bootstrap
 // sentinel and Node identity from the real guest), and destroys another
-// behind the provider's back.
+// behind the provider's back. (Three, not more: the e2e suite's kubeadm
+// cluster boots real nodes; here the batch only has to be concurrent.)
 func testBootedMachines(h *harness, cluster string) {
-	names := []string{"b0", "b1", "b2", "b3", "b4"}
+	names := []string{"b0", "b1", "b2"}
 	// The figures are the controller's overhead, not a one-off 150 MiB
 	// import: make sure the base image is in the pool (a no-op after the
 	// earlier scenarios).
@@ -367,7 +368,7 @@ func testBootedMachines(h *harness, cluster string) {
 		h.setBootstrapData(n)
 	}
 	leased, addressed := map[string]time.Time{}, map[string]time.Time{}
-	h.waitFor("addresses of all five machines", 12*time.Minute, func() (bool, string) {
+	h.waitFor("addresses of all three machines", 12*time.Minute, func() (bool, string) {
 		for _, n := range names {
 			lm := h.lm(n)
 			if lm.Status.Domain == nil || lm.Status.Domain.MAC == "" {
