@@ -57,6 +57,9 @@ type ClusterOptions struct {
 	// ProbeTimeout, LivenessFailures and StartupFailures override the
 	// template's control-plane static pod probes (kubeadm's defaults).
 	ProbeTimeout, LivenessFailures, StartupFailures string
+	// EtcdUnsafeNoFsync, "true", stops etcd syncing its log to disk
+	// (throwaway clusters on slow disks).
+	EtcdUnsafeNoFsync string
 	// LeaderElectLease and LeaderElectRenew override the template's leader
 	// election timing of the controller manager and scheduler when set.
 	LeaderElectLease, LeaderElectRenew string
@@ -185,6 +188,7 @@ func ClusterVariables(o ClusterOptions, imgs ClusterImages) map[string]string {
 		"LIBVIRT_PROBE_TIMEOUT_SECONDS":            o.ProbeTimeout,
 		"LIBVIRT_LIVENESS_PROBE_FAILURE_THRESHOLD": o.LivenessFailures,
 		"LIBVIRT_STARTUP_PROBE_FAILURE_THRESHOLD":  o.StartupFailures,
+		"LIBVIRT_ETCD_UNSAFE_NO_FSYNC":             o.EtcdUnsafeNoFsync,
 		"LIBVIRT_LEADER_ELECT_LEASE_DURATION":      o.LeaderElectLease,
 		"LIBVIRT_LEADER_ELECT_RENEW_DEADLINE":      o.LeaderElectRenew,
 	} {
@@ -289,13 +293,15 @@ func ApplyCluster(ctx context.Context, c client.Client, cni []client.Object, clu
 // a large translation cache, 1-vCPU workers (a 2-core host keeps a core
 // for the control plane), workers staged after the control plane, and a
 // leader election and static pod probes that survive an API server
-// answering in tens of seconds.
+// answering in tens of seconds, and an etcd that does not wait for the
+// disk.
 func (o ClusterOptions) TCGTuning() ClusterOptions {
 	o.TCGCacheMiB = NodeTCGCacheMiB
 	o.WorkerCPUs = 1
 	o.StagedWorkers = true
 	o.LeaderElectLease, o.LeaderElectRenew = "60s", "40s"
 	o.ProbeTimeout, o.LivenessFailures, o.StartupFailures = "60", "60", "120"
+	o.EtcdUnsafeNoFsync = "true"
 	return o
 }
 
