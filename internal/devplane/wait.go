@@ -73,11 +73,24 @@ func ClusterStatus(ctx context.Context, c client.Client, namespace, name string)
 	if err := c.List(ctx, &machines, client.InNamespace(namespace), inCluster); err != nil {
 		return s, err
 	}
+	controlPlane := 0
 	for _, m := range machines.Items {
 		if _, ok := m.Labels[clusterv1.MachineControlPlaneLabel]; ok {
-			s.Machines++
+			controlPlane++
 		}
 	}
+	// A control-plane provider creates its Machines one by one: once the
+	// Cluster reports how many it wants, count that. Workers come from the
+	// MachineDeployments' specs, not the Cluster's status, which lags a
+	// scaling by a reconcile.
+	cl := &clusterv1.Cluster{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, cl); err != nil {
+		return s, err
+	}
+	if cp := cl.Status.ControlPlane; cp != nil && cp.DesiredReplicas != nil {
+		controlPlane = int(*cp.DesiredReplicas)
+	}
+	s.Machines = controlPlane
 	var mds clusterv1.MachineDeploymentList
 	if err := c.List(ctx, &mds, client.InNamespace(namespace), inCluster); err != nil {
 		return s, err
@@ -85,18 +98,6 @@ func ClusterStatus(ctx context.Context, c client.Client, namespace, name string)
 	for _, md := range mds.Items {
 		if md.Spec.Replicas != nil {
 			s.Machines += int(*md.Spec.Replicas)
-		}
-	}
-	// A control-plane provider creates its Machines one by one: once the
-	// Cluster reports what it wants, count that.
-	cl := &clusterv1.Cluster{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, cl); err != nil {
-		return s, err
-	}
-	if cp := cl.Status.ControlPlane; cp != nil && cp.DesiredReplicas != nil {
-		s.Machines = int(*cp.DesiredReplicas)
-		if w := cl.Status.Workers; w != nil && w.DesiredReplicas != nil {
-			s.Machines += int(*w.DesiredReplicas)
 		}
 	}
 	var lms infrav1.LibvirtMachineList
