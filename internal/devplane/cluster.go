@@ -299,7 +299,7 @@ func (o ClusterOptions) TCGTuning() ClusterOptions {
 	o.TCGCacheMiB = NodeTCGCacheMiB
 	o.WorkerCPUs = 1
 	o.StagedWorkers = true
-	o.LeaderElectLease, o.LeaderElectRenew = "60s", "40s"
+	o.LeaderElectLease, o.LeaderElectRenew = "180s", "150s"
 	o.ProbeTimeout, o.LivenessFailures, o.StartupFailures = "60", "60", "120"
 	o.EtcdUnsafeNoFsync = "true"
 	return o
