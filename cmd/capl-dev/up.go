@@ -102,7 +102,7 @@ func upCluster(ctx context.Context, p *devplane.Plane, o devplane.Options, cf cl
 	logf("all %d nodes Ready %s after apply (%s since up started)", len(nodes.Joined), time.Since(applied).Round(time.Second), time.Since(start).Round(time.Second))
 	out := cf.kubeconfigOut
 	if out == "" {
-		out = filepath.Join(p.StateDir, co.Name+".kubeconfig")
+		out = devplane.WorkloadKubeconfig(p.StateDir, co.Name)
 	}
 	if err := os.WriteFile(out, kubeconfig, 0o600); err != nil {
 		return err

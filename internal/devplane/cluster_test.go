@@ -96,8 +96,25 @@ func TestRenderCluster(t *testing.T) {
 	}
 	args, _, _ := unstructured.NestedSlice(kinds["KubeadmControlPlane/k8s-control-plane"].Object,
 		"spec", "kubeadmConfigSpec", "clusterConfiguration", "controllerManager", "extraArgs")
-	if fmt.Sprint(args) != "[map[name:leader-elect-lease-duration value:60s] map[name:leader-elect-renew-deadline value:40s]]" {
+	if fmt.Sprint(args) != "[map[name:leader-elect-lease-duration value:180s] map[name:leader-elect-renew-deadline value:150s]]" {
 		t.Errorf("controller manager extraArgs %v, want TCG's leader election", args)
+	}
+	etcdArgs, _, _ := unstructured.NestedSlice(kinds["KubeadmControlPlane/k8s-control-plane"].Object,
+		"spec", "kubeadmConfigSpec", "clusterConfiguration", "etcd", "local", "extraArgs")
+	if fmt.Sprint(etcdArgs) != "[map[name:unsafe-no-fsync value:true]]" {
+		t.Errorf("etcd extraArgs %v, want TCG's unsafe-no-fsync", etcdArgs)
+	}
+	files, _, _ := unstructured.NestedSlice(kinds["KubeadmControlPlane/k8s-control-plane"].Object, "spec", "kubeadmConfigSpec", "files")
+	for _, f := range files {
+		content := fmt.Sprint(f.(map[string]any)["content"])
+		for _, want := range []string{"failureThreshold: 60\n", "failureThreshold: 120\n", "timeoutSeconds: 60\n"} {
+			if !strings.Contains(content, want) {
+				t.Errorf("probe patch %v lacks TCG's %q", f.(map[string]any)["path"], want)
+			}
+		}
+	}
+	if len(files) != 4 {
+		t.Errorf("%d files in the control plane's kubeadm config, want the 4 probe patches", len(files))
 	}
 
 	o.ImageDir = t.TempDir()

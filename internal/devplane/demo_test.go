@@ -299,7 +299,7 @@ func TestScopeContains(t *testing.T) {
 
 func TestRemoveStateDirRefusesForeignFiles(t *testing.T) {
 	dir := t.TempDir()
-	for _, f := range []string{kubeconfigName, serveLogName, "precious.txt"} {
+	for _, f := range []string{kubeconfigName, serveLogName, filepath.Base(WorkloadKubeconfig(dir, "demo")), "precious.txt"} {
 		if err := os.WriteFile(filepath.Join(dir, f), nil, 0o600); err != nil {
 			t.Fatal(err)
 		}

@@ -374,7 +374,7 @@ func removeStateDir(dir string) error {
 		kcmKubeconfigName, kcmPIDName, kcmLogName}
 	for _, e := range entries {
 		name := strings.TrimSuffix(e.Name(), ".tmp")
-		if !slices.Contains(known, name) {
+		if !slices.Contains(known, name) && !strings.HasSuffix(name, workloadKubeconfigSuffix) {
 			return fmt.Errorf("not removing %s: %s is not a file of the management plane", dir, filepath.Join(dir, e.Name()))
 		}
 	}

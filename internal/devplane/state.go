@@ -66,7 +66,17 @@ const (
 	kcmKubeconfigName = "kube-controller-manager.kubeconfig"
 	kcmPIDName        = "kube-controller-manager.pid"
 	kcmLogName        = "kube-controller-manager.log"
+	// workloadKubeconfigSuffix ends the name of a workload cluster's
+	// kubeconfig that `capl-dev up` writes (WorkloadKubeconfig).
+	workloadKubeconfigSuffix = ".kubeconfig"
 )
+
+// WorkloadKubeconfig is where `capl-dev up` writes the kubeconfig of
+// workload cluster name in the plane's state directory; Down removes it
+// with the directory.
+func WorkloadKubeconfig(stateDir, name string) string {
+	return filepath.Join(stateDir, name+workloadKubeconfigSuffix)
+}
 
 // Endpoints is endpoints.json: where the running plane's manager answers.
 type Endpoints struct {
