@@ -91,7 +91,8 @@ test-e2e: envtest images node-image build ## End-to-end on real VMs: a kubeadm c
 		go test -tags e2e -count=1 -timeout=$(E2E_TIMEOUT) -v ./e2e/ -args $(E2E_ARGS)
 
 .PHONY: test-soak
-test-soak: ## Outside CI: the stand-in cluster (3 control plane + 2 workers, endpoint balancing, worker scaling, control-plane deletion) with 10 manager-kill rounds.
+test-soak: envtest images ## Outside CI: the integration tests that boot guests the e2e's kubeadm nodes cover (CAPL_TEST_SOAK=1), then the stand-in cluster (3 control plane + 2 workers, endpoint balancing, worker scaling, control-plane deletion) with 10 manager-kill rounds.
+	$(TEST_ENV) CAPL_TEST_SOAK=1 go test $(GO_TEST_FLAGS) -run '^(TestBootGuestThroughReservedLease|TestGuestAgent|TestLibvirtMachine)$$' ./pkg/virt/ ./pkg/controllers/
 	$(MAKE) test-e2e E2E_ARGS="-e2e.stand-in -e2e.kill-rounds=10 $(E2E_ARGS)"
 
 .PHONY: test-node-image

@@ -33,6 +33,10 @@ const (
 	// EnvImage names the path of a bootable qcow2 base image; unset skips
 	// the tests that boot a guest.
 	EnvImage = "CAPL_TEST_IMAGE"
+	// EnvSoak opts in to the integration tests that wait for a guest OS to
+	// boot where the e2e suite's kubeadm cluster boots real nodes through
+	// the same code: `make test-soak` sets it, `make test` (CI) does not.
+	EnvSoak = "CAPL_TEST_SOAK"
 	// PoolRoot is where test pools live on the libvirt host.
 	PoolRoot = "/var/lib/libvirt"
 )
@@ -46,6 +50,15 @@ func URI(t testing.TB) string {
 		t.Skipf("%s not set: skipping test against a real libvirtd", EnvURI)
 	}
 	return uri
+}
+
+// SoakOnly skips t unless EnvSoak is set; coveredBy says what of the e2e
+// suite's kubeadm cluster covers it in CI.
+func SoakOnly(t testing.TB, coveredBy string) {
+	t.Helper()
+	if os.Getenv(EnvSoak) == "" {
+		t.Skipf("boots a guest; in CI %s (set %s=1 or run make test-soak)", coveredBy, EnvSoak)
+	}
 }
 
 // Image returns the path of the bootable test image, skipping t when none

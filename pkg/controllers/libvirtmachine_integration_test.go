@@ -48,9 +48,17 @@ func TestLibvirtMachine(t *testing.T) {
 	t.Run("RestartBetweenEveryCreateStep", func(t *testing.T) { h.t = t; testRestarts(h, clusterA) })
 	t.Run("BadBootstrapFormat", func(t *testing.T) { h.t = t; testBadFormat(h, clusterA) })
 	t.Run("DeleteDuringCreation", func(t *testing.T) { h.t = t; testDeleteDuringCreation(h, clusterA) })
-	t.Run("LibvirtdRestartedMidReconcile", func(t *testing.T) { h.t = t; testLibvirtdRestart(h, clusterA) })
+	t.Run("LibvirtdRestartedMidReconcile", func(t *testing.T) {
+		testlibvirt.SoakOnly(t, "the e2e restarts libvirtd while a machine of its kubeadm cluster is created")
+		h.t = t
+		testLibvirtdRestart(h, clusterA)
+	})
 	t.Run("StuckImageServers", func(t *testing.T) { h.t = t; testStuckImageServers(h, clusterA) })
-	t.Run("BootedMachines", func(t *testing.T) { h.t = t; testBootedMachines(h, clusterA) })
+	t.Run("BootedMachines", func(t *testing.T) {
+		testlibvirt.SoakOnly(t, "the e2e's kubeadm nodes boot, bootstrap and pass the contract checks, and one is destroyed behind the provider's back")
+		h.t = t
+		testBootedMachines(h, clusterA)
+	})
 	h.t = t
 	h.cleanupMachines() // leftovers of a failed scenario, so the checks below judge the rest
 
