@@ -62,14 +62,11 @@ func (s *suite) kubeadmScenario(t *testing.T) {
 	if !s.k8s.ready {
 		return
 	}
-	t.Run("contract", s.checkContract)
-	t.Run("guests", s.checkGuests)
-	t.Run("steady state", s.measureSteadyState)
+	s.readyClusterChecks(t)
 	t.Run("kubeadm service across nodes", s.kubeadmService)
 
 	// 2. Faults on a running cluster: its nodes must stay Ready through them.
-	t.Run("kill manager", s.killManagerRounds)
-	t.Run("restart libvirtd", s.restartLibvirtd)
+	s.faults(t)
 	t.Run("kubeadm nodes still ready", func(t *testing.T) { s.waitNodes(t, 5*time.Minute) })
 
 	// 3. Scaling, remediation, and deletion while machines are created.
@@ -84,15 +81,27 @@ func (s *suite) standInScenario(t *testing.T) {
 	s.createDemo()
 	t.Run("bad input", s.badInput)
 	s.waitDemoReady()
-	t.Run("contract", s.checkContract)
+	s.readyClusterChecks(t)
 	t.Run("endpoint", s.checkEndpoint)
-	t.Run("guests", s.checkGuests)
-	t.Run("steady state", s.measureSteadyState)
 	t.Run("scale workers", s.scaleWorkers)
 	t.Run("delete control-plane machine", s.deleteControlPlaneMachine)
+	s.faults(t)
+	t.Run("delete cluster while creating", s.deleteClusterWhileCreating)
+}
+
+// readyClusterChecks are the checks of a ready cluster under test: the
+// contract's fields, the guests' own view, libvirt calls at rest.
+func (s *suite) readyClusterChecks(t *testing.T) {
+	t.Run("contract", s.checkContract)
+	t.Run("guests", s.checkGuests)
+	t.Run("steady state", s.measureSteadyState)
+}
+
+// faults kills the manager and restarts libvirtd while machines of the
+// cluster under test are created and deleted.
+func (s *suite) faults(t *testing.T) {
 	t.Run("kill manager", s.killManagerRounds)
 	t.Run("restart libvirtd", s.restartLibvirtd)
-	t.Run("delete cluster while creating", s.deleteClusterWhileCreating)
 }
 
 // createDemo renders devplane.Demo for the namespace and applies it.
