@@ -339,6 +339,7 @@ func testLibvirtdRestart(h *harness, cluster string) {
 // behind the provider's back. (Three, not more: the e2e suite's kubeadm
 // cluster boots real nodes; here the batch only has to be concurrent.)
 func testBootedMachines(h *harness, cluster string) {
+	h.booted = true
 	names := []string{"b0", "b1", "b2"}
 	// The figures are the controller's overhead, not a one-off 150 MiB
 	// import: make sure the base image is in the pool (a no-op after the
