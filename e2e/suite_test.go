@@ -33,7 +33,8 @@ import (
 
 var (
 	killRounds = flag.Int("e2e.kill-rounds", 3, "rounds of killing the manager during a machine's creation and deletion")
-	standIn    = flag.Bool("e2e.stand-in", false, "run the checks and faults against the stand-in cluster (3 + 2 machines, worker scaling with batch figures, control-plane deletion behind the endpoint) instead of the kubeadm cluster; `make test-soak`")
+	standIn    = flag.Bool("e2e.stand-in", true, "run the checks and faults against the stand-in cluster of devplane.Demo (CI: `make test-e2e`); false runs them against a kubeadm cluster from the template (`make test-e2e-kubeadm`)")
+	soak       = flag.Bool("e2e.soak", false, "size the stand-in cluster 3 + 2 and add worker scaling with batch figures (`make test-soak`)")
 	seedFlag   = flag.Uint64("e2e.seed", 0, "seed of the random fault timings; 0 picks one from the clock (the log prints it)")
 )
 
@@ -81,7 +82,8 @@ type suite struct {
 	imagesBefore map[string]bool
 
 	// cut is the cluster the shared checks, bad input and faults run
-	// against: the kubeadm cluster, or the stand-in one with -e2e.stand-in.
+	// against: the stand-in cluster, or the kubeadm one with
+	// -e2e.stand-in=false.
 	cut       clusterUnderTest
 	demo      demoObjects
 	k8s       kubeadmState

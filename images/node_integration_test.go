@@ -28,9 +28,6 @@ import (
 
 // TestMain asserts, after the tests ran their cleanups, that nothing they
 // created is left on the host.
-// envNodeBoot opts in to TestNodeImageReadyForKubeadm.
-const envNodeBoot = "CAPL_TEST_NODE_BOOT"
-
 func TestMain(m *testing.M) {
 	os.Exit(testlibvirt.RunChecked(m))
 }
@@ -61,16 +58,9 @@ runcmd:
 // manifest of templates/, the node Ready with that providerID, CoreDNS Ready,
 // still nothing pulled (opt-in: CAPL_TEST_NODE_KUBEADM_INIT=1). It logs the boot phases (lease, systemd, containerd,
 // kubelet) and the cluster's as figures. Under TCG it takes about 10 minutes.
-//
-// `make test` skips it: the e2e suite's kubeadm cluster boots the same
-// image and runs it for real. `make test-node-image` runs it, e.g. after
-// changing the image's recipe.
 func TestNodeImageReadyForKubeadm(t *testing.T) {
 	if testing.Short() {
 		t.Skip("boots a VM")
-	}
-	if os.Getenv(envNodeBoot) == "" {
-		t.Skipf("boots the node image on its own; set %s=1 (make test-node-image) to run it", envNodeBoot)
 	}
 	uri := testlibvirt.URI(t)
 	img := testlibvirt.NodeImage(t)

@@ -34,8 +34,8 @@ const (
 	// the tests that boot a guest.
 	EnvImage = "CAPL_TEST_IMAGE"
 	// EnvSoak opts in to the integration tests that wait for a guest OS to
-	// boot where the e2e suite's kubeadm cluster boots real nodes through
-	// the same code: `make test-soak` sets it, `make test` (CI) does not.
+	// boot where the e2e suite's machines boot through the same code:
+	// `make test-soak` sets it, `make test` (CI) does not.
 	EnvSoak = "CAPL_TEST_SOAK"
 	// PoolRoot is where test pools live on the libvirt host.
 	PoolRoot = "/var/lib/libvirt"
@@ -53,7 +53,7 @@ func URI(t testing.TB) string {
 }
 
 // SoakOnly skips t unless EnvSoak is set; coveredBy says what of the e2e
-// suite's kubeadm cluster covers it in CI.
+// suite covers it in CI.
 func SoakOnly(t testing.TB, coveredBy string) {
 	t.Helper()
 	if os.Getenv(EnvSoak) == "" {

@@ -49,16 +49,12 @@ func TestLibvirtMachine(t *testing.T) {
 	t.Run("BadBootstrapFormat", func(t *testing.T) { h.t = t; testBadFormat(h, clusterA) })
 	t.Run("DeleteDuringCreation", func(t *testing.T) { h.t = t; testDeleteDuringCreation(h, clusterA) })
 	t.Run("LibvirtdRestartedMidReconcile", func(t *testing.T) {
-		testlibvirt.SoakOnly(t, "the e2e restarts libvirtd while a machine of its kubeadm cluster is created")
+		testlibvirt.SoakOnly(t, "the e2e kills and restarts libvirtd while a machine of its cluster is created")
 		h.t = t
 		testLibvirtdRestart(h, clusterA)
 	})
 	t.Run("StuckImageServers", func(t *testing.T) { h.t = t; testStuckImageServers(h, clusterA) })
-	t.Run("BootedMachines", func(t *testing.T) {
-		testlibvirt.SoakOnly(t, "the e2e's kubeadm nodes boot, bootstrap and pass the contract checks, and one is destroyed behind the provider's back")
-		h.t = t
-		testBootedMachines(h, clusterA)
-	})
+	t.Run("BootedMachines", func(t *testing.T) { h.t = t; testBootedMachines(h, clusterA) })
 	h.t = t
 	h.cleanupMachines() // leftovers of a failed scenario, so the checks below judge the rest
 
@@ -336,8 +332,8 @@ func testLibvirtdRestart(h *harness, cluster string) {
 // testBootedMachines boots three small VMs at once: it measures the
 // controller's latencies, runs the full happy path on one (bootstrap
 // sentinel and Node identity from the real guest), and destroys another
-// behind the provider's back. (Three, not more: the e2e suite's kubeadm
-// cluster boots real nodes; here the batch only has to be concurrent.)
+// behind the provider's back. (Three, not more: the e2e suite boots its
+// cluster's machines together; here the batch only has to be concurrent.)
 func testBootedMachines(h *harness, cluster string) {
 	h.booted = true
 	names := []string{"b0", "b1", "b2"}

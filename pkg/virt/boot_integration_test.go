@@ -30,7 +30,7 @@ const bootSentinel = "/run/cluster-api/bootstrap-success.complete"
 // guest-agent path (the sentinel file, the SMBIOS UUID and the hostname are
 // read through it). Under TCG it takes 2-3 minutes.
 func TestBootGuestThroughReservedLease(t *testing.T) {
-	testlibvirt.SoakOnly(t, "every node of the e2e's kubeadm cluster boots through its reserved lease, and the suite compares the guest's own addresses with status.addresses")
+	testlibvirt.SoakOnly(t, "every machine of the e2e's cluster boots through its reserved lease, and the suite compares the guest's own addresses with status.addresses")
 	img := testlibvirt.Image(t)
 	e := newNetworkEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)

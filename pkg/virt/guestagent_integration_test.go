@@ -19,7 +19,7 @@ import (
 // every guest-agent call, starting from the agent-connected event. Under
 // TCG the agent comes up 1-2 minutes after start.
 func TestGuestAgent(t *testing.T) {
-	testlibvirt.SoakOnly(t, "the e2e reads every node's product_uuid and runs ip and curl in them through the agent, and the provider reads the bootstrap sentinel with it")
+	testlibvirt.SoakOnly(t, "the e2e reads every guest's product_uuid and runs ip in it through the agent, and the provider reads the bootstrap sentinel with it")
 	img := testlibvirt.Image(t)
 	e := newStorageEnv(t)
 	ctx := testCtxWithin(t, 12*time.Minute)
