@@ -81,7 +81,7 @@ func (s *suite) badInput(t *testing.T) {
 // waits until condType is False with one of reasons; then it checks no
 // domain exists, deletes the machine and checks nothing of it remains.
 func (s *suite) badMachine(t *testing.T, name string, mutate func(*infrav1.LibvirtMachine), condType string, reasons []string) {
-	objs := s.createExtraMachine(t, s.cut.name, name, mutate)
+	objs := s.createExtraMachine(t, name, mutate)
 	var reason, msg string
 	s.waitFor(t, fmt.Sprintf("%s: %s False with reason %v", name, condType, reasons), bootTimeout, func() (bool, string) {
 		lm := s.lm(name)

@@ -89,7 +89,7 @@ func (s *suite) killManagerRounds(t *testing.T) {
 		deleteDelay := s.randomDelay(12 * time.Second)
 		t.Logf("round %d: machine %s, kill %.1fs after creating, %.1fs after deleting", round, name, createDelay.Seconds(), deleteDelay.Seconds())
 		dup := s.watchDuplicates(name)
-		objs := s.createExtraMachine(t, s.cut.name, name, nil)
+		objs := s.createExtraMachine(t, name, nil)
 		time.Sleep(createDelay)
 		s.killManager(t)
 		lm := s.waitMachineCondition(t, name, infrav1.DomainReadyCondition, domainTimeout)
@@ -124,7 +124,7 @@ func (s *suite) restartLibvirtd(t *testing.T) {
 	network := s.clusterNetwork()
 	name := extraPrefix + "libvirtd-restart"
 	delay := 500*time.Millisecond + s.randomDelay(3*time.Second)
-	objs := s.createExtraMachine(t, s.cut.name, name, nil)
+	objs := s.createExtraMachine(t, name, nil)
 	time.Sleep(delay)
 	t.Logf("stopping libvirtd %.1fs after creating %s", delay.Seconds(), name)
 	pid, err := testlibvirt.StopLibvirtd(time.Minute)

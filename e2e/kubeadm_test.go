@@ -49,9 +49,6 @@ type kubeadmState struct {
 	ready bool
 }
 
-// mdName is the kubeadm cluster's MachineDeployment (the template's name).
-func (k *kubeadmState) mdName() string { return k.opts.MachineDeploymentName() }
-
 // createKubeadm renders the template and the CNI's ClusterResourceSet as
 // `make up` does and applies them.
 func (s *suite) createKubeadm(t *testing.T) {
@@ -382,7 +379,7 @@ func (s *suite) kubeadmRemediation(t *testing.T) {
 	s.needReady(t)
 	mhc := &clusterv1.MachineHealthCheck{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: kubeadmName + "-workers"}}
 	mhc.Spec.ClusterName = kubeadmName
-	mhc.Spec.Selector = metav1.LabelSelector{MatchLabels: map[string]string{clusterv1.MachineDeploymentNameLabel: s.k8s.mdName()}}
+	mhc.Spec.Selector = metav1.LabelSelector{MatchLabels: map[string]string{clusterv1.MachineDeploymentNameLabel: s.cut.workers}}
 	mhc.Spec.Checks.UnhealthyNodeConditions = []clusterv1.UnhealthyNodeCondition{
 		{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: ptr.To[int32](30)},
 		{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To[int32](30)},
@@ -451,7 +448,7 @@ func destroyDomain(uri, name string) error {
 func (s *suite) mdMachines(t *testing.T) []string {
 	t.Helper()
 	list := &clusterv1.MachineList{}
-	must(t, s.c.List(s.ctx, list, client.InNamespace(namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: s.k8s.mdName()}))
+	must(t, s.c.List(s.ctx, list, client.InNamespace(namespace), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: s.cut.workers}))
 	var out []string
 	for _, m := range list.Items {
 		if m.DeletionTimestamp == nil {

@@ -20,15 +20,15 @@ type extraMachineObjs struct {
 	lm      *infrav1.LibvirtMachine
 }
 
-// createExtraMachine creates a worker Machine of cluster with its
-// LibvirtMachine (the spec of the workers of the cluster under test) and
-// the extra machines' bootstrap Secret. name must start with extraPrefix.
-func (s *suite) createExtraMachine(t *testing.T, cluster, name string, mutate func(*infrav1.LibvirtMachine)) extraMachineObjs {
+// createExtraMachine creates a worker Machine of the cluster under test
+// with its LibvirtMachine (the workers' spec) and the extra machines'
+// bootstrap Secret. name must start with extraPrefix.
+func (s *suite) createExtraMachine(t *testing.T, name string, mutate func(*infrav1.LibvirtMachine)) extraMachineObjs {
 	t.Helper()
 	if !extraMachine(name) {
 		t.Fatalf("extra machine %q must start with %q", name, extraPrefix)
 	}
-	labels := map[string]string{clusterv1.ClusterNameLabel: cluster}
+	labels := map[string]string{clusterv1.ClusterNameLabel: s.cut.name}
 	lm := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: labels}}
 	lm.Spec = *s.cut.machineSpec.DeepCopy()
 	if mutate != nil {
@@ -36,7 +36,7 @@ func (s *suite) createExtraMachine(t *testing.T, cluster, name string, mutate fu
 	}
 	must(t, s.c.Create(s.ctx, lm))
 	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: labels}}
-	m.Spec.ClusterName = cluster
+	m.Spec.ClusterName = s.cut.name
 	m.Spec.Bootstrap.DataSecretName = ptr.To(s.cut.bootstrapSecret)
 	m.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{
 		APIGroup: infrav1.GroupVersion.Group, Kind: "LibvirtMachine", Name: name}
