@@ -60,9 +60,10 @@ type ClusterOptions struct {
 	// EtcdUnsafeNoFsync, "true", stops etcd syncing its log to disk
 	// (throwaway clusters on slow disks).
 	EtcdUnsafeNoFsync string
-	// LeaderElectLease and LeaderElectRenew override the template's leader
-	// election timing of the controller manager and scheduler when set.
-	LeaderElectLease, LeaderElectRenew string
+	// LeaderElect, "false", switches off the controller manager's and
+	// scheduler's leader election; LeaderElectLease and LeaderElectRenew
+	// override its timing. Empty keeps the template's.
+	LeaderElect, LeaderElectLease, LeaderElectRenew string
 	// StagedWorkers renders the MachineDeployment with no replicas; the
 	// caller scales it to Workers once the first control-plane node is
 	// Ready (ScaleWorkers). Under TCG on a small host a worker booting and
@@ -189,6 +190,7 @@ func ClusterVariables(o ClusterOptions, imgs ClusterImages) map[string]string {
 		"LIBVIRT_LIVENESS_PROBE_FAILURE_THRESHOLD": o.LivenessFailures,
 		"LIBVIRT_STARTUP_PROBE_FAILURE_THRESHOLD":  o.StartupFailures,
 		"LIBVIRT_ETCD_UNSAFE_NO_FSYNC":             o.EtcdUnsafeNoFsync,
+		"LIBVIRT_LEADER_ELECT":                     o.LeaderElect,
 		"LIBVIRT_LEADER_ELECT_LEASE_DURATION":      o.LeaderElectLease,
 		"LIBVIRT_LEADER_ELECT_RENEW_DEADLINE":      o.LeaderElectRenew,
 	} {
@@ -291,15 +293,20 @@ func ApplyCluster(ctx context.Context, c client.Client, cni []client.Object, clu
 
 // TCGTuning is what ClusterOptions change for a host without usable KVM:
 // a large translation cache, 1-vCPU workers (a 2-core host keeps a core
-// for the control plane), workers staged after the control plane, and a
-// leader election and static pod probes that survive an API server
-// answering in tens of seconds, and an etcd that does not wait for the
-// disk.
+// for the control plane), workers staged after the control plane, a
+// leader election (none for one control-plane machine) and static pod
+// probes that survive an API server answering in tens of seconds, and an
+// etcd that does not wait for the disk. Set ControlPlane first.
 func (o ClusterOptions) TCGTuning() ClusterOptions {
 	o.TCGCacheMiB = NodeTCGCacheMiB
 	o.WorkerCPUs = 1
 	o.StagedWorkers = true
 	o.LeaderElectLease, o.LeaderElectRenew = "180s", "150s"
+	if o.ControlPlane == 1 {
+		// A renewal that misses its deadline restarts the component even
+		// with nobody to hand over to; one control plane needs no election.
+		o.LeaderElect = "false"
+	}
 	o.ProbeTimeout, o.LivenessFailures, o.StartupFailures = "60", "60", "120"
 	o.EtcdUnsafeNoFsync = "true"
 	return o
