@@ -223,16 +223,24 @@ func (s *suite) needReady(t *testing.T) {
 }
 
 // echoServer is a pod that answers any TCP connection on port 8080 with an
-// HTTP response naming itself. It runs in the kube-proxy image, one of the
+// HTTP response naming itself and the address cluster DNS gives it for the
+// kubernetes Service: the pod reaches CoreDNS, and CoreDNS the API server,
+// through Service addresses. It runs in the kube-proxy image, one of the
 // images the node image carries (there is no registry), whose Debian base
 // has perl.
 const echoServer = `use IO::Socket::INET;
 my $s = IO::Socket::INET->new(LocalPort => 8080, Listen => 16, ReuseAddr => 1) or die "listen: $!";
-while (my $c = $s->accept) { my $l = <$c>; print $c "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n$ENV{POD_NAME}\n"; close $c }`
+while (my $c = $s->accept) {
+  my $l = <$c>;
+  my $ip = gethostbyname("kubernetes.default.svc.cluster.local");
+  my $a = $ip ? join(".", unpack("C4", $ip)) : "unresolved";
+  print $c "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n$ENV{POD_NAME} $a\n";
+  close $c
+}`
 
 // kubeadmService runs a pod on the worker and reaches it through a Service
 // from the control-plane node: kube-proxy and the CNI carry traffic across
-// nodes.
+// nodes, and the pod resolves the kubernetes Service through cluster DNS.
 func (s *suite) kubeadmService(t *testing.T) {
 	s.needReady(t)
 	defer s.rep.phase("kubeadm: pod on the worker reached through a Service from the control plane")()
@@ -293,6 +301,9 @@ func (s *suite) kubeadmService(t *testing.T) {
 		return false, podsLine(pods)
 	})
 	must(t, wc.Get(s.ctx, client.ObjectKeyFromObject(svc), svc))
+	apiService := &corev1.Service{}
+	must(t, wc.Get(s.ctx, client.ObjectKey{Namespace: "default", Name: "kubernetes"}, apiService))
+	want := pod.Name + " " + apiService.Spec.ClusterIP
 	url := fmt.Sprintf("http://%s/", svc.Spec.ClusterIP)
 	cpDomain := s.domainOfNode(t, cpNode)
 	var answer string
@@ -304,9 +315,10 @@ func (s *suite) kubeadmService(t *testing.T) {
 			return false, err.Error()
 		}
 		answer = strings.TrimSpace(string(res.Stdout))
-		return res.ExitCode == 0 && answer == pod.Name, fmt.Sprintf("curl %s: exit %d, %q %s", url, res.ExitCode, answer, strings.TrimSpace(string(res.Stderr)))
+		return res.ExitCode == 0 && answer == want, fmt.Sprintf("curl %s: exit %d, %q (want %q) %s", url, res.ExitCode, answer, want, strings.TrimSpace(string(res.Stderr)))
 	})
-	t.Logf("pod %s (%s on %s) answered through Service %s from %s", pod.Name, pod.Status.PodIP, worker, url, cpNode)
+	t.Logf("pod %s (%s on %s) answered through Service %s from %s, resolving the kubernetes Service to %s through cluster DNS",
+		pod.Name, pod.Status.PodIP, worker, url, cpNode, apiService.Spec.ClusterIP)
 }
 
 // domainOfNode is the libvirt domain of the Machine whose Node is node.
