@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"path/filepath"
@@ -96,9 +97,11 @@ func (s *suite) createKubeadm(t *testing.T) {
 	s.rep.mu.Lock()
 	s.rep.KubeadmCluster = fmt.Sprintf("Kubernetes %s, domain type %s (TCG) with CPU mode maximum and a %d MiB translation cache, on %d host cores; "+
 		"control plane 2 vCPU / 4096 MiB, workers %d vCPU / 2048 MiB created once the control-plane node is Ready, "+
-		"leader election %s/%s, static pod probes timeout %ss, liveness %s and startup %s failures (devplane.ClusterOptions.TCGTuning, as make up does under TCG).",
+		"leader election %s (lease %s, renew %s), etcd unsafe-no-fsync %s, static pod probes timeout %ss, liveness %s and startup %s failures "+
+		"(devplane.ClusterOptions.TCGTuning, as make up does under TCG).",
 		version, s.k8s.opts.DomainType, s.k8s.opts.TCGCacheMiB, s.cores, s.k8s.opts.WorkerCPUs,
-		s.k8s.opts.LeaderElectLease, s.k8s.opts.LeaderElectRenew, s.k8s.opts.ProbeTimeout, s.k8s.opts.LivenessFailures, s.k8s.opts.StartupFailures)
+		cmp.Or(s.k8s.opts.LeaderElect, "true"), s.k8s.opts.LeaderElectLease, s.k8s.opts.LeaderElectRenew, cmp.Or(s.k8s.opts.EtcdUnsafeNoFsync, "false"),
+		s.k8s.opts.ProbeTimeout, s.k8s.opts.LivenessFailures, s.k8s.opts.StartupFailures)
 	s.rep.mu.Unlock()
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -108,16 +109,41 @@ func TestRenderCluster(t *testing.T) {
 		t.Errorf("etcd extraArgs %v, want TCG's unsafe-no-fsync", etcdArgs)
 	}
 	files, _, _ := unstructured.NestedSlice(kinds["KubeadmControlPlane/k8s-control-plane"].Object, "spec", "kubeadmConfigSpec", "files")
+	patches := 0
 	for _, f := range files {
-		content := fmt.Sprint(f.(map[string]any)["content"])
+		path, content := fmt.Sprint(f.(map[string]any)["path"]), fmt.Sprint(f.(map[string]any)["content"])
+		if !strings.HasPrefix(path, "/etc/kubernetes/patches/") {
+			continue
+		}
+		patches++
 		for _, want := range []string{"failureThreshold: 60\n", "failureThreshold: 120\n", "timeoutSeconds: 60\n"} {
 			if !strings.Contains(content, want) {
-				t.Errorf("probe patch %v lacks TCG's %q", f.(map[string]any)["path"], want)
+				t.Errorf("probe patch %s lacks TCG's %q", path, want)
 			}
 		}
 	}
-	if len(files) != 4 {
-		t.Errorf("%d files in the control plane's kubeadm config, want the 4 probe patches", len(files))
+	if patches != 4 {
+		t.Errorf("%d probe patches in the control plane's kubeadm config, want 4", patches)
+	}
+	for name, spec := range map[string][]string{
+		"KubeadmControlPlane/k8s-control-plane": {"spec", "kubeadmConfigSpec"},
+		"KubeadmConfigTemplate/k8s-md-0":        {"spec", "template", "spec"},
+	} {
+		files, _, _ := unstructured.NestedSlice(kinds[name].Object, append(spec, "files")...)
+		post, _, _ := unstructured.NestedStringSlice(kinds[name].Object, append(spec, "postKubeadmCommands")...)
+		var script string
+		for _, f := range files {
+			if f.(map[string]any)["path"] == joinRetryScript {
+				script = fmt.Sprint(f.(map[string]any)["content"])
+			}
+		}
+		// The shell's own $ survive clusterctl's variable substitution.
+		if !strings.Contains(script, "for attempt in $(seq 5); do") || !strings.Contains(script, "retry $attempt of 5") {
+			t.Errorf("%s: join retry script %q, want 5 attempts with the shell's variables intact", name, script)
+		}
+		if !slices.Equal(post, []string{joinRetryScript}) {
+			t.Errorf("%s: postKubeadmCommands %v, want the join retry", name, post)
+		}
 	}
 
 	o.ImageDir = t.TempDir()
@@ -125,6 +151,9 @@ func TestRenderCluster(t *testing.T) {
 		t.Errorf("missing images: error %v, want a hint to build them", err)
 	}
 }
+
+// joinRetryScript is the template's retry of a failed `kubeadm join`.
+const joinRetryScript = "/usr/local/sbin/capl-kubeadm-join-retry"
 
 func TestRenderClusterNamesMissingVariables(t *testing.T) {
 	o := ClusterOptions{Template: repoFile("templates", "cluster-template.yaml")}
