@@ -63,6 +63,20 @@ type VirtualHardware struct {
 	// +kubebuilder:validation:Minimum=32
 	// +kubebuilder:validation:Maximum=4096
 	TCGTranslationCacheMiB int32 `json:"tcgTranslationCacheMiB,omitempty"`
+
+	// cpuShares is the VM's weight when the host's CPUs are contended,
+	// relative to other VMs (libvirt's cputune shares: a VM with 2048 gets
+	// twice the CPU time of one with 1024). Unset keeps the host's default
+	// (1024 with cgroup v1, 100 with cgroup v2), so set it on every machine
+	// of a host to compare like with like. Under TCG on a small host a
+	// control plane weighted above its workers keeps answering while they
+	// boot and join. 0 is the same as unset; 1 is refused because cgroup
+	// v1 hosts refuse it.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=10000
+	// +kubebuilder:validation:XValidation:rule="self != 1",message="cpuShares must be 0 (the host's default) or 2-10000"
+	CPUShares int32 `json:"cpuShares,omitempty"`
 }
 
 // ImageSource is the base disk image a guest's overlay is created from:

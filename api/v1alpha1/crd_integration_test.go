@@ -393,6 +393,8 @@ func TestInvalidObjectsAreRejected(t *testing.T) {
 		{"unknown cpu mode", machine(func(m *infrav1.LibvirtMachine) { m.Spec.CPUMode = "custom" }), "spec.cpuMode"},
 		{"host-passthrough under TCG", machine(func(m *infrav1.LibvirtMachine) { m.Spec.CPUMode = infrav1.CPUModeHostPassthrough }), "host-passthrough needs domainType kvm"},
 		{"tiny TCG cache", machine(func(m *infrav1.LibvirtMachine) { m.Spec.TCGTranslationCacheMiB = 1 }), "spec.tcgTranslationCacheMiB"},
+		{"cpu shares of 1", machine(func(m *infrav1.LibvirtMachine) { m.Spec.CPUShares = 1 }), "cpuShares must be 0 (the host's default) or 2-10000"},
+		{"cpu shares over 10000", machine(func(m *infrav1.LibvirtMachine) { m.Spec.CPUShares = 10001 }), "spec.cpuShares"},
 		{"foreign providerID", machine(func(m *infrav1.LibvirtMachine) { m.Spec.ProviderID = "aws:///i-0123" }), "spec.providerID"},
 		{"network name and bridge", machine(func(m *infrav1.LibvirtMachine) { m.Spec.Network.Name = "default" }), "at most one of name and bridge"},
 		{"bridge name too long", machine(func(m *infrav1.LibvirtMachine) { m.Spec.Network.Bridge = "bridge-name-over-15" }), "spec.network.bridge"},

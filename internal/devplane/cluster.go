@@ -54,6 +54,9 @@ type ClusterOptions struct {
 	TCGCacheMiB int32
 	// WorkerCPUs overrides the template's worker vCPUs when set.
 	WorkerCPUs int32
+	// ControlPlaneCPUShares and WorkerCPUShares are the machines' CPU
+	// weights (cpuShares) when set.
+	ControlPlaneCPUShares, WorkerCPUShares int32
 	// ProbeTimeout, LivenessFailures and StartupFailures override the
 	// template's control-plane static pod probes (kubeadm's defaults).
 	ProbeTimeout, LivenessFailures, StartupFailures string
@@ -182,8 +185,14 @@ func ClusterVariables(o ClusterOptions, imgs ClusterImages) map[string]string {
 	if o.TCGCacheMiB > 0 {
 		vars["LIBVIRT_TCG_CACHE_MIB"] = strconv.Itoa(int(o.TCGCacheMiB))
 	}
-	if o.WorkerCPUs > 0 {
-		vars["LIBVIRT_WORKER_MACHINE_CPUS"] = strconv.Itoa(int(o.WorkerCPUs))
+	for name, value := range map[string]int32{
+		"LIBVIRT_WORKER_MACHINE_CPUS":      o.WorkerCPUs,
+		"LIBVIRT_CONTROL_PLANE_CPU_SHARES": o.ControlPlaneCPUShares,
+		"LIBVIRT_WORKER_CPU_SHARES":        o.WorkerCPUShares,
+	} {
+		if value > 0 {
+			vars[name] = strconv.Itoa(int(value))
+		}
 	}
 	for name, value := range map[string]string{
 		"LIBVIRT_PROBE_TIMEOUT_SECONDS":            o.ProbeTimeout,
@@ -293,13 +302,17 @@ func ApplyCluster(ctx context.Context, c client.Client, cni []client.Object, clu
 
 // TCGTuning is what ClusterOptions change for a host without usable KVM:
 // a large translation cache, 1-vCPU workers (a 2-core host keeps a core
-// for the control plane), workers staged after the control plane, a
+// for the control plane) weighing a quarter of it in CPU, workers staged after the control plane, a
 // leader election (none for one control-plane machine) and static pod
 // probes that survive an API server answering in tens of seconds, and an
 // etcd that does not wait for the disk. Set ControlPlane first.
 func (o ClusterOptions) TCGTuning() ClusterOptions {
 	o.TCGCacheMiB = NodeTCGCacheMiB
 	o.WorkerCPUs = 1
+	// Booting workers starved the control plane's API server until its
+	// TLS handshakes with etcd and with joining nodes timed out; weighted
+	// 4:1 it keeps the CPU it needs and the workers take longer.
+	o.ControlPlaneCPUShares, o.WorkerCPUShares = 4096, 1024
 	o.StagedWorkers = true
 	o.LeaderElectLease, o.LeaderElectRenew = "180s", "150s"
 	if o.ControlPlane == 1 {

@@ -95,6 +95,11 @@ func TestRenderCluster(t *testing.T) {
 	if cpus != 1 {
 		t.Errorf("TCG workers have %d vCPUs, want 1", cpus)
 	}
+	for name, want := range map[string]int64{"LibvirtMachineTemplate/k8s-control-plane": 4096, "LibvirtMachineTemplate/k8s-md-0": 1024} {
+		if shares, _, _ := unstructured.NestedInt64(kinds[name].Object, "spec", "template", "spec", "cpuShares"); shares != want {
+			t.Errorf("%s: TCG cpuShares %d, want %d", name, shares, want)
+		}
+	}
 	args, _, _ := unstructured.NestedSlice(kinds["KubeadmControlPlane/k8s-control-plane"].Object,
 		"spec", "kubeadmConfigSpec", "clusterConfiguration", "controllerManager", "extraArgs")
 	if fmt.Sprint(args) != "[map[name:leader-elect value:true] map[name:leader-elect-lease-duration value:180s] map[name:leader-elect-renew-deadline value:150s]]" {

@@ -30,6 +30,9 @@ type DomainSpec struct {
 	// TCGCacheMiB sets TCG's translation-block cache (0 keeps QEMU's
 	// default); it only applies to Type "qemu".
 	TCGCacheMiB uint64
+	// CPUShares is the domain's CPU weight against other domains (cputune
+	// shares); 0 keeps the host's default.
+	CPUShares uint
 	// DiskPath is the overlay volume's path on the libvirt host (from
 	// VolumeInfo.Path); it is attached as a virtio disk of type "file".
 	DiskPath string

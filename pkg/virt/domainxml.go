@@ -142,6 +142,9 @@ func domainXML(s DomainSpec) (*libvirtxml.Domain, error) {
 			}},
 		},
 	}
+	if s.CPUShares > 0 {
+		d.CPUTune = &libvirtxml.DomainCPUTune{Shares: &libvirtxml.DomainCPUTuneShares{Value: s.CPUShares}}
+	}
 	if s.TCGCacheMiB > 0 {
 		d.Features.TCG = &libvirtxml.DomainFeatureTCG{TBCache: &libvirtxml.DomainFeatureTCGTBCache{Unit: "MiB", Size: uint(s.TCGCacheMiB)}}
 	}

@@ -30,7 +30,7 @@ func TestDomainXMLGolden(t *testing.T) {
 	}{
 		{"domain-kvm-passthrough.xml", func(*DomainSpec) {}},
 		{"domain-tcg-bridge.xml", func(s *DomainSpec) {
-			s.Type, s.CPUMode, s.TCGCacheMiB = DomainTypeQEMU, CPUModeMaximum, 128
+			s.Type, s.CPUMode, s.TCGCacheMiB, s.CPUShares = DomainTypeQEMU, CPUModeMaximum, 128, 4096
 			s.Network, s.Bridge = "", "br0"
 			s.ConsoleLogPath = ""
 		}},

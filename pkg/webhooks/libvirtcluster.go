@@ -156,6 +156,7 @@ func validateClusterSpec(spec *infrav1.LibvirtClusterSpec, path *field.Path, tem
 			{"memoryMiB", hw.MemoryMiB != 0},
 			{"cpuMode", hw.CPUMode != ""},
 			{"tcgTranslationCacheMiB", hw.TCGTranslationCacheMiB != 0},
+			{"cpuShares", hw.CPUShares != 0},
 		} {
 			if f.set {
 				errs = append(errs, field.Forbidden(lb.Child(f.name), "applies only to loadBalancer type HAProxy"))

@@ -65,6 +65,7 @@ func (w *LibvirtMachine) ValidateUpdate(ctx context.Context, oldM, newM *infrav1
 		{"domainType", o.DomainType, n.DomainType},
 		{"cpuMode", o.CPUMode, n.CPUMode},
 		{"tcgTranslationCacheMiB", o.TCGTranslationCacheMiB, n.TCGTranslationCacheMiB},
+		{"cpuShares", o.CPUShares, n.CPUShares},
 		{"diskSizeGiB", o.DiskSizeGiB, n.DiskSizeGiB},
 		{"network", o.Network, n.Network},
 	} {

@@ -129,7 +129,8 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 		Name: s.DomainName(), UUID: s.DomainUUID(), Owner: s.Owner(),
 		Type: string(hw.DomainType), CPUMode: string(hw.CPUMode),
 		VCPUs: uint(hw.CPUs), MemoryMiB: uint64(hw.MemoryMiB), TCGCacheMiB: uint64(hw.TCGTranslationCacheMiB),
-		DiskPath: disk.Path, DiskFormat: disk.Format, SeedISOPath: seed.Path,
+		CPUShares: uint(hw.CPUShares),
+		DiskPath:  disk.Path, DiskFormat: disk.Format, SeedISOPath: seed.Path,
 		Network: network.Name, Bridge: network.Bridge, MAC: s.MAC(),
 		ConsoleLogPath: virt.DefaultConsoleLogPath(s.DomainName()),
 	})
