@@ -68,10 +68,10 @@ type VirtualHardware struct {
 	// relative to other VMs (libvirt's cputune shares: a VM with 2048 gets
 	// twice the CPU time of one with 1024). Unset keeps the host's default
 	// (1024 with cgroup v1, 100 with cgroup v2), so set it on every machine
-	// of a host to compare like with like. Under TCG on a small host a
-	// control plane weighted above its workers keeps answering while they
-	// boot and join. 0 is the same as unset; 1 is refused because cgroup
-	// v1 hosts refuse it.
+	// of a host to compare like with like. Under TCG on a small host,
+	// weighting the control plane above its workers keeps more CPU for its
+	// API server while they boot, and slows their boot. 0 is the same as
+	// unset; 1 is refused because cgroup v1 hosts refuse it.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=10000

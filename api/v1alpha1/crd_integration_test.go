@@ -68,6 +68,7 @@ func validMachine(name string) *infrav1.LibvirtMachine {
 			VirtualHardware: infrav1.VirtualHardware{
 				CPUs: 2, MemoryMiB: 1024, DomainType: infrav1.DomainTypeQEMU, CPUMode: infrav1.CPUModeMaximum,
 				TCGTranslationCacheMiB: 128,
+				CPUShares:              2048,
 			},
 			DiskSizeGiB: 20,
 			Network:     &infrav1.NetworkAttachment{Bridge: "br0"},
@@ -126,7 +127,7 @@ func TestRoundTrip(t *testing.T) {
 	now := metav1.NewTime(time.Now().Truncate(time.Second))
 	urlImage := infrav1.ImageSource{URL: "https://images.example/debian-12.qcow2", Checksum: validChecksum}
 	volumeImage := infrav1.ImageSource{Volume: &infrav1.VolumeReference{Pool: "images", Name: "capl-debian-12.qcow2"}}
-	tcg := infrav1.VirtualHardware{CPUs: 2, MemoryMiB: 1024, DomainType: infrav1.DomainTypeQEMU, CPUMode: infrav1.CPUModeMaximum, TCGTranslationCacheMiB: 128}
+	tcg := infrav1.VirtualHardware{CPUs: 2, MemoryMiB: 1024, DomainType: infrav1.DomainTypeQEMU, CPUMode: infrav1.CPUModeMaximum, TCGTranslationCacheMiB: 128, CPUShares: 512}
 	kvm := infrav1.VirtualHardware{CPUs: 4, MemoryMiB: 4096, DomainType: infrav1.DomainTypeKVM, CPUMode: infrav1.CPUModeHostModel}
 	conditions := []metav1.Condition{{
 		Type: infrav1.DomainReadyCondition, Status: metav1.ConditionFalse, ObservedGeneration: 1,

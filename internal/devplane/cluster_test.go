@@ -95,9 +95,19 @@ func TestRenderCluster(t *testing.T) {
 	if cpus != 1 {
 		t.Errorf("TCG workers have %d vCPUs, want 1", cpus)
 	}
-	for name, want := range map[string]int64{"LibvirtMachineTemplate/k8s-control-plane": 4096, "LibvirtMachineTemplate/k8s-md-0": 1024} {
-		if shares, _, _ := unstructured.NestedInt64(kinds[name].Object, "spec", "template", "spec", "cpuShares"); shares != want {
-			t.Errorf("%s: TCG cpuShares %d, want %d", name, shares, want)
+	weighted := o
+	weighted.ControlPlaneCPUShares, weighted.WorkerCPUShares = 4096, 1024
+	objs, err = RenderCluster(weighted, ClusterVariables(weighted, imgs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range objs {
+		want := map[string]int64{"k8s-control-plane": 4096, "k8s-md-0": 1024}[u.GetName()]
+		if u.GetKind() != "LibvirtMachineTemplate" {
+			continue
+		}
+		if shares, _, _ := unstructured.NestedInt64(u.Object, "spec", "template", "spec", "cpuShares"); shares != want {
+			t.Errorf("%s: cpuShares %d, want %d", u.GetName(), shares, want)
 		}
 	}
 	args, _, _ := unstructured.NestedSlice(kinds["KubeadmControlPlane/k8s-control-plane"].Object,

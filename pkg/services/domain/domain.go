@@ -128,9 +128,8 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 	info, err := s.LibvirtHost().EnsureDomain(ctx, virt.DomainSpec{
 		Name: s.DomainName(), UUID: s.DomainUUID(), Owner: s.Owner(),
 		Type: string(hw.DomainType), CPUMode: string(hw.CPUMode),
-		VCPUs: uint(hw.CPUs), MemoryMiB: uint64(hw.MemoryMiB), TCGCacheMiB: uint64(hw.TCGTranslationCacheMiB),
-		CPUShares: uint(hw.CPUShares),
-		DiskPath:  disk.Path, DiskFormat: disk.Format, SeedISOPath: seed.Path,
+		VCPUs: uint(hw.CPUs), MemoryMiB: uint64(hw.MemoryMiB), CPUShares: uint(hw.CPUShares),
+		TCGCacheMiB: uint64(hw.TCGTranslationCacheMiB), DiskPath: disk.Path, DiskFormat: disk.Format, SeedISOPath: seed.Path,
 		Network: network.Name, Bridge: network.Bridge, MAC: s.MAC(),
 		ConsoleLogPath: virt.DefaultConsoleLogPath(s.DomainName()),
 	})
