@@ -80,9 +80,12 @@ func (s *suite) kubeadmScenario(t *testing.T) {
 	s.faults(t)
 	t.Run("kubeadm nodes still ready", func(t *testing.T) { s.waitNodes(t, 5*time.Minute) })
 
-	// 3. Scaling, remediation, and deletion while machines are created.
-	t.Run("kubeadm scale workers", s.kubeadmScale)
+	// 3. Remediation, scaling, and deletion while machines are created.
+	// Remediation first: its replacement joins next to the control plane
+	// alone, while scaling up boots a worker next to a running one, which
+	// on a 2-core TCG host can starve the control plane.
 	t.Run("kubeadm remediation", s.kubeadmRemediation)
+	t.Run("kubeadm scale workers", s.kubeadmScale)
 	t.Run("delete cluster while creating", s.deleteClusterWhileCreating)
 }
 

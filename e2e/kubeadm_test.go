@@ -97,11 +97,12 @@ func (s *suite) createKubeadm(t *testing.T) {
 	s.rep.mu.Lock()
 	s.rep.KubeadmCluster = fmt.Sprintf("Kubernetes %s, domain type %s (TCG) with CPU mode maximum and a %d MiB translation cache, on %d host cores; "+
 		"control plane 2 vCPU / 4096 MiB, workers %d vCPU / 2048 MiB created once the control-plane node is Ready, "+
-		"leader election %s (lease %s, renew %s), etcd unsafe-no-fsync %s, static pod probes timeout %ss, liveness %s and startup %s failures "+
-		"(devplane.ClusterOptions.TCGTuning, as make up does under TCG).",
+		"leader election %s (lease %s, renew %s), etcd unsafe-no-fsync %s, static pod probes timeout %ss, liveness %s and startup %s failures, "+
+		"API server readiness every %ss (devplane.ClusterOptions.TCGTuning, as make up does under TCG).",
 		version, s.k8s.opts.DomainType, s.k8s.opts.TCGCacheMiB, s.cores, s.k8s.opts.WorkerCPUs,
 		cmp.Or(s.k8s.opts.LeaderElect, "true"), s.k8s.opts.LeaderElectLease, s.k8s.opts.LeaderElectRenew, cmp.Or(s.k8s.opts.EtcdUnsafeNoFsync, "false"),
-		s.k8s.opts.ProbeTimeout, s.k8s.opts.LivenessFailures, s.k8s.opts.StartupFailures)
+		s.k8s.opts.ProbeTimeout, s.k8s.opts.LivenessFailures, s.k8s.opts.StartupFailures,
+		cmp.Or(s.k8s.opts.APIServerReadinessPeriod, "1"))
 	s.rep.mu.Unlock()
 }
 
@@ -401,6 +402,13 @@ func (s *suite) kubeadmRemediation(t *testing.T) {
 	}
 	mhc.Spec.Checks.NodeStartupTimeoutSeconds = ptr.To[int32](int32(kubeadmJoinTimeout.Seconds()))
 	must(t, s.c.Create(s.ctx, mhc))
+	// Only this phase's: a node that a later phase's load makes miss a
+	// heartbeat must not be remediated behind that phase's back.
+	defer func() {
+		if err := client.IgnoreNotFound(s.c.Delete(s.ctx, mhc)); err != nil {
+			t.Errorf("deleting MachineHealthCheck %s: %v", mhc.Name, err)
+		}
+	}()
 	s.waitFor(t, "the MachineHealthCheck to see the healthy worker", 5*time.Minute, func() (bool, string) {
 		if err := s.c.Get(s.ctx, client.ObjectKeyFromObject(mhc), mhc); err != nil {
 			return false, err.Error()

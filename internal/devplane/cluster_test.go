@@ -108,6 +108,10 @@ func TestRenderCluster(t *testing.T) {
 	if fmt.Sprint(etcdArgs) != "[map[name:unsafe-no-fsync value:true]]" {
 		t.Errorf("etcd extraArgs %v, want TCG's unsafe-no-fsync", etcdArgs)
 	}
+	if got := renderedFile(t, kinds["KubeadmControlPlane/k8s-control-plane"], []string{"spec", "kubeadmConfigSpec", "files"},
+		"/etc/kubernetes/patches/kube-apiserver0+strategic.yaml"); !strings.Contains(got, "readinessProbe:\n      periodSeconds: 10\n") {
+		t.Errorf("API server probe patch %q, want TCG's 10 s readiness period", got)
+	}
 	files, _, _ := unstructured.NestedSlice(kinds["KubeadmControlPlane/k8s-control-plane"].Object, "spec", "kubeadmConfigSpec", "files")
 	patches := 0
 	for _, f := range files {
@@ -129,14 +133,8 @@ func TestRenderCluster(t *testing.T) {
 		"KubeadmControlPlane/k8s-control-plane": {"spec", "kubeadmConfigSpec"},
 		"KubeadmConfigTemplate/k8s-md-0":        {"spec", "template", "spec"},
 	} {
-		files, _, _ := unstructured.NestedSlice(kinds[name].Object, append(spec, "files")...)
 		post, _, _ := unstructured.NestedStringSlice(kinds[name].Object, append(spec, "postKubeadmCommands")...)
-		var script string
-		for _, f := range files {
-			if f.(map[string]any)["path"] == joinRetryScript {
-				script = fmt.Sprint(f.(map[string]any)["content"])
-			}
-		}
+		script := renderedFile(t, kinds[name], append(spec, "files"), joinRetryScript)
 		// The shell's own $ survive clusterctl's variable substitution.
 		if !strings.Contains(script, "for attempt in $(seq 5); do") || !strings.Contains(script, "retry $attempt of 5") {
 			t.Errorf("%s: join retry script %q, want 5 attempts with the shell's variables intact", name, script)
@@ -167,6 +165,22 @@ func TestRenderCluster(t *testing.T) {
 	if _, err := ImageVolumes(o); err == nil || !strings.Contains(err.Error(), "make images node-image") {
 		t.Errorf("missing images: error %v, want a hint to build them", err)
 	}
+}
+
+// renderedFile is the content of the file at path among the files (a
+// kubeadm config's, at filesPath) of a rendered object; "" when absent.
+func renderedFile(t *testing.T, u *unstructured.Unstructured, filesPath []string, path string) string {
+	t.Helper()
+	if u == nil {
+		t.Fatalf("no object holds %s", path)
+	}
+	files, _, _ := unstructured.NestedSlice(u.Object, filesPath...)
+	for _, f := range files {
+		if f := f.(map[string]any); f["path"] == path {
+			return fmt.Sprint(f["content"])
+		}
+	}
+	return ""
 }
 
 // joinRetryScript is the template's retry of a failed `kubeadm join`.
