@@ -182,7 +182,7 @@ func (s *suite) checkKubeadmMachines(t *testing.T) {
 	lms, err := s.clusterMachines(kubeadmName)
 	must(t, err)
 	nodes := &corev1.NodeList{}
-	must(t, s.k8s.wc.List(s.ctx, nodes))
+	s.workloadCall(t, "listing the workload cluster's nodes", func() error { return s.k8s.wc.List(s.ctx, nodes) })
 	byProviderID := map[string]*corev1.Node{}
 	for i := range nodes.Items {
 		byProviderID[nodes.Items[i].Spec.ProviderID] = &nodes.Items[i]
@@ -250,7 +250,7 @@ func (s *suite) kubeadmService(t *testing.T) {
 	defer s.rep.phase("kubeadm: pod on the worker reached through a Service from the control plane")()
 	wc := s.k8s.wc
 	workers := &corev1.NodeList{}
-	must(t, wc.List(s.ctx, workers))
+	s.workloadCall(t, "listing the workload cluster's nodes", func() error { return wc.List(s.ctx, workers) })
 	var worker, cpNode string
 	for _, n := range workers.Items {
 		if _, cp := n.Labels["node-role.kubernetes.io/control-plane"]; cp {
@@ -288,8 +288,9 @@ func (s *suite) kubeadmService(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "capl-echo"},
 		Spec:       corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
 	}
-	must(t, client.IgnoreAlreadyExists(wc.Create(s.ctx, dep)))
-	must(t, client.IgnoreAlreadyExists(wc.Create(s.ctx, svc)))
+	for _, obj := range []client.Object{dep, svc} {
+		s.workloadCall(t, "creating "+obj.GetName(), func() error { return client.IgnoreAlreadyExists(wc.Create(s.ctx, obj)) })
+	}
 	var pod corev1.Pod
 	s.waitWorkload(t, "echo pod Running on the worker", 10*time.Minute, func() (bool, string) {
 		pods := &corev1.PodList{}
@@ -304,9 +305,11 @@ func (s *suite) kubeadmService(t *testing.T) {
 		}
 		return false, podsLine(pods)
 	})
-	must(t, wc.Get(s.ctx, client.ObjectKeyFromObject(svc), svc))
+	s.workloadCall(t, "reading Service "+svc.Name, func() error { return wc.Get(s.ctx, client.ObjectKeyFromObject(svc), svc) })
 	apiService := &corev1.Service{}
-	must(t, wc.Get(s.ctx, client.ObjectKey{Namespace: "default", Name: "kubernetes"}, apiService))
+	s.workloadCall(t, "reading Service kubernetes", func() error {
+		return wc.Get(s.ctx, client.ObjectKey{Namespace: "default", Name: "kubernetes"}, apiService)
+	})
 	want := pod.Name + " " + apiService.Spec.ClusterIP
 	url := fmt.Sprintf("http://%s/", svc.Spec.ClusterIP)
 	cpDomain := s.domainOfNode(t, cpNode)
@@ -367,8 +370,11 @@ func podsLine(pods *corev1.PodList) string {
 // cluster.
 func (s *suite) kubeadmScale(t *testing.T) {
 	s.needReady(t)
-	before, err := s.kubeadmWorkerNodes()
-	must(t, err)
+	var before map[string]bool
+	s.workloadCall(t, "listing the worker nodes", func() (err error) {
+		before, err = s.kubeadmWorkerNodes()
+		return err
+	})
 	stop := s.rep.phase("kubeadm: scale workers 1 → 2, new node Ready")
 	s.setWorkers(t, 2)
 	s.waitNodes(t, kubeadmJoinTimeout)

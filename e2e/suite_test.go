@@ -384,6 +384,20 @@ func (s *suite) waitWorkload(t *testing.T, what string, timeout time.Duration, f
 	}
 }
 
+// workloadCall runs one call to the workload cluster until it succeeds:
+// a TCG control plane under load times requests out now and then, which
+// is no finding of the phase that made the call.
+func (s *suite) workloadCall(t *testing.T, what string, call func() error) {
+	t.Helper()
+	s.waitWorkload(t, what, workloadCallTimeout, func() (bool, string) {
+		err := call()
+		return err == nil, errString(err)
+	})
+}
+
+// workloadCallTimeout bounds workloadCall's retries.
+const workloadCallTimeout = 5 * time.Minute
+
 // poll is waitFor returning the failure instead.
 func (s *suite) poll(t *testing.T, what string, timeout time.Duration, fn func() (bool, string)) error {
 	t.Helper()
