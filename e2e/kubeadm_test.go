@@ -16,6 +16,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -98,11 +99,11 @@ func (s *suite) createKubeadm(t *testing.T) {
 	s.rep.KubeadmCluster = fmt.Sprintf("Kubernetes %s, domain type %s (TCG) with CPU mode maximum and a %d MiB translation cache, on %d host cores; "+
 		"control plane 2 vCPU / 4096 MiB, workers %d vCPU / 2048 MiB created once the control-plane node is Ready, "+
 		"leader election %s (lease %s, renew %s), etcd unsafe-no-fsync %s, static pod probes timeout %ss, liveness %s and startup %s failures, "+
-		"API server readiness every %ss (devplane.ClusterOptions.TCGTuning, as make up does under TCG).",
+		"API server readiness every %ss, node monitor grace period %s (devplane.ClusterOptions.TCGTuning, as make up does under TCG).",
 		version, s.k8s.opts.DomainType, s.k8s.opts.TCGCacheMiB, s.cores, s.k8s.opts.WorkerCPUs,
 		cmp.Or(s.k8s.opts.LeaderElect, "true"), s.k8s.opts.LeaderElectLease, s.k8s.opts.LeaderElectRenew, cmp.Or(s.k8s.opts.EtcdUnsafeNoFsync, "false"),
 		s.k8s.opts.ProbeTimeout, s.k8s.opts.LivenessFailures, s.k8s.opts.StartupFailures,
-		cmp.Or(s.k8s.opts.APIServerReadinessPeriod, "1"))
+		cmp.Or(s.k8s.opts.APIServerReadinessPeriod, "1"), cmp.Or(s.k8s.opts.NodeMonitorGracePeriod, "50s"))
 	s.rep.mu.Unlock()
 }
 
@@ -402,9 +403,13 @@ func (s *suite) kubeadmRemediation(t *testing.T) {
 	mhc := &clusterv1.MachineHealthCheck{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: kubeadmName + "-workers"}}
 	mhc.Spec.ClusterName = kubeadmName
 	mhc.Spec.Selector = metav1.LabelSelector{MatchLabels: map[string]string{clusterv1.MachineDeploymentNameLabel: s.cut.workers}}
+	// A dead node's Ready turns Unknown; False is a live kubelet's
+	// verdict, which a new node gives until its CNI pod runs: minutes under
+	// TCG. With 30 s for False the MHC condemned the replacement while it
+	// joined, and its MachineSet deleted it during the next phase.
 	mhc.Spec.Checks.UnhealthyNodeConditions = []clusterv1.UnhealthyNodeCondition{
-		{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: ptr.To[int32](30)},
-		{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To[int32](30)},
+		{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: ptr.To[int32](60)},
+		{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: ptr.To[int32](int32(kubeadmJoinTimeout.Seconds()))},
 	}
 	mhc.Spec.Checks.NodeStartupTimeoutSeconds = ptr.To[int32](int32(kubeadmJoinTimeout.Seconds()))
 	must(t, s.c.Create(s.ctx, mhc))
@@ -449,6 +454,15 @@ func (s *suite) kubeadmRemediation(t *testing.T) {
 	})
 	s.waitNodes(t, kubeadmJoinTimeout)
 	s.rep.phaseSince("kubeadm: worker domain destroyed → replacement node Ready (MHC remediation)", start)()
+	// A Machine the MHC marked stays marked after the MHC goes: its
+	// MachineSet would delete it behind the next phase's back.
+	for _, name := range s.mdMachines(t) {
+		m := &clusterv1.Machine{}
+		must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: name}, m))
+		if c := meta.FindStatusCondition(m.Status.Conditions, clusterv1.MachineOwnerRemediatedCondition); c != nil && c.Status == metav1.ConditionFalse {
+			t.Errorf("the replacement %s is marked for remediation: %s %s: %s", name, c.Status, c.Reason, c.Message)
+		}
+	}
 	if l := s.machineLeftovers(lm.Name, string(lm.UID), s.clusterNetworkOf(kubeadmName)); len(l) > 0 {
 		t.Errorf("the remediated machine %s left in libvirt: %s", lm.Name, strings.Join(l, ", "))
 	}

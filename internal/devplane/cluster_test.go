@@ -97,8 +97,8 @@ func TestRenderCluster(t *testing.T) {
 	}
 	args, _, _ := unstructured.NestedSlice(kinds["KubeadmControlPlane/k8s-control-plane"].Object,
 		"spec", "kubeadmConfigSpec", "clusterConfiguration", "controllerManager", "extraArgs")
-	if fmt.Sprint(args) != "[map[name:leader-elect value:true] map[name:leader-elect-lease-duration value:180s] map[name:leader-elect-renew-deadline value:150s]]" {
-		t.Errorf("controller manager extraArgs %v, want TCG's leader election", args)
+	if fmt.Sprint(args) != "[map[name:leader-elect value:true] map[name:leader-elect-lease-duration value:180s] map[name:leader-elect-renew-deadline value:150s] map[name:node-monitor-grace-period value:2m]]" {
+		t.Errorf("controller manager extraArgs %v, want TCG's leader election and node grace period", args)
 	}
 	if single := (ClusterOptions{ControlPlane: 1}).TCGTuning(); single.LeaderElect != "false" {
 		t.Errorf("TCG tuning of one control-plane machine: leader election %q, want false", single.LeaderElect)
