@@ -6,7 +6,8 @@
 // random suffix); the names this process handed out are remembered so that
 // AssertNothingOwned only judges this process's leftovers, not those of a
 // concurrent run. It finds them with Scan, an independent listing of the
-// raw host.
+// raw host. What a killed run left (its cleanups never ran) is swept by the
+// next test process that finds no other one running (HostLockPath).
 package testlibvirt
 
 import (
@@ -82,9 +83,12 @@ var (
 
 // Name returns a fresh object name "capltest-" + 6 hex digits: 15
 // characters, so it also fits a Linux bridge name. Derive further names by
-// appending to it; AssertNothingOwned recognises them by this prefix.
+// appending to it; AssertNothingOwned recognises them by this prefix. The
+// process's first call claims the host (see HostLockPath), removing what
+// killed test runs left when no other test process runs.
 func Name(t testing.TB) string {
 	t.Helper()
+	claimHostOnce()
 	b := make([]byte, 3)
 	if _, err := rand.Read(b); err != nil {
 		t.Fatalf("random name: %v", err)
