@@ -162,9 +162,9 @@ func TestRenderedTemplatesAreAccepted(t *testing.T) {
 			if _, found, _ := unstructured.NestedFieldNoCopy(lc.Object, "spec", "loadBalancer", "cpus"); found {
 				t.Error("type None got load-balancer cpus")
 			}
-			files, _, _ := unstructured.NestedSlice(objs["KubeadmControlPlane"][0].Object, "spec", "kubeadmConfigSpec", "files")
-			if len(files) != 1 || !strings.Contains(fmt.Sprint(files[0]), "value:192.168.1.240") && !strings.Contains(fmt.Sprint(files[0]), `value: "192.168.1.240"`) {
-				t.Errorf("kube-vip manifest does not announce the endpoint: %v", files)
+			manifest := renderedFile(t, objs["KubeadmControlPlane"][0], []string{"spec", "kubeadmConfigSpec"}, "/etc/kubernetes/manifests/kube-vip.yaml")
+			if !strings.Contains(manifest, `value: "192.168.1.240"`) {
+				t.Errorf("kube-vip manifest does not announce the endpoint:\n%s", manifest)
 			}
 		},
 	}, {
@@ -200,8 +200,57 @@ func TestRenderedTemplatesAreAccepted(t *testing.T) {
 			if tc.check != nil {
 				tc.check(t, byKind)
 			}
+			checkJoinRetry(t, byKind)
 		})
 	}
+}
+
+// joinRetry is the script every flavour's joining machines run after
+// Cluster API's single `kubeadm join`.
+const joinRetry = "/usr/local/sbin/capl-kubeadm-join-retry"
+
+// checkJoinRetry checks that the kubeadm configurations of every flavour
+// write the join retry, with the shell's own variables intact and the
+// default count, and run it last.
+func checkJoinRetry(t *testing.T, byKind map[string][]*unstructured.Unstructured) {
+	t.Helper()
+	specs := map[string][]string{
+		"KubeadmControlPlane":         {"spec", "kubeadmConfigSpec"},
+		"KubeadmControlPlaneTemplate": {"spec", "template", "spec", "kubeadmConfigSpec"},
+		"KubeadmConfigTemplate":       {"spec", "template", "spec"},
+	}
+	checked := 0
+	for kind, spec := range specs {
+		for _, u := range byKind[kind] {
+			checked++
+			script := renderedFile(t, u, spec, joinRetry)
+			if !strings.Contains(script, "for attempt in $(seq 5); do") || !strings.Contains(script, "retry $attempt of 5") {
+				t.Errorf("%s %s: join retry script %q, want 5 attempts with the shell's variables intact", kind, u.GetName(), script)
+			}
+			post, _, _ := unstructured.NestedStringSlice(u.Object, append(slices.Clone(spec), "postKubeadmCommands")...)
+			if len(post) == 0 || post[len(post)-1] != joinRetry {
+				t.Errorf("%s %s: postKubeadmCommands %v, want the join retry last", kind, u.GetName(), post)
+			}
+		}
+	}
+	if checked < 2 {
+		t.Errorf("%d kubeadm configurations rendered, want the control plane's and the workers'", checked)
+	}
+}
+
+// renderedFile is the content of the file at path among the files of the
+// kubeadm config spec at spec in u; it fails t when there is none.
+func renderedFile(t *testing.T, u *unstructured.Unstructured, spec []string, path string) string {
+	t.Helper()
+	files, _, _ := unstructured.NestedSlice(u.Object, append(slices.Clone(spec), "files")...)
+	for _, f := range files {
+		if f, ok := f.(map[string]any); ok && f["path"] == path {
+			content, _ := f["content"].(string)
+			return content
+		}
+	}
+	t.Errorf("%s %s writes no %s", u.GetKind(), u.GetName(), path)
+	return ""
 }
 
 // TestTopology runs Cluster API's ClusterClass and topology controllers on
