@@ -468,8 +468,11 @@ func (s *suite) kubeadmRemediation(t *testing.T) {
 	}
 }
 
-// destroyDomain destroys and undefines a domain on a connection of its own,
-// as someone at the host's console would.
+// destroyDomain undefines and destroys a domain on a connection of its
+// own, as someone at the host's console would. Undefined first: the
+// provider restarts a provisioned domain that merely stopped, and when it
+// did so between a destroy and the undefine (run 5), the undefine only
+// made the running domain transient and the "dead" worker rebooted.
 func destroyDomain(uri, name string) error {
 	conn, err := libvirt.NewConnect(uri)
 	if err != nil {
@@ -481,10 +484,10 @@ func destroyDomain(uri, name string) error {
 		return err
 	}
 	defer dom.Free()
-	if err := dom.Destroy(); err != nil {
+	if err := dom.UndefineFlags(libvirt.DOMAIN_UNDEFINE_NVRAM); err != nil {
 		return err
 	}
-	return dom.UndefineFlags(libvirt.DOMAIN_UNDEFINE_NVRAM)
+	return dom.Destroy() // a transient domain is gone once destroyed
 }
 
 // mdMachines names the kubeadm MachineDeployment's Machines not being deleted.
