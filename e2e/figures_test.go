@@ -280,6 +280,12 @@ func TestTeardownSweepsOnItsOwnConnection(t *testing.T) {
 	if uri == "" {
 		t.Skipf("%s not set", envURI)
 	}
+	// The host's, for the test sweeps the run's namespace.
+	s := &suite{t: t, uri: uri}
+	if _, err := s.claimHost(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.releaseHost)
 	name := runPrefix + "zz-teardown-test"
 	conn, err := libvirt.NewConnect(uri)
 	if err != nil {
@@ -293,7 +299,6 @@ func TestTeardownSweepsOnItsOwnConnection(t *testing.T) {
 	t.Cleanup(func() { _ = n.Undefine(); _ = n.Free() })
 
 	var order []string
-	s := &suite{t: t, uri: uri}
 	objs, err := s.hostObjects()
 	if err != nil {
 		t.Fatal(err)
@@ -301,7 +306,7 @@ func TestTeardownSweepsOnItsOwnConnection(t *testing.T) {
 	s.imagesBefore = imagesBefore(objs)
 	inOrder(
 		func() {
-			swept, err := s.sweepOurs(context.Background())
+			swept, err := s.sweepOurs(context.Background(), false)
 			if err != nil {
 				t.Error(err)
 			}

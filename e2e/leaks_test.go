@@ -201,9 +201,11 @@ func (s *suite) networkExists(t *testing.T, name string) bool {
 // sweepOurs deletes the run's libvirt objects (domains first, then volumes
 // and files of the run's pool, then networks) on a connection of its own
 // and returns what it removed. It never touches objects of other
-// namespaces, nor the pool itself or base images outside the run's pool
-// (the host is shared: the final check reports those instead).
-func (s *suite) sweepOurs(ctx context.Context) ([]string, error) {
+// namespaces, nor base images outside the run's pool (the host is shared:
+// the final check reports those instead). The pool itself and its
+// directory are devplane.Down's to remove, unless withPool: a killed run's
+// plane may never have recorded them.
+func (s *suite) sweepOurs(ctx context.Context, withPool bool) ([]string, error) {
 	objs, err := s.hostObjects()
 	if err != nil {
 		return nil, fmt.Errorf("listing the libvirt host: %w", err)
@@ -217,13 +219,14 @@ func (s *suite) sweepOurs(ctx context.Context) ([]string, error) {
 	var errs []error
 	var run []testlibvirt.Object
 	for _, o := range runObjects(objs, afterDown, s.imagesBefore) {
-		// The pool and its directory are Down's to remove, and base images
-		// outside the run's pool may be shared: the final check reports them.
-		if o.Kind != testlibvirt.KindPool && o.Pool != poolRoot && (o.Pool == e2ePool || !testlibvirt.IsBaseImage(o)) {
+		isPool := o.Kind == testlibvirt.KindPool || o.Pool == poolRoot
+		if (withPool || !isPool) && (o.Pool == e2ePool || !testlibvirt.IsBaseImage(o)) {
 			run = append(run, o)
 		}
 	}
-	for _, kind := range []string{testlibvirt.KindDomain, testlibvirt.KindVolume, testlibvirt.KindFile, testlibvirt.KindNetwork} {
+	// Domains hold volumes and networks, the pool its volumes; the pool's
+	// directory is an entry of poolRoot, removed after the pool.
+	for _, kind := range []string{testlibvirt.KindDomain, testlibvirt.KindVolume, testlibvirt.KindNetwork, testlibvirt.KindPool, testlibvirt.KindFile} {
 		for _, o := range run {
 			if o.Kind != kind || ctx.Err() != nil {
 				continue
@@ -265,6 +268,15 @@ func removeRaw(conn *libvirt.Connect, o testlibvirt.Object) error {
 		}
 	case testlibvirt.KindFile:
 		err = os.RemoveAll(filepath.Join(o.Dir, o.Name))
+	case testlibvirt.KindPool:
+		var p *libvirt.StoragePool
+		if p, err = conn.LookupStoragePoolByName(o.Name); err == nil {
+			defer p.Free()
+			if active, _ := p.IsActive(); active {
+				_ = p.Destroy()
+			}
+			err = p.Undefine()
+		}
 	case testlibvirt.KindNetwork:
 		var n *libvirt.Network
 		if n, err = conn.LookupNetworkByName(o.Name); err == nil {

@@ -77,6 +77,8 @@ type suite struct {
 	seed  uint64
 	// cores is the libvirt host's CPU count, for the report.
 	cores uint
+	// hostLock is this run's hold of hostLockPath.
+	hostLock *os.File
 	// imagesBefore are the base images and import markers the host held
 	// before the run (imagesBefore).
 	imagesBefore map[string]bool
@@ -167,10 +169,23 @@ func newSuite(t *testing.T) *suite {
 		},
 		cancel,
 		s.writeReport,
+		s.releaseHost,
 	))
 
-	var err error
-	s.state, err = os.MkdirTemp("", "capl-e2e-plane-")
+	// Leftovers of an earlier, killed run in this namespace would make
+	// every check below ambiguous: they go first. The base images and
+	// import markers already on the host are not the run's.
+	claimCtx, claimCancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer claimCancel()
+	cleared, err := s.claimHost(claimCtx)
+	for _, c := range cleared {
+		t.Logf("removed what a killed run left: %s", c)
+	}
+	if len(cleared) > 0 {
+		s.rep.note("Before the run, removed what killed runs left: %s", strings.Join(cleared, "; "))
+	}
+	must(t, err)
+	s.state, err = os.MkdirTemp("", statePrefix)
 	must(t, err)
 	dialCtx, dialCancel := context.WithTimeout(ctx, time.Minute)
 	defer dialCancel()
@@ -178,14 +193,11 @@ func newSuite(t *testing.T) *suite {
 	must(t, err)
 	s.cores, err = hostCores(s.uri)
 	must(t, err)
-	// Leftovers of an earlier, interrupted run in this namespace would
-	// make every check below ambiguous. The base images and import markers
-	// already on the host are not the run's.
 	objs, err := s.hostObjects()
 	must(t, err)
 	s.imagesBefore = imagesBefore(objs)
 	if left := names(runObjects(objs, afterDown, s.imagesBefore)); len(left) > 0 {
-		t.Fatalf("libvirt still holds objects of namespace %q from an earlier run: %s (remove them first)", namespace, strings.Join(left, ", "))
+		t.Fatalf("libvirt still holds objects of namespace %q after removing what killed runs left: %s", namespace, strings.Join(left, ", "))
 	}
 
 	stop := s.rep.phase("start management plane")
@@ -269,7 +281,7 @@ func (s *suite) down(strict bool) {
 	// Whatever Down did, nothing of this run may outlive it; on a failed
 	// run this removes what is left. Both look at the host on connections
 	// of their own.
-	swept, err := s.sweepOurs(ctx)
+	swept, err := s.sweepOurs(ctx, false)
 	for _, o := range swept {
 		t.Errorf("swept after devplane.Down: %s", o)
 	}
