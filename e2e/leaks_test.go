@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -244,53 +243,8 @@ func (s *suite) sweepOurs(ctx context.Context, withPool bool) ([]string, error) 
 // removeRaw deletes one object found by Scan through the raw connection;
 // a missing object is success.
 func removeRaw(conn *libvirt.Connect, o testlibvirt.Object) error {
-	var err error
-	switch o.Kind {
-	case testlibvirt.KindDomain:
-		var d *libvirt.Domain
-		if d, err = conn.LookupDomainByName(o.Name); err == nil {
-			defer d.Free()
-			if active, _ := d.IsActive(); active {
-				_ = d.Destroy()
-			}
-			err = d.UndefineFlags(libvirt.DOMAIN_UNDEFINE_MANAGED_SAVE | libvirt.DOMAIN_UNDEFINE_SNAPSHOTS_METADATA |
-				libvirt.DOMAIN_UNDEFINE_NVRAM | libvirt.DOMAIN_UNDEFINE_CHECKPOINTS_METADATA)
-		}
-	case testlibvirt.KindVolume:
-		var p *libvirt.StoragePool
-		if p, err = conn.LookupStoragePoolByName(o.Pool); err == nil {
-			defer p.Free()
-			var v *libvirt.StorageVol
-			if v, err = p.LookupStorageVolByName(o.Name); err == nil {
-				defer v.Free()
-				err = v.Delete(0)
-			}
-		}
-	case testlibvirt.KindFile:
-		err = os.RemoveAll(filepath.Join(o.Dir, o.Name))
-	case testlibvirt.KindPool:
-		var p *libvirt.StoragePool
-		if p, err = conn.LookupStoragePoolByName(o.Name); err == nil {
-			defer p.Free()
-			if active, _ := p.IsActive(); active {
-				_ = p.Destroy()
-			}
-			err = p.Undefine()
-		}
-	case testlibvirt.KindNetwork:
-		var n *libvirt.Network
-		if n, err = conn.LookupNetworkByName(o.Name); err == nil {
-			defer n.Free()
-			if active, _ := n.IsActive(); active {
-				_ = n.Destroy()
-			}
-			if persistent, _ := n.IsPersistent(); persistent {
-				err = n.Undefine()
-			}
-		}
+	if err := testlibvirt.Remove(conn, o); err != nil && !virt.IsNotFound(err) && !errors.Is(err, os.ErrNotExist) {
+		return err
 	}
-	if virt.IsNotFound(err) {
-		return nil
-	}
-	return err
+	return nil
 }

@@ -118,7 +118,7 @@ func sweep(uri string, match func(Object) bool) ([]Object, error) {
 			if o.Kind != kind || !match(o) || !removable(o) {
 				continue
 			}
-			err := remove(conn, uri, o)
+			err := Remove(conn, o)
 			switch {
 			case virt.IsNotFound(err) || errors.Is(err, os.ErrNotExist):
 			case err != nil:
@@ -144,8 +144,11 @@ func removable(o Object) bool {
 	return true
 }
 
-// remove deletes one object Scan found.
-func remove(conn *libvirt.Connect, uri string, o Object) error {
+// Remove deletes one object Scan found on conn: a domain with its
+// managed save, snapshot, checkpoint and NVRAM metadata, a network, a
+// volume, a pool with its volumes, a file or directory. Callers decide
+// what may be removed; Remove does not check names.
+func Remove(conn *libvirt.Connect, o Object) error {
 	switch o.Kind {
 	case KindDomain:
 		dom, err := conn.LookupDomainByName(o.Name)
@@ -158,7 +161,8 @@ func remove(conn *libvirt.Connect, uri string, o Object) error {
 				return err
 			}
 		}
-		return dom.UndefineFlags(libvirt.DOMAIN_UNDEFINE_NVRAM | libvirt.DOMAIN_UNDEFINE_MANAGED_SAVE)
+		return dom.UndefineFlags(libvirt.DOMAIN_UNDEFINE_NVRAM | libvirt.DOMAIN_UNDEFINE_MANAGED_SAVE |
+			libvirt.DOMAIN_UNDEFINE_SNAPSHOTS_METADATA | libvirt.DOMAIN_UNDEFINE_CHECKPOINTS_METADATA)
 	case KindNetwork:
 		nw, err := conn.LookupNetworkByName(o.Name)
 		if err != nil {
@@ -169,6 +173,10 @@ func remove(conn *libvirt.Connect, uri string, o Object) error {
 			if err := nw.Destroy(); err != nil && !virt.IsNotFound(err) {
 				return err
 			}
+		}
+		// A transient network is gone once destroyed.
+		if persistent, _ := nw.IsPersistent(); !persistent {
+			return nil
 		}
 		return nw.Undefine()
 	case KindVolume:
@@ -184,7 +192,7 @@ func remove(conn *libvirt.Connect, uri string, o Object) error {
 		defer vol.Free()
 		return vol.Delete(0)
 	case KindPool:
-		return DestroyPool(uri, o.Name)
+		return removePool(conn, o.Name)
 	case KindFile:
 		path := filepath.Join(o.Dir, o.Name)
 		if _, err := os.Lstat(path); err != nil {

@@ -153,10 +153,16 @@ func DestroyPool(uri, name string) error {
 		return err
 	}
 	defer conn.Close()
-	pool, err := conn.LookupStoragePoolByName(name)
-	if virt.IsNotFound(err) {
-		return nil
+	if err := removePool(conn, name); err != nil && !virt.IsNotFound(err) {
+		return err
 	}
+	return nil
+}
+
+// removePool deletes every volume of the pool name, its directory and
+// its definition.
+func removePool(conn *libvirt.Connect, name string) error {
+	pool, err := conn.LookupStoragePoolByName(name)
 	if err != nil {
 		return err
 	}
