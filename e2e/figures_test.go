@@ -280,7 +280,7 @@ func TestTeardownSweepsOnItsOwnConnection(t *testing.T) {
 	if uri == "" {
 		t.Skipf("%s not set", envURI)
 	}
-	// The host's, for the test sweeps the run's namespace.
+	// The test sweeps the run's namespace: never beside a running suite.
 	s := &suite{t: t, uri: uri}
 	if _, err := s.claimHost(context.Background()); err != nil {
 		t.Fatal(err)

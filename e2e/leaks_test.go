@@ -197,13 +197,13 @@ func (s *suite) networkExists(t *testing.T, name string) bool {
 	return false
 }
 
-// sweepOurs deletes the run's libvirt objects (domains first, then volumes
-// and files of the run's pool, then networks) on a connection of its own
-// and returns what it removed. It never touches objects of other
-// namespaces, nor base images outside the run's pool (the host is shared:
-// the final check reports those instead). The pool itself and its
-// directory are devplane.Down's to remove, unless withPool: a killed run's
-// plane may never have recorded them.
+// sweepOurs deletes the run's libvirt objects (domains first, then the
+// volumes of the run's pool, networks, and the files left) on a
+// connection of its own and returns what it removed. It never touches
+// objects of other namespaces, nor base images outside the run's pool (the
+// host is shared: the final check reports those instead). The pool itself
+// and its directory are devplane.Down's to remove, unless withPool: a
+// killed run's plane may never have recorded them.
 func (s *suite) sweepOurs(ctx context.Context, withPool bool) ([]string, error) {
 	objs, err := s.hostObjects()
 	if err != nil {
