@@ -471,8 +471,8 @@ func (s *suite) kubeadmRemediation(t *testing.T) {
 // destroyDomain undefines and destroys a domain on a connection of its
 // own, as someone at the host's console would. Undefined first: the
 // provider restarts a provisioned domain that merely stopped, and when it
-// did so between a destroy and the undefine, the undefine only
-// made the running domain transient and the "dead" worker rebooted.
+// did so between a destroy and the undefine, the undefine only made the
+// running domain transient and the "dead" worker rebooted.
 func destroyDomain(uri, name string) error {
 	conn, err := libvirt.NewConnect(uri)
 	if err != nil {
