@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -174,7 +175,9 @@ func (s *suite) deleteClusterWhileCreating(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Minute)
 	for started := false; !started; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("no new worker got an address reservation or a root disk in 5 minutes")
+			// Under kubeadm a machine waits for its bootstrap data, which
+			// needs the workload cluster's API server for a join token.
+			t.Fatalf("no new worker got an address reservation or a root disk in 5 minutes: %s", strings.Join(s.newWorkerStates(t, before), "; "))
 		}
 		for name, lm := range s.workerMachines(t) {
 			if before[name] == nil && (isTrue(lm, infrav1.AddressReservedCondition) || isTrue(lm, infrav1.DiskReadyCondition)) {
@@ -182,18 +185,29 @@ func (s *suite) deleteClusterWhileCreating(t *testing.T) {
 			}
 		}
 	}
-	for name, lm := range s.workerMachines(t) {
-		if before[name] == nil {
-			st, reason, _ := condition(lm, infrav1.DomainReadyCondition)
-			ast, areason, _ := condition(lm, infrav1.AddressReservedCondition)
-			dst, dreason, _ := condition(lm, infrav1.DiskReadyCondition)
-			t.Logf("deleting the cluster while %s is at AddressReserved %s/%s, DiskReady %s/%s, DomainReady %s/%s", name, ast, areason, dst, dreason, st, reason)
-		}
+	for _, st := range s.newWorkerStates(t, before) {
+		t.Logf("deleting the cluster while %s", st)
 	}
 	cl := &clusterv1.Cluster{}
 	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: s.cut.name}, cl))
 	must(t, s.c.Delete(s.ctx, cl))
 	s.waitClusterGone(t)
+}
+
+// newWorkerStates tells where the creation of each worker not in before
+// stands.
+func (s *suite) newWorkerStates(t *testing.T, before map[string]*infrav1.LibvirtMachine) []string {
+	var out []string
+	for name, lm := range s.workerMachines(t) {
+		if before[name] == nil {
+			st, reason, _ := condition(lm, infrav1.DomainReadyCondition)
+			ast, areason, _ := condition(lm, infrav1.AddressReservedCondition)
+			dst, dreason, _ := condition(lm, infrav1.DiskReadyCondition)
+			out = append(out, fmt.Sprintf("%s is at AddressReserved %s/%s, DiskReady %s/%s, DomainReady %s/%s", name, ast, areason, dst, dreason, st, reason))
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // waitClusterGone waits until no Cluster API or provider object is left in
