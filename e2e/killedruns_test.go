@@ -4,13 +4,12 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 )
 
 // hostLockPath is held (flock) by a running suite for as long as it runs.
@@ -31,16 +30,13 @@ const statePrefix = "capl-e2e-plane-"
 // libvirt objects of namespace still there are removed, the run's pool
 // with them. It returns what it removed, one line each.
 func (s *suite) claimHost(ctx context.Context) ([]string, error) {
-	f, err := os.OpenFile(hostLockPath, os.O_RDONLY|os.O_CREATE, 0o644)
+	f, alone, err := testlibvirt.LockExclusive(hostLockPath)
 	if err != nil {
 		return nil, err
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	if !alone {
 		_ = f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("another e2e run holds %s on this host", hostLockPath)
-		}
-		return nil, err
+		return nil, fmt.Errorf("another e2e run holds %s on this host", hostLockPath)
 	}
 	s.hostLock = f
 

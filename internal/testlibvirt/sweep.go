@@ -62,29 +62,37 @@ func localURI(uri string) bool {
 // object on the host at uri that match picks and returns those it removed.
 // While another process holds it, it removes nothing.
 func claimHost(lockPath, uri string, match func(Object) bool) (held *os.File, swept []Object, err error) {
-	f, err := os.OpenFile(lockPath, os.O_RDONLY|os.O_CREATE, 0o644)
+	f, alone, err := LockExclusive(lockPath)
 	if err != nil {
 		return nil, nil, err
 	}
-	fd := int(f.Fd())
-	if err := syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
+	if alone {
 		swept, err = sweep(uri, match)
-		// Downgrading is not atomic; whoever gets the lock exclusively in
-		// between finds nothing of ours, which does not exist yet.
-		if lockErr := syscall.Flock(fd, syscall.LOCK_SH); lockErr != nil {
-			_ = f.Close()
-			return nil, swept, errors.Join(err, lockErr)
-		}
-		return f, swept, err
-	} else if !errors.Is(err, syscall.EWOULDBLOCK) {
-		_ = f.Close()
-		return nil, nil, err
 	}
-	if err := syscall.Flock(fd, syscall.LOCK_SH); err != nil {
+	// Downgrading is not atomic; whoever gets the lock exclusively in
+	// between finds nothing of ours, which does not exist yet.
+	if lockErr := syscall.Flock(int(f.Fd()), syscall.LOCK_SH); lockErr != nil {
 		_ = f.Close()
-		return nil, nil, err
+		return nil, swept, errors.Join(err, lockErr)
 	}
-	return f, nil, nil
+	return f, swept, err
+}
+
+// LockExclusive opens the lock file at path and tries to flock it
+// exclusively without waiting. alone tells whether it got the lock; the
+// file stays open either way, and closing it releases whatever it holds.
+// The kernel drops a flock when its process dies, however it dies.
+func LockExclusive(path string) (f *os.File, alone bool, err error) {
+	f, err = os.OpenFile(path, os.O_RDONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, false, err
+	}
+	err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	if err != nil && !errors.Is(err, syscall.EWOULDBLOCK) {
+		_ = f.Close()
+		return nil, false, err
+	}
+	return f, err == nil, nil
 }
 
 // isTestObject tells whether o is a test object: named with
