@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -53,9 +55,33 @@ func (s *suite) badInput(t *testing.T) {
 			}))
 			t.Cleanup(srv.Close)
 			wrong := sha256.Sum256(append([]byte("not the image"), content...))
-			s.badMachine(t, extraPrefix+"bad-checksum", func(lm *infrav1.LibvirtMachine) {
+			msg := s.badMachine(t, extraPrefix+"bad-checksum", func(lm *infrav1.LibvirtMachine) {
 				lm.Spec.Image = infrav1.ImageSource{URL: srv.URL + "/image.qcow2", Checksum: "sha256:" + hex.EncodeToString(wrong[:])}
 			}, infrav1.DiskReadyCondition, []string{infrav1.ImageChecksumMismatchReason})
+			// The digest of what the tenant pointed at stays in the manager.
+			if real := sha256.Sum256(content); strings.Contains(msg, hex.EncodeToString(real[:])) {
+				t.Errorf("DiskReady shows the source's digest: %s", msg)
+			}
+		},
+		"image redirecting to a denied address": func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.Redirect(w, r, "http://"+strings.TrimSuffix(e2eDeniedCIDR, "/32")+"/image.qcow2", http.StatusFound)
+			}))
+			t.Cleanup(srv.Close)
+			s.badMachine(t, extraPrefix+"bad-redirect", func(lm *infrav1.LibvirtMachine) {
+				lm.Spec.Image = infrav1.ImageSource{URL: srv.URL + "/image.qcow2?token=e2e-secret", Checksum: "sha256:" + strings.Repeat("1", 64)}
+			}, infrav1.DiskReadyCondition, []string{infrav1.ImageSourceNotAllowedReason})
+		},
+		"qcow2 image naming a host file": func(t *testing.T) {
+			content := qcow2WithBackingFile(t, "/etc/shadow")
+			sum := sha256.Sum256(content)
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.ServeContent(w, r, "image.qcow2", time.Now(), bytes.NewReader(content))
+			}))
+			t.Cleanup(srv.Close)
+			s.badMachine(t, extraPrefix+"bad-backing", func(lm *infrav1.LibvirtMachine) {
+				lm.Spec.Image = infrav1.ImageSource{URL: srv.URL + "/image.qcow2", Checksum: "sha256:" + hex.EncodeToString(sum[:])}
+			}, infrav1.DiskReadyCondition, []string{infrav1.ImageHasBackingFileReason})
 		},
 		"memory larger than the host": func(t *testing.T) {
 			s.badMachine(t, extraPrefix+"bad-memory", func(lm *infrav1.LibvirtMachine) {
@@ -80,7 +106,7 @@ func (s *suite) badInput(t *testing.T) {
 // badMachine creates a machine of the demo cluster changed by mutate and
 // waits until condType is False with one of reasons; then it checks no
 // domain exists, deletes the machine and checks nothing of it remains.
-func (s *suite) badMachine(t *testing.T, name string, mutate func(*infrav1.LibvirtMachine), condType string, reasons []string) {
+func (s *suite) badMachine(t *testing.T, name string, mutate func(*infrav1.LibvirtMachine), condType string, reasons []string) (message string) {
 	objs := s.createExtraMachine(t, name, mutate)
 	var reason, msg string
 	s.waitFor(t, fmt.Sprintf("%s: %s False with reason %v", name, condType, reasons), bootTimeout, func() (bool, string) {
@@ -94,6 +120,9 @@ func (s *suite) badMachine(t *testing.T, name string, mutate func(*infrav1.Libvi
 	})
 	if strings.TrimSpace(msg) == "" {
 		t.Errorf("%s: %s False/%s without a message", name, condType, reason)
+	}
+	if strings.Contains(msg, "e2e-secret") {
+		t.Errorf("%s: the message shows the URL's query: %s", name, msg)
 	}
 	t.Logf("%s: %s False, reason %s: %s", name, condType, reason, msg)
 	s.rep.note("bad input %s: %s False, reason %s: %q", name, condType, reason, msg)
@@ -111,6 +140,25 @@ func (s *suite) badMachine(t *testing.T, name string, mutate func(*infrav1.Libvi
 	if l := s.machineLeftovers(name, string(lm.UID), s.clusterNetwork()); len(l) > 0 {
 		t.Errorf("%s left in libvirt: %s", name, strings.Join(l, ", "))
 	}
+	return msg
+}
+
+// e2eDeniedCIDR is an address the plane's manager may not download from.
+const e2eDeniedCIDR = "127.0.0.2/32"
+
+// qcow2WithBackingFile is a qcow2 image whose header names backing as its
+// backing file, made by qemu-img without opening it.
+func qcow2WithBackingFile(t *testing.T, backing string) []byte {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "backed.qcow2")
+	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-u", "-b", backing, "-F", "raw", p, "1G").CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img create: %v: %s", err, out)
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 func containsString(list []string, s string) bool {

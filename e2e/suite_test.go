@@ -207,6 +207,10 @@ func newSuite(t *testing.T) *suite {
 		StateDir:      s.state,
 		LibvirtURI:    s.uri,
 		ManagerBinary: filepath.Join(s.bin, "manager"),
+		ImageDir:      filepath.Dir(s.image),
+		// The bad-input image servers listen on 127.0.0.1; 127.0.0.2
+		// stands for the addresses the operator denies.
+		ManagerArgs: []string{"--image-url-deny-cidrs=" + e2eDeniedCIDR + ",169.254.0.0/16,fe80::/10"},
 	}, filepath.Join(s.bin, "capl-dev"))
 	stop()
 	if err != nil {

@@ -72,7 +72,7 @@ func TestNodeImageReadyForKubeadm(t *testing.T) {
 
 	pool := testlibvirt.Pool(t, uri, c)
 	begin := time.Now()
-	base, err := c.ImportImage(ctx, virt.ImageImport{Pool: pool, Volume: pool + "-node.qcow2", Source: img, SHA256: fileSHA256(t, img)})
+	base, err := c.ImportImage(ctx, virt.ImageImport{Pool: pool, Volume: pool + "-node.qcow2", Source: img, Policy: testlibvirt.FilePolicy(img), SHA256: fileSHA256(t, img)})
 	if err != nil {
 		t.Fatal(err)
 	}

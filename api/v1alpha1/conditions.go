@@ -76,9 +76,27 @@ const (
 	ImageChecksumMismatchReason = "ImageChecksumMismatch"
 	// PoolFullReason: the storage pool has no space left.
 	PoolFullReason = "PoolFull"
+	// ImageHasBackingFileReason: the image is a qcow2 whose header names
+	// a backing file, which would make the host open that file. Nothing
+	// of it is kept; flatten it (qemu-img convert -O qcow2) and serve that.
+	ImageHasBackingFileReason = "ImageHasBackingFile"
+	// ImageHasDataFileReason: the image is a qcow2 whose data lives in an
+	// external file named by host path. Nothing of it is kept.
+	ImageHasDataFileReason = "ImageHasDataFile"
+	// ImageFormatUnsupportedReason: the image is neither raw nor qcow2
+	// (v2/v3): vmdk, qed, vhdx and the like are refused.
+	ImageFormatUnsupportedReason = "ImageFormatUnsupported"
+	// ImageTooLargeReason: the image is longer than the operator's bound
+	// (the manager's --image-import-max-size); nothing of it is kept.
+	ImageTooLargeReason = "ImageTooLarge"
+	// ImageSourceNotAllowedReason: the URL leads where the operator does
+	// not let imports go: a file outside --image-file-dirs, an address of
+	// --image-url-deny-cidrs, or a redirect that is not followed.
+	ImageSourceNotAllowedReason = "ImageSourceNotAllowed"
 	// ImageNotAllowedReason: image.volume names no base image: a volume
 	// the provider manages for a machine or load balancer (of any
-	// namespace), or a volume outside the operator's image pools. Nothing
+	// namespace), or a volume outside the operator's image pools; or
+	// image.url is a file:// URL outside --image-file-dirs. Nothing
 	// is created; replace the object. Also on LibvirtCluster's
 	// LoadBalancerReady for loadBalancer.image.
 	ImageNotAllowedReason = "ImageNotAllowed"

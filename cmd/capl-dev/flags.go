@@ -45,7 +45,7 @@ type clusterFlags struct {
 func (f *clusterFlags) bind(fs *flag.FlagSet) {
 	fs.StringVar(&f.namespace, "namespace", "default", "namespace of the cluster")
 	fs.StringVar(&f.name, "name", "demo", "name of the cluster")
-	fs.StringVar(&f.imageDir, "image-dir", "/var/cache/capi-libvirt/images",
+	fs.StringVar(&f.imageDir, "image-dir", devplane.DefaultImageDir,
 		"directory of `make images node-image`, holding the node image, "+devplane.HAProxyImageFile+" and (stand-in) "+devplane.NodeImageFile)
 	fs.StringVar(&f.domainType, "domain-type", "auto", "auto, kvm or qemu (TCG)")
 	fs.StringVar(&f.cpuMode, "cpu-mode", "", "libvirt CPU mode; default host-passthrough for kvm, maximum for qemu")

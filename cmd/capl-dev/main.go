@@ -99,6 +99,7 @@ func serve(ctx context.Context, args []string) error {
 	var o devplane.Options
 	planeFlags(fs, &o)
 	managerFlags(fs, &o)
+	fs.StringVar(&o.ImageDir, "image-dir", devplane.DefaultImageDir, "directory the manager may import file:// images from")
 	_ = fs.Parse(args)
 	// controller-runtime logs of the in-process Cluster API controllers go
 	// to serve.log.

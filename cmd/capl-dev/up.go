@@ -23,6 +23,7 @@ func up(ctx context.Context, args []string) error {
 	noCluster := fs.Bool("no-demo", false, "start the plane only")
 	timeout := fs.Duration("timeout", 60*time.Minute, "how long to wait for the cluster")
 	_ = fs.Parse(args)
+	o.ImageDir = cf.imageDir
 	choice, err := cf.choice()
 	if err != nil {
 		return err

@@ -100,7 +100,7 @@ func spawnServe(o Options, serveBinary string) (chan error, error) {
 	if serveBinary == "" {
 		return nil, errors.New("no capl-dev binary to run `serve` with")
 	}
-	args := []string{"serve", "--state-dir=" + o.StateDir, "--libvirt-uri=" + o.LibvirtURI, "--manager=" + o.ManagerBinary}
+	args := []string{"serve", "--state-dir=" + o.StateDir, "--libvirt-uri=" + o.LibvirtURI, "--manager=" + o.ManagerBinary, "--image-dir=" + o.ImageDir}
 	for _, a := range o.ManagerArgs {
 		args = append(args, "--manager-arg="+a)
 	}

@@ -177,6 +177,7 @@ func Serve(ctx context.Context, o Options) error {
 			"--health-addr=127.0.0.1:" + strconv.Itoa(healthPort),
 			"--diagnostics-address=127.0.0.1:" + strconv.Itoa(metricsPort),
 			"--insecure-diagnostics",
+			"--image-file-dirs=" + o.ImageDir,
 		}, o.ManagerArgs...),
 		env:       append(os.Environ(), "KUBECONFIG="+filepath.Join(dir, kubeconfigName)),
 		stopGrace: managerStopGrace,

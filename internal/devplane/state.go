@@ -16,6 +16,9 @@ import (
 // DefaultStateDir is where `make up` keeps the plane's state.
 const DefaultStateDir = "/var/lib/capi-libvirt/devplane"
 
+// DefaultImageDir is where `make images node-image` caches the images.
+const DefaultImageDir = "/var/cache/capi-libvirt/images"
+
 // Options configure the plane. Zero fields take the defaults of capl-dev.
 type Options struct {
 	// StateDir holds etcd's data, the kubeconfig, pid files and logs.
@@ -26,6 +29,10 @@ type Options struct {
 	ManagerBinary string
 	// ManagerArgs are appended to the flags the supervisor gives the manager.
 	ManagerArgs []string
+	// ImageDir is the directory whose files the manager may import as
+	// file:// images (its --image-file-dirs): the image cache of `make
+	// images`, which the plane's clusters name. DefaultImageDir when empty.
+	ImageDir string
 	// SweepAll makes Down remove every provider-owned libvirt object on the
 	// host, not only those of the plane's namespaces and pools.
 	SweepAll bool
@@ -39,6 +46,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.LibvirtURI == "" {
 		o.LibvirtURI = "qemu:///system"
+	}
+	if o.ImageDir == "" {
+		o.ImageDir = DefaultImageDir
 	}
 	if o.Log == nil {
 		o.Log = func(string, ...any) {}

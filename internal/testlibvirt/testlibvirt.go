@@ -264,3 +264,13 @@ func RunChecked(m *testing.M) int {
 	}
 	return code
 }
+
+// FilePolicy lets imports read the directories of files, and nothing else:
+// the tests' images are files of their own.
+func FilePolicy(files ...string) virt.SourcePolicy {
+	var dirs []string
+	for _, f := range files {
+		dirs = append(dirs, filepath.Dir(strings.TrimPrefix(f, "file://")))
+	}
+	return virt.SourcePolicy{FileDirs: dirs}
+}

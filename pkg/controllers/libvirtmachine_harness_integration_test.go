@@ -191,8 +191,10 @@ func (h *harness) startProvider(wrap func(virt.Host) virt.Host) *testenv.Provide
 		h.t.Fatal(err)
 	}
 	opts.LibvirtURI = h.uri
-	// Volumes named in the tests' image.volume live in the test pool.
+	// Volumes named in the tests' image.volume live in the test pool, and
+	// the file:// images next to the test image.
 	opts.ImagePools = append(opts.ImagePools, h.pool)
+	opts.ImageFileDirs = testlibvirt.FilePolicy(h.image).FileDirs
 	if h.options != nil {
 		h.options(&opts)
 	}

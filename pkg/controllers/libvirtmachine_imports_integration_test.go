@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
@@ -48,7 +49,7 @@ func testStuckImageServers(h *harness, cluster string) {
 	// The good machine's image is in the pool already (a no-op after the
 	// earlier scenarios): what it must not wait for is the stuck imports.
 	_, err := h.host.ImportImage(h.ctx, virt.ImageImport{Pool: h.pool, Volume: scope.ImageVolumeName(h.imageSum),
-		Source: h.image, SHA256: h.imageSum})
+		Source: h.image, Policy: testlibvirt.FilePolicy(h.image), SHA256: h.imageSum})
 	must(h.t, err)
 
 	sums := map[string]string{"silent": strings.Repeat("1", 64), "trickle": strings.Repeat("2", 64)}

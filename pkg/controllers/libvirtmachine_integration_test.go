@@ -341,7 +341,7 @@ func testBootedMachines(h *harness, cluster string) {
 	// import: make sure the base image is in the pool (a no-op after the
 	// earlier scenarios).
 	_, err := h.host.ImportImage(h.ctx, virt.ImageImport{Pool: h.pool, Volume: scope.ImageVolumeName(h.imageSum),
-		Source: h.image, SHA256: h.imageSum})
+		Source: h.image, Policy: testlibvirt.FilePolicy(h.image), SHA256: h.imageSum})
 	must(h.t, err)
 	for _, n := range names {
 		h.createMachine(n, machineOpts{cluster: cluster, userData: bootUserData(), failureDomain: "fd-1"})

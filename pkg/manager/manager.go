@@ -152,7 +152,11 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 		return nil, fmt.Errorf("creating manager: %w", err)
 	}
 
-	images := imageimport.New(w.Host, opts.ImageImport)
+	imageOpts, err := opts.ImageImportOptions()
+	if err != nil {
+		return nil, err
+	}
+	images := imageimport.New(w.Host, imageOpts)
 	if err := mgr.Add(images); err != nil {
 		return nil, err
 	}

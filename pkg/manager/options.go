@@ -4,8 +4,13 @@
 package manager
 
 import (
+	"fmt"
+	"net/netip"
 	"slices"
+	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/cluster-api/util/flags"
@@ -51,24 +56,55 @@ type Options struct {
 	SyncPeriod time.Duration
 
 	// ImageImport bounds the downloads of base images given by URL and
-	// spaces the retries of failed ones.
+	// spaces the retries of failed ones; ImageImportOptions completes its
+	// Sources from the fields below.
 	ImageImport imageimport.Options
+	// ImageURLDenyCIDRs are the addresses image downloads never connect
+	// to; ImageImportMaxSize bounds an image's length (a quantity such as
+	// "32Gi"; empty or 0: no bound). ImageImportOptions parses both.
+	ImageURLDenyCIDRs  []string
+	ImageImportMaxSize string
 
 	// WebhookPort and WebhookCertDir configure the webhook server.
 	WebhookPort int
 	// WebhookCertDir holds tls.crt and tls.key for the webhook server.
 	WebhookCertDir string
 
-	// StoragePoolDirs, StoragePools, ImagePools, HostBridges and
-	// LibvirtNetworks are what tenants may name (tenancy.Policy).
-	StoragePoolDirs, StoragePools, ImagePools, HostBridges, LibvirtNetworks []string
+	// StoragePoolDirs, StoragePools, ImagePools, HostBridges,
+	// LibvirtNetworks and ImageFileDirs are what tenants may name
+	// (tenancy.Policy).
+	StoragePoolDirs, StoragePools, ImagePools, HostBridges, LibvirtNetworks, ImageFileDirs []string
+}
+
+// ImageImportOptions are the image imports' options with the deny-list
+// and size bound parsed; an error names the flag that is wrong.
+func (o *Options) ImageImportOptions() (imageimport.Options, error) {
+	opts := o.ImageImport
+	opts.Sources.FileDirs = o.ImageFileDirs
+	opts.Sources.DenyNets = nil
+	for _, c := range o.ImageURLDenyCIDRs {
+		p, err := netip.ParsePrefix(strings.TrimSpace(c))
+		if err != nil {
+			return opts, fmt.Errorf("invalid --image-url-deny-cidrs entry %q: %w", c, err)
+		}
+		opts.Sources.DenyNets = append(opts.Sources.DenyNets, p.Masked())
+	}
+	opts.Sources.MaxBytes = 0
+	if o.ImageImportMaxSize != "" {
+		q, err := resource.ParseQuantity(o.ImageImportMaxSize)
+		if err != nil || q.Sign() < 0 {
+			return opts, fmt.Errorf("invalid --image-import-max-size %q: a size such as 32Gi is needed", o.ImageImportMaxSize)
+		}
+		opts.Sources.MaxBytes = q.Value()
+	}
+	return opts, nil
 }
 
 // Tenancy is the policy of what tenants may name that the options set.
 func (o *Options) Tenancy() tenancy.Policy {
 	return tenancy.Policy{
 		PoolDirs: o.StoragePoolDirs, Pools: o.StoragePools, ImagePools: o.ImagePools,
-		Bridges: o.HostBridges, Networks: o.LibvirtNetworks,
+		Bridges: o.HostBridges, Networks: o.LibvirtNetworks, ImageFileDirs: o.ImageFileDirs,
 	}
 }
 
@@ -114,6 +150,12 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"An image download that receives no data for this long fails.")
 	fs.DurationVar(&o.ImageImport.Deadline, "image-import-timeout", imageimport.DefaultDeadline,
 		"Bound on one attempt of an image import, download and upload into the pool.")
+	fs.StringSliceVar(&o.ImageFileDirs, "image-file-dirs", nil,
+		"Directories on the manager's host whose files image.url may name as file:// URLs (comma-separated); empty refuses file:// images. Symlinks do not lead out of them.")
+	fs.StringSliceVar(&o.ImageURLDenyCIDRs, "image-url-deny-cidrs", slices.Clone(imageimport.DefaultDenyCIDRs),
+		"Addresses image downloads never connect to, checked on every connection including redirects (comma-separated CIDRs); empty denies none.")
+	fs.StringVar(&o.ImageImportMaxSize, "image-import-max-size", "32Gi",
+		"Longest image an import takes, announced or streamed (a quantity such as 32Gi; 0: no bound).")
 	fs.DurationVar(&o.ImageImport.MinBackoff, "image-import-min-backoff", imageimport.DefaultMinBackoff,
 		"Wait before the first retry of a failed image import; it doubles with each failure.")
 	fs.DurationVar(&o.ImageImport.MaxBackoff, "image-import-max-backoff", imageimport.DefaultMaxBackoff,

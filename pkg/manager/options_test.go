@@ -2,6 +2,7 @@ package manager
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/spf13/pflag"
@@ -40,5 +41,57 @@ func TestTenancyFlags(t *testing.T) {
 		if err := got.Validate(); err != nil {
 			t.Errorf("%v: %v", tc.args, err)
 		}
+	}
+}
+
+// TestImageImportFlags: downloads are bounded and kept off the manager's
+// own host and link-local addresses unless the operator says otherwise,
+// file:// is refused unless directories are listed, and bad values name
+// their flag.
+func TestImageImportFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		args      []string
+		wantMax   int64
+		wantDeny  []string
+		wantFiles []string
+		wantErr   string
+	}{
+		{name: "defaults", wantMax: 32 << 30,
+			wantDeny: []string{"127.0.0.0/8", "::1/128", "169.254.0.0/16", "fe80::/10", "0.0.0.0/8", "::/128"}},
+		{name: "operator's choice", args: []string{"--image-import-max-size=1Gi", "--image-url-deny-cidrs=10.0.0.0/8", "--image-file-dirs=/srv/images,/var/cache/images"},
+			wantMax: 1 << 30, wantDeny: []string{"10.0.0.0/8"}, wantFiles: []string{"/srv/images", "/var/cache/images"}},
+		{name: "no bound, nothing denied", args: []string{"--image-import-max-size=0", "--image-url-deny-cidrs="}, wantMax: 0},
+		{name: "bad CIDR", args: []string{"--image-url-deny-cidrs=localhost"}, wantErr: "--image-url-deny-cidrs"},
+		{name: "bad size", args: []string{"--image-import-max-size=big"}, wantErr: "--image-import-max-size"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var o Options
+			fs := pflag.NewFlagSet("manager", pflag.ContinueOnError)
+			o.AddFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			got, err := o.ImageImportOptions()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var deny []string
+			for _, p := range got.Sources.DenyNets {
+				deny = append(deny, p.String())
+			}
+			if got.Sources.MaxBytes != tc.wantMax || !slices.Equal(deny, tc.wantDeny) || !slices.Equal(got.Sources.FileDirs, tc.wantFiles) {
+				t.Errorf("sources %+v, want max %d, deny %v, files %v", got.Sources, tc.wantMax, tc.wantDeny, tc.wantFiles)
+			}
+			if !slices.Equal(o.Tenancy().ImageFileDirs, tc.wantFiles) {
+				t.Errorf("tenancy's file directories %v, want %v", o.Tenancy().ImageFileDirs, tc.wantFiles)
+			}
+		})
 	}
 }

@@ -13,6 +13,7 @@ package tenancy
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -74,6 +75,9 @@ type Policy struct {
 	// cluster or machine may name (its own cluster's managed network
 	// aside).
 	Networks []string
+	// ImageFileDirs are the directories on the manager's host whose files
+	// image URLs may name (file://); none refuses file:// images.
+	ImageFileDirs []string
 }
 
 // DefaultPolicy is the policy of the manager's flag defaults.
@@ -99,6 +103,13 @@ func (p Policy) Validate() error {
 		}
 		if t := systemTree(d); t != "" {
 			errs = append(errs, fmt.Errorf("storage pool directory %s is in the system directory %s", d, t))
+		}
+	}
+	for _, d := range p.ImageFileDirs {
+		if err := checkCleanAbs(d); err != nil {
+			errs = append(errs, fmt.Errorf("image file directory %q %w", d, err))
+		} else if d == "/" {
+			errs = append(errs, errors.New("image file directory / would let image URLs read any file of the manager's host: name the directories"))
 		}
 	}
 	return errors.Join(errs...)
@@ -211,6 +222,29 @@ func (p Policy) CheckImageVolume(ref infrav1.VolumeReference, defaultPool string
 	}
 	return field, fmt.Errorf("must name a base image: an image the provider imported from a url (%s…) or a volume of an image pool (%s; the manager's --image-pools), and pool %s is none",
 		scope.ImageVolumeName(""), listOrNone(p.ImagePools), pool)
+}
+
+// CheckImageURL refuses a file:// URL outside ImageFileDirs, judged by
+// its path alone (the import resolves symlinks inside the directory, on
+// the manager's host). Other URLs are the import's to check: where they
+// lead is known only when they are fetched.
+func (p Policy) CheckImageURL(raw string) error {
+	path, ok := strings.CutPrefix(raw, "file://")
+	if !ok {
+		return nil
+	}
+	if u, err := url.Parse(raw); err == nil {
+		path = u.Path
+	}
+	if len(p.ImageFileDirs) == 0 {
+		return errors.New("file:// images are not allowed: the operator allows no directory (the manager's --image-file-dirs); serve the image over http(s) or import it into an image pool")
+	}
+	for _, d := range p.ImageFileDirs {
+		if within(filepath.Clean(path), d) && filepath.Clean(path) != d {
+			return nil
+		}
+	}
+	return fmt.Errorf("must name a file below %s (the manager's --image-file-dirs)", strings.Join(p.ImageFileDirs, ", "))
 }
 
 // CheckNetwork refuses a libvirt network that the provider created for a

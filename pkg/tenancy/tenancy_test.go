@@ -185,3 +185,25 @@ func check(t *testing.T, what string, err error, want string) {
 		t.Errorf("%s: %v, want %q in it", what, err, want)
 	}
 }
+
+func TestCheckImageURL(t *testing.T) {
+	allowed := Policy{ImageFileDirs: []string{"/var/cache/capi-libvirt/images"}}
+	for _, tc := range []struct {
+		policy Policy
+		url    string
+		want   string
+	}{
+		{Policy{}, "https://images.example/debian.qcow2", ""},
+		{Policy{}, "http://10.0.0.5/debian.qcow2", ""},
+		{Policy{}, "file:///var/cache/capi-libvirt/images/node.qcow2", "allows no directory"},
+		{allowed, "file:///var/cache/capi-libvirt/images/node.qcow2", ""},
+		{allowed, "file:///var/cache/capi-libvirt/images/../../../../etc/shadow", "must name a file below"},
+		{allowed, "file:///var/cache/capi-libvirt/images", "must name a file below"},
+		{allowed, "file:///var/cache/capi-libvirt/images-other/x.qcow2", "must name a file below"},
+		{allowed, "file:///etc/shadow", "must name a file below"},
+	} {
+		check(t, "CheckImageURL("+tc.url+")", tc.policy.CheckImageURL(tc.url), tc.want)
+	}
+	check(t, "Validate(image file dir /)", Policy{PoolDirs: DefaultPoolDirs, ImageFileDirs: []string{"/"}}.Validate(), "any file")
+	check(t, "Validate(image file dir relative)", Policy{PoolDirs: DefaultPoolDirs, ImageFileDirs: []string{"images"}}.Validate(), "absolute")
+}

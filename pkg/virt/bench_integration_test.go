@@ -84,7 +84,7 @@ func TestOverlayCostIndependentOfBaseSize(t *testing.T) {
 	for i, size := range sizes {
 		src, sum := qcow2WithData(t, size, 8*mib)
 		var err error
-		bases[i], err = e.c.ImportImage(ctx, virt.ImageImport{Pool: e.pool, Volume: e.volName(t, fmt.Sprintf("base%d", i)), Source: src, SHA256: sum})
+		bases[i], err = e.c.ImportImage(ctx, virt.ImageImport{Pool: e.pool, Volume: e.volName(t, fmt.Sprintf("base%d", i)), Source: src, Policy: testlibvirt.FilePolicy(src), SHA256: sum})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -194,7 +194,7 @@ func BenchmarkImportImage(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		vol := e.pool + "-img" + strconv.Itoa(i)
 		start := time.Now()
-		_, err := e.c.ImportImage(ctx, virt.ImageImport{Pool: e.pool, Volume: vol, Source: src, SHA256: sum})
+		_, err := e.c.ImportImage(ctx, virt.ImageImport{Pool: e.pool, Volume: vol, Source: src, Policy: testlibvirt.FilePolicy(src), SHA256: sum})
 		total += time.Since(start)
 		if err != nil {
 			b.Fatal(err)

@@ -39,7 +39,7 @@ func TestBootGuestThroughReservedLease(t *testing.T) {
 	hostname := pool // a valid DNS label, and recognisably ours
 
 	begin := time.Now()
-	base, err := e.c.ImportImage(ctx, virt.ImageImport{Pool: pool, Volume: pool + "-base.qcow2", Source: img, SHA256: fileSHA(t, img)})
+	base, err := e.c.ImportImage(ctx, virt.ImageImport{Pool: pool, Volume: pool + "-base.qcow2", Source: img, Policy: testlibvirt.FilePolicy(img), SHA256: fileSHA(t, img)})
 	if err != nil {
 		t.Fatal(err)
 	}

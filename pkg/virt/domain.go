@@ -38,6 +38,11 @@ type DomainSpec struct {
 	DiskPath string
 	// DiskFormat is the disk's format; "qcow2" when empty.
 	DiskFormat string
+	// DiskBackingPath and DiskBackingFormat are the overlay's base image
+	// (VolumeInfo.BackingPath and BackingFormat); empty for a disk without
+	// one. The domain names the whole chain and ends it there, so QEMU and
+	// libvirt follow no file name a base image's header might carry.
+	DiskBackingPath, DiskBackingFormat string
 	// SeedISOPath is the NoCloud seed volume's path, attached as a cdrom on
 	// virtio-scsi; empty for none.
 	SeedISOPath string

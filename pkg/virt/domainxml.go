@@ -59,6 +59,9 @@ func validateDomainSpec(s DomainSpec) error {
 	if !path.IsAbs(s.DiskPath) {
 		errs = append(errs, fmt.Sprintf("disk path %q is not absolute", s.DiskPath))
 	}
+	if s.DiskBackingPath != "" && (!path.IsAbs(s.DiskBackingPath) || (s.DiskBackingFormat != FormatQCOW2 && s.DiskBackingFormat != FormatRaw)) {
+		errs = append(errs, fmt.Sprintf("backing file %q (%q) is not an absolute path of a raw or qcow2 image", s.DiskBackingPath, s.DiskBackingFormat))
+	}
 	if s.SeedISOPath != "" && !path.IsAbs(s.SeedISOPath) {
 		errs = append(errs, fmt.Sprintf("seed ISO path %q is not absolute", s.SeedISOPath))
 	}
@@ -115,11 +118,12 @@ func domainXML(s DomainSpec) (*libvirtxml.Domain, error) {
 		OnCrash:    "destroy",
 		Devices: &libvirtxml.DomainDeviceList{
 			Disks: []libvirtxml.DomainDisk{{
-				Device: "disk",
-				Driver: &libvirtxml.DomainDiskDriver{Name: "qemu", Type: defaultString(s.DiskFormat, FormatQCOW2), Discard: "unmap"},
-				Source: &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: s.DiskPath}},
-				Target: &libvirtxml.DomainDiskTarget{Dev: "vda", Bus: "virtio"},
-				Boot:   &libvirtxml.DomainDeviceBoot{Order: 1},
+				Device:       "disk",
+				Driver:       &libvirtxml.DomainDiskDriver{Name: "qemu", Type: defaultString(s.DiskFormat, FormatQCOW2), Discard: "unmap"},
+				Source:       &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: s.DiskPath}},
+				BackingStore: diskChain(s.DiskBackingPath, s.DiskBackingFormat),
+				Target:       &libvirtxml.DomainDiskTarget{Dev: "vda", Bus: "virtio"},
+				Boot:         &libvirtxml.DomainDeviceBoot{Order: 1},
 			}},
 			Serials: []libvirtxml.DomainSerial{{
 				Source: &libvirtxml.DomainChardevSource{Pty: &libvirtxml.DomainChardevSourcePty{}},
@@ -151,17 +155,34 @@ func domainXML(s DomainSpec) (*libvirtxml.Domain, error) {
 	if s.SeedISOPath != "" {
 		d.Devices.Controllers = []libvirtxml.DomainController{{Type: "scsi", Index: &index0, Model: "virtio-scsi"}}
 		d.Devices.Disks = append(d.Devices.Disks, libvirtxml.DomainDisk{
-			Device:   "cdrom",
-			Driver:   &libvirtxml.DomainDiskDriver{Name: "qemu", Type: FormatRaw},
-			Source:   &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: s.SeedISOPath}},
-			Target:   &libvirtxml.DomainDiskTarget{Dev: "sda", Bus: "scsi"},
-			ReadOnly: &libvirtxml.DomainDiskReadOnly{},
+			Device:       "cdrom",
+			Driver:       &libvirtxml.DomainDiskDriver{Name: "qemu", Type: FormatRaw},
+			Source:       &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: s.SeedISOPath}},
+			BackingStore: diskChain("", ""),
+			Target:       &libvirtxml.DomainDiskTarget{Dev: "sda", Bus: "scsi"},
+			ReadOnly:     &libvirtxml.DomainDiskReadOnly{},
 		})
 	}
 	if nic := domainInterface(s); nic != nil {
 		d.Devices.Interfaces = []libvirtxml.DomainInterface{*nic}
 	}
 	return d, nil
+}
+
+// diskChain is a disk's backing chain as libvirt is told it: the base
+// file, if any, then an empty <backingStore/>, which ends the chain. Told
+// the chain, libvirt neither probes image headers for more of it nor
+// hands QEMU a file it did not list (nor chowns one for it).
+func diskChain(basePath, baseFormat string) *libvirtxml.DomainDiskBackingStore {
+	end := &libvirtxml.DomainDiskBackingStore{}
+	if basePath == "" {
+		return end
+	}
+	return &libvirtxml.DomainDiskBackingStore{
+		Format:       &libvirtxml.DomainDiskFormat{Type: baseFormat},
+		Source:       &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: basePath}},
+		BackingStore: end,
+	}
 }
 
 func domainCPU(s DomainSpec) *libvirtxml.DomainCPU {

@@ -8,18 +8,21 @@ import (
 // baseSpec is a valid product-default spec the cases below vary.
 func baseSpec() DomainSpec {
 	return DomainSpec{
-		Name:           "capl-default-worker-0",
-		UUID:           "6F1C2B9E-2D4A-4C55-9B7B-0A1E2F3D4C5B",
-		Owner:          Owner{Kind: "LibvirtMachine", Namespace: "default", Name: "worker-0", UID: "0b5c8f0e-1111-2222-3333-444455556666", Cluster: "demo"},
-		Type:           DomainTypeKVM,
-		CPUMode:        CPUModeHostPassthrough,
-		VCPUs:          2,
-		MemoryMiB:      2048,
-		DiskPath:       "/var/lib/libvirt/capl-images/capl-default-worker-0-disk",
-		SeedISOPath:    "/var/lib/libvirt/capl-images/capl-default-worker-0-seed.iso",
-		Network:        "capl-demo",
-		MAC:            "52:54:00:AB:CD:EF",
-		ConsoleLogPath: DefaultConsoleLogPath("capl-default-worker-0"),
+		Name:      "capl-default-worker-0",
+		UUID:      "6F1C2B9E-2D4A-4C55-9B7B-0A1E2F3D4C5B",
+		Owner:     Owner{Kind: "LibvirtMachine", Namespace: "default", Name: "worker-0", UID: "0b5c8f0e-1111-2222-3333-444455556666", Cluster: "demo"},
+		Type:      DomainTypeKVM,
+		CPUMode:   CPUModeHostPassthrough,
+		VCPUs:     2,
+		MemoryMiB: 2048,
+		DiskPath:  "/var/lib/libvirt/capl-images/capl-default-worker-0-disk",
+		// The base is pinned: libvirt must not read the chain from headers.
+		DiskBackingPath:   "/var/lib/libvirt/capl-images/capl-image-0123",
+		DiskBackingFormat: FormatQCOW2,
+		SeedISOPath:       "/var/lib/libvirt/capl-images/capl-default-worker-0-seed.iso",
+		Network:           "capl-demo",
+		MAC:               "52:54:00:AB:CD:EF",
+		ConsoleLogPath:    DefaultConsoleLogPath("capl-default-worker-0"),
 	}
 }
 
@@ -37,7 +40,7 @@ func TestDomainXMLGolden(t *testing.T) {
 		{"domain-host-model-no-seed-no-nic.xml", func(s *DomainSpec) {
 			s.CPUMode = CPUModeHostModel
 			s.SeedISOPath, s.Network, s.MAC = "", "", ""
-			s.DiskFormat = FormatRaw
+			s.DiskFormat, s.DiskBackingPath, s.DiskBackingFormat = FormatRaw, "", ""
 		}},
 	}
 	for _, tt := range tests {
@@ -71,6 +74,9 @@ func TestValidateDomainSpec(t *testing.T) {
 		{"bad mac", func(s *DomainSpec) { s.MAC = "52:54:00:zz:00:01" }, "mac"},
 		{"multicast mac", func(s *DomainSpec) { s.MAC = "01:54:00:00:00:01" }, "unicast"},
 		{"tcg cache on kvm", func(s *DomainSpec) { s.TCGCacheMiB = 64 }, "TCG cache"},
+		{"relative backing file", func(s *DomainSpec) { s.DiskBackingPath = "base.qcow2" }, "backing file"},
+		{"backing file of unknown format", func(s *DomainSpec) { s.DiskBackingFormat = "" }, "raw or qcow2"},
+		{"vmdk backing file", func(s *DomainSpec) { s.DiskBackingFormat = "vmdk" }, "raw or qcow2"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

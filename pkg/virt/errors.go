@@ -25,6 +25,22 @@ var (
 	// ErrChecksumMismatch means an imported image does not have the
 	// expected sha256; nothing was kept.
 	ErrChecksumMismatch = errors.New("image checksum mismatch")
+	// ErrImageRefused marks an image whose bytes could make the host open
+	// another file; ErrImageHasBackingFile, ErrImageHasDataFile and
+	// ErrImageFormatUnsupported say which way (*ImageRefusedError).
+	ErrImageRefused = errors.New("image refused")
+	// ErrImageHasBackingFile is a qcow2 image whose header names a backing file.
+	ErrImageHasBackingFile = errors.New("image has a backing file")
+	// ErrImageHasDataFile is a qcow2 image whose data lives in an external file.
+	ErrImageHasDataFile = errors.New("image has an external data file")
+	// ErrImageFormatUnsupported is an image neither raw nor qcow2 v2/v3.
+	ErrImageFormatUnsupported = errors.New("image format not supported")
+	// ErrImageTooLarge is a download longer than the operator's bound.
+	ErrImageTooLarge = errors.New("image larger than allowed")
+	// ErrImageSourceRefused is an image source the operator does not
+	// allow: a file outside the allowed directories, a denied address, a
+	// redirect that is not followed.
+	ErrImageSourceRefused = errors.New("image source not allowed")
 	// ErrDomainReplaced means a domain with the expected name exists but
 	// has another UUID: someone replaced it outside the provider.
 	ErrDomainReplaced = errors.New("domain replaced outside the provider")
@@ -83,9 +99,11 @@ type ChecksumError struct {
 	Actual   string
 }
 
-// Error names the source and both digests.
+// Error names the source and the expected digest, never the computed one:
+// the message reaches conditions a tenant reads, and the digest of a file
+// the tenant could not otherwise read would tell them about it.
 func (e *ChecksumError) Error() string {
-	return fmt.Sprintf("%s: sha256 %s, expected %s", e.Source, e.Actual, e.Expected)
+	return fmt.Sprintf("%s: sha256 does not match the expected %s", RedactURL(e.Source), e.Expected)
 }
 
 // Unwrap makes errors.Is(err, ErrChecksumMismatch) true.

@@ -24,7 +24,7 @@ func TestGuestAgent(t *testing.T) {
 	e := newStorageEnv(t)
 	ctx := testCtxWithin(t, 12*time.Minute)
 
-	base, err := e.c.ImportImage(ctx, virt.ImageImport{Pool: e.pool, Volume: e.pool + "-base.qcow2", Source: img, SHA256: fileSHA(t, img)})
+	base, err := e.c.ImportImage(ctx, virt.ImageImport{Pool: e.pool, Volume: e.pool + "-base.qcow2", Source: img, Policy: testlibvirt.FilePolicy(img), SHA256: fileSHA(t, img)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,18 +1,13 @@
 package virt
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"net"
-	"net/http"
-	"os"
 	"strings"
-	"time"
 
 	"libvirt.org/go/libvirt"
 )
@@ -47,6 +42,10 @@ func (c *Client) ImportImage(ctx context.Context, img ImageImport) (VolumeInfo, 
 		return VolumeInfo{}, err
 	}
 	defer src.Close()
+	body, err := checkedSource(src, size, img)
+	if err != nil {
+		return VolumeInfo{}, err
+	}
 	unlock, err := c.lockPool(ctx, img.Pool)
 	if err != nil {
 		return VolumeInfo{}, err
@@ -56,7 +55,7 @@ func (c *Client) ImportImage(ctx context.Context, img ImageImport) (VolumeInfo, 
 	err = c.withConn(ctx, "ImportImage", func(conn *libvirt.Connect) error {
 		return withPool(conn, img.Pool, func(p *libvirt.StoragePool) error {
 			var err error
-			info, err = importInto(ctx, conn, p, img, src, size)
+			info, err = importInto(ctx, conn, p, img, body, size)
 			return wrapNoSpace(img.Pool, err)
 		})
 	})
@@ -152,17 +151,64 @@ func createMarker(p *libvirt.StoragePool, name string) error {
 
 // uploadImage creates the raw image volume and streams the source into it,
 // hashing on the way; a digest mismatch aborts before the stream finishes.
+// A source of unknown length (size < 0) starts from an empty volume.
 func uploadImage(ctx context.Context, conn *libvirt.Connect, p *libvirt.StoragePool, img ImageImport, src io.Reader, size int64) error {
-	vol, err := ensureRawVolume(p, img.Volume, uint64(size), "")
+	vol, err := ensureRawVolume(p, img.Volume, uint64(max(size, 0)), "")
 	if err != nil {
 		return err
 	}
 	defer vol.Free()
 	verify := func(sent []byte) error { return checkDigest(img, sent) }
-	if err := upload(ctx, conn, p, vol, src, size, verify); err != nil {
-		return fmt.Errorf("importing %s into %s/%s: %w", img.Source, img.Pool, img.Volume, err)
+	if _, err := upload(ctx, conn, p, vol, src, size, verify); err != nil {
+		return fmt.Errorf("importing %s into %s/%s: %w", RedactURL(img.Source), img.Pool, img.Volume, err)
 	}
 	return nil
+}
+
+// checkedSource refuses an image longer than img.Policy.MaxBytes or whose
+// first bytes make it something other than plain data (inspectImage),
+// before anything reaches the pool, and returns the source to upload:
+// bounded, with the bytes inspected still to be read.
+func checkedSource(src io.Reader, size int64, img ImageImport) (io.Reader, error) {
+	limit := img.Policy.MaxBytes
+	if limit > 0 && size > limit {
+		return nil, fmt.Errorf("%w: %s is %d bytes, the bound is %d (--image-import-max-size)", ErrImageTooLarge, RedactURL(img.Source), size, limit)
+	}
+	if limit > 0 {
+		src = &boundedReader{r: src, left: limit, limit: limit}
+	}
+	head := bufio.NewReaderSize(src, imageHeadBytes)
+	peek, err := head.Peek(imageHeadBytes)
+	if err != nil && err != io.EOF {
+		return nil, fmt.Errorf("reading the start of %s: %w", RedactURL(img.Source), err)
+	}
+	if _, err := inspectImage(peek); err != nil {
+		return nil, fmt.Errorf("%s: %w", RedactURL(img.Source), err)
+	}
+	return head, nil
+}
+
+// boundedReader fails with ErrImageTooLarge once its source gave more
+// than limit bytes: a server that sends no length, or an endless one.
+type boundedReader struct {
+	r           io.Reader
+	left, limit int64
+}
+
+// Read reads from the source and fails past the bound.
+func (b *boundedReader) Read(p []byte) (int, error) {
+	if b.left < 0 {
+		return 0, fmt.Errorf("%w: the source sent more than %d bytes (--image-import-max-size)", ErrImageTooLarge, b.limit)
+	}
+	if int64(len(p)) > b.left+1 {
+		p = p[:b.left+1]
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	if b.left < 0 {
+		return n, fmt.Errorf("%w: the source sent more than %d bytes (--image-import-max-size)", ErrImageTooLarge, b.limit)
+	}
+	return n, err
 }
 
 func checkDigest(img ImageImport, sent []byte) error {
@@ -171,145 +217,4 @@ func checkDigest(img ImageImport, sent []byte) error {
 		return &ChecksumError{Source: img.Source, Expected: strings.ToLower(img.SHA256), Actual: got}
 	}
 	return nil
-}
-
-// openSource opens a local file or an http(s) URL and returns its exact
-// length, which libvirt's upload needs up front; reads report img.Progress.
-func openSource(ctx context.Context, img ImageImport) (io.ReadCloser, int64, error) {
-	var (
-		src  io.ReadCloser
-		size int64
-		err  error
-	)
-	if strings.HasPrefix(img.Source, "http://") || strings.HasPrefix(img.Source, "https://") {
-		src, size, err = openURL(ctx, img.Source, img.Fetch)
-	} else {
-		src, size, err = openFile(strings.TrimPrefix(img.Source, "file://"))
-	}
-	if err != nil || img.Progress == nil {
-		return src, size, err
-	}
-	img.Progress(0, size)
-	return &progressReader{ReadCloser: src, total: size, report: img.Progress}, size, nil
-}
-
-func openFile(path string) (io.ReadCloser, int64, error) {
-	f, err := os.Open(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, 0, fmt.Errorf("%w: %v", ErrImageNotFound, err)
-	}
-	if err != nil {
-		return nil, 0, err
-	}
-	st, err := f.Stat()
-	if err != nil || !st.Mode().IsRegular() {
-		f.Close()
-		return nil, 0, errors.Join(err, fmt.Errorf("image %s is not a regular file", path))
-	}
-	return f, st.Size(), nil
-}
-
-// openURL sends the request and reads the response headers within
-// limits; the body it returns fails a read that waits longer than
-// limits.IdleTimeout for data.
-func openURL(ctx context.Context, url string, limits FetchLimits) (io.ReadCloser, int64, error) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		cancel(nil)
-		return nil, 0, err
-	}
-	resp, err := fetchClient(limits).Do(req)
-	if err != nil {
-		cancel(nil)
-		return nil, 0, fmt.Errorf("fetching image: %w", err)
-	}
-	fail := func(err error) (io.ReadCloser, int64, error) {
-		resp.Body.Close()
-		cancel(nil)
-		return nil, 0, err
-	}
-	switch {
-	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusGone:
-		return fail(fmt.Errorf("%w: %s: %s", ErrImageNotFound, url, resp.Status))
-	case resp.StatusCode != http.StatusOK:
-		return fail(fmt.Errorf("fetching image %s: %s", url, resp.Status))
-	case resp.ContentLength < 0:
-		return fail(fmt.Errorf("fetching image %s: server sent no Content-Length, which the upload needs", url))
-	}
-	body := &idleReader{body: resp.Body, ctx: ctx, cancel: cancel, idle: limits.IdleTimeout}
-	if body.idle > 0 {
-		body.timer = time.AfterFunc(body.idle, body.expire)
-	}
-	return body, resp.ContentLength, nil
-}
-
-// fetchClient is an HTTP client with limits' connect and header timeouts
-// (proxies from the environment, as http.DefaultClient).
-func fetchClient(limits FetchLimits) *http.Client {
-	t := http.DefaultTransport.(*http.Transport).Clone()
-	dialer := &net.Dialer{Timeout: limits.ConnectTimeout, KeepAlive: 30 * time.Second}
-	t.DialContext = dialer.DialContext
-	t.TLSHandshakeTimeout = limits.ConnectTimeout
-	t.ResponseHeaderTimeout = limits.HeaderTimeout
-	return &http.Client{Transport: t}
-}
-
-// ErrFetchIdle is the cause of a download that got no data for its idle timeout.
-var ErrFetchIdle = errors.New("image server sent no data")
-
-// idleReader cancels its request when no read returned data for idle.
-type idleReader struct {
-	body   io.ReadCloser
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	idle   time.Duration
-	timer  *time.Timer
-}
-
-func (r *idleReader) expire() {
-	r.cancel(fmt.Errorf("%w for %s", ErrFetchIdle, r.idle))
-}
-
-// Read reads from the source, restarting the idle timer on progress; a
-// read the timer cut short names the idle timeout as its cause.
-func (r *idleReader) Read(p []byte) (int, error) {
-	n, err := r.body.Read(p)
-	if n > 0 && r.timer != nil {
-		r.timer.Reset(r.idle)
-	}
-	if err != nil && err != io.EOF {
-		if cause := context.Cause(r.ctx); cause != nil && !errors.Is(err, cause) {
-			err = fmt.Errorf("%w (%w)", cause, err)
-		}
-	}
-	return n, err
-}
-
-// Close stops the idle timer, closes the source and releases the
-// request's context.
-func (r *idleReader) Close() error {
-	if r.timer != nil {
-		r.timer.Stop()
-	}
-	err := r.body.Close()
-	r.cancel(nil)
-	return err
-}
-
-// progressReader reports the bytes read so far.
-type progressReader struct {
-	io.ReadCloser
-	done, total int64
-	report      func(done, total int64)
-}
-
-// Read reads from the source and reports the bytes read so far.
-func (r *progressReader) Read(p []byte) (int, error) {
-	n, err := r.ReadCloser.Read(p)
-	if n > 0 {
-		r.done += int64(n)
-		r.report(r.done, r.total)
-	}
-	return n, err
 }

@@ -16,14 +16,18 @@ type ImageImport struct {
 	Pool string
 	// Volume is the final volume name; the caller gives it NamePrefix.
 	Volume string
-	// Source is a path readable by the controller process or an http(s)
-	// URL. It is streamed through libvirt, so the libvirt host may be remote.
+	// Source is a file:// URL (or an absolute path) on the controller's
+	// host or an http(s) URL. It is streamed through libvirt, so the
+	// libvirt host may be remote.
 	Source string
 	// SHA256 is the expected hex digest of Source's bytes.
 	SHA256 string
 	// Fetch bounds an http(s) download; a zero field sets no bound. The
 	// caller's context bounds the whole import.
 	Fetch FetchLimits
+	// Policy is what Source may reach and how long it may be; its zero
+	// value refuses files.
+	Policy SourcePolicy
 	// Progress, when set, is called as the source is read, with the bytes
 	// read so far and the source's length.
 	Progress func(done, total int64)
@@ -64,6 +68,10 @@ type VolumeInfo struct {
 	AllocationBytes uint64
 	// Format is the volume's format type, e.g. "qcow2" or "raw".
 	Format string
+	// BackingPath and BackingFormat name the volume's backing file as its
+	// own header does: for the provider's overlays, the base image and
+	// the format the provider checked it to be.
+	BackingPath, BackingFormat string
 }
 
 // partialSuffix names the marker volume that exists while an import into
@@ -107,9 +115,31 @@ func describeVolume(poolName string, vol *libvirt.StorageVol) (VolumeInfo, error
 			info.Format = vx.Target.Format.Type
 		}
 	}
+	if b := vx.BackingStore; b != nil {
+		info.BackingPath = b.Path
+		if b.Format != nil {
+			info.BackingFormat = b.Format.Type
+		}
+	}
 	info.CapacityBytes = sizeBytes(vx.Capacity)
 	info.AllocationBytes = sizeBytes(vx.Allocation)
 	return info, nil
+}
+
+// baseFormat reads the first bytes of vol through libvirt (so remote hosts
+// work) and returns the format they show, refusing what inspectImage
+// refuses.
+func baseFormat(ctx context.Context, conn *libvirt.Connect, vol *libvirt.StorageVol) (string, error) {
+	head, err := volumeHead(ctx, conn, vol, imageHeadBytes)
+	if err != nil {
+		return "", fmt.Errorf("reading the base image's header: %w", err)
+	}
+	format, err := inspectImage(head)
+	if err != nil {
+		name, _ := vol.GetName()
+		return "", fmt.Errorf("base volume %s: %w", name, err)
+	}
+	return format, nil
 }
 
 // sizeBytes converts a libvirt size; libvirt reports volumes in bytes, but
@@ -159,6 +189,9 @@ func (c *Client) DeleteVolume(ctx context.Context, pool, name string) error {
 // capacity max(requested, base virtual size). An existing overlay is
 // reused and grown when a larger capacity is requested, never shrunk.
 // ErrImageNotFound when the base is missing or its import is incomplete.
+// The base's format is read from its own first bytes, never from libvirt's
+// probe, and a base that names other files is refused (ErrImageRefused):
+// an operator's image pool may hold volumes nobody inspected on import.
 func (c *Client) EnsureOverlay(ctx context.Context, spec OverlaySpec) (VolumeInfo, error) {
 	var info VolumeInfo
 	err := c.withConn(ctx, "EnsureOverlay", func(conn *libvirt.Connect) error {
@@ -169,7 +202,10 @@ func (c *Client) EnsureOverlay(ctx context.Context, spec OverlaySpec) (VolumeInf
 			}
 			return withVolume(bp, spec.BackingVolume, func(v *libvirt.StorageVol) error {
 				var err error
-				base, err = describeVolume(spec.BackingPool, v)
+				if base, err = describeVolume(spec.BackingPool, v); err != nil {
+					return err
+				}
+				base.Format, err = baseFormat(ctx, conn, v)
 				return err
 			})
 		})

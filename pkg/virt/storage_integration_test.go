@@ -142,7 +142,7 @@ func TestImportImageLocalFile(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			src, sum := tt.file()
 			vol := e.volName(t, "img"+strconv.Itoa(i))
-			info, err := e.c.ImportImage(ctx, virt.ImageImport{Pool: e.pool, Volume: vol, Source: src, SHA256: sum})
+			info, err := e.c.ImportImage(ctx, virt.ImageImport{Pool: e.pool, Volume: vol, Source: src, Policy: testlibvirt.FilePolicy(src), SHA256: sum})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -214,7 +214,7 @@ func TestImportImageErrors(t *testing.T) {
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			vol := e.volName(t, "bad"+strconv.Itoa(i))
-			_, err := e.c.ImportImage(ctx, virt.ImageImport{Pool: e.pool, Volume: vol, Source: tt.source, SHA256: tt.sha})
+			_, err := e.c.ImportImage(ctx, virt.ImageImport{Pool: e.pool, Volume: vol, Source: tt.source, Policy: testlibvirt.FilePolicy(tt.source), SHA256: tt.sha})
 			if !errors.Is(err, tt.wantErr) {
 				t.Fatalf("want %v, got %v", tt.wantErr, err)
 			}
@@ -241,7 +241,7 @@ func TestImportImageCrashLeftoverNotReused(t *testing.T) {
 	if !errors.Is(err, virt.ErrImageNotFound) {
 		t.Fatalf("overlay on incomplete base: want ErrImageNotFound, got %v", err)
 	}
-	info, err := e.c.ImportImage(ctx, virt.ImageImport{Pool: e.pool, Volume: vol, Source: src, SHA256: sum})
+	info, err := e.c.ImportImage(ctx, virt.ImageImport{Pool: e.pool, Volume: vol, Source: src, Policy: testlibvirt.FilePolicy(src), SHA256: sum})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +281,7 @@ func imgInfo(t testing.TB, path string) qemuImgInfo {
 func (e storageEnv) importBase(t testing.TB, name string, virtualSize uint64) virt.VolumeInfo {
 	t.Helper()
 	src, sum := qcow2File(t, virtualSize)
-	info, err := e.c.ImportImage(testCtx(t), virt.ImageImport{Pool: e.pool, Volume: name, Source: src, SHA256: sum})
+	info, err := e.c.ImportImage(testCtx(t), virt.ImageImport{Pool: e.pool, Volume: name, Source: src, Policy: testlibvirt.FilePolicy(src), SHA256: sum})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -431,7 +431,7 @@ func TestPoolFull(t *testing.T) {
 	}
 	src, sum := randomFile(t, 3*int(mib))
 	vol := name + "-big"
-	_, err := c.ImportImage(ctx, virt.ImageImport{Pool: name, Volume: vol, Source: src, SHA256: sum})
+	_, err := c.ImportImage(ctx, virt.ImageImport{Pool: name, Volume: vol, Source: src, Policy: testlibvirt.FilePolicy(src), SHA256: sum})
 	if !errors.Is(err, virt.ErrPoolFull) {
 		t.Fatalf("want ErrPoolFull, got %v", err)
 	}

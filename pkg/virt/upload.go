@@ -27,7 +27,7 @@ func (c *Client) UploadVolume(ctx context.Context, pool, name string, data []byt
 				return wrapNoSpace(pool, err)
 			}
 			defer vol.Free()
-			if err := upload(ctx, conn, p, vol, bytes.NewReader(data), int64(len(data)), nil); err != nil {
+			if _, err := upload(ctx, conn, p, vol, bytes.NewReader(data), int64(len(data)), nil); err != nil {
 				return wrapNoSpace(pool, fmt.Errorf("uploading %s/%s: %w", pool, name, err))
 			}
 			info, err = describeVolume(pool, vol)
@@ -88,38 +88,51 @@ func modeEqual(a, b string) bool {
 	return errA == nil && errB == nil && x == y
 }
 
-// upload streams exactly size bytes from r into vol in uploadChunk pieces.
+// upload streams size bytes from r into vol in uploadChunk pieces; a
+// negative size streams r to its end, the volume growing as written.
 // When verify is set, it gets the SHA-256 of the bytes sent after the last
 // one and before the stream is finished; an error from it (or from ctx)
-// aborts the upload.
+// aborts the upload. It returns how many bytes it sent.
 //
 // libvirt (9.0 at least) drops a write error its I/O thread meets after the
 // client's last Send: Finish then succeeds over a volume that holds only
 // part of the data (a pool filling up does exactly this). So the volume is
 // read back and compared with what was sent before the upload counts.
-func upload(ctx context.Context, conn *libvirt.Connect, p *libvirt.StoragePool, vol *libvirt.StorageVol, r io.Reader, size int64, verify func(sent []byte) error) error {
+func upload(ctx context.Context, conn *libvirt.Connect, p *libvirt.StoragePool, vol *libvirt.StorageVol, r io.Reader, size int64, verify func(sent []byte) error) (int64, error) {
 	st, err := conn.NewStream(0)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer st.Free()
-	if err := vol.Upload(st, 0, uint64(size), 0); err != nil {
-		return err
+	// Length 0 is libvirt's "up to the end of the stream".
+	if err := vol.Upload(st, 0, uint64(max(size, 0)), 0); err != nil {
+		return 0, err
 	}
-	fail := func(err error) error {
+	fail := func(err error) (int64, error) {
 		_ = st.Abort()
-		return err
+		return 0, err
 	}
 	sent := sha256.New()
 	r = io.TeeReader(r, sent)
-	buf := make([]byte, min(uploadChunk, max(size, 1)))
-	for done := int64(0); done < size; {
+	buf := make([]byte, uploadChunk)
+	if size >= 0 {
+		buf = buf[:min(uploadChunk, max(size, 1))]
+	}
+	done := int64(0)
+	for size < 0 || done < size {
 		if err := ctx.Err(); err != nil {
 			return fail(err)
 		}
-		n, err := io.ReadFull(r, buf[:min(int64(len(buf)), size-done)])
-		if err != nil {
-			return fail(fmt.Errorf("reading source after %d of %d bytes: %w", done+int64(n), size, err))
+		want := int64(len(buf))
+		if size >= 0 {
+			want = min(want, size-done)
+		}
+		n, err := io.ReadFull(r, buf[:want])
+		if size < 0 && (err == io.EOF || err == io.ErrUnexpectedEOF) {
+			err = io.EOF
+		}
+		if err != nil && (size >= 0 || err != io.EOF) {
+			return fail(fmt.Errorf("reading source after %d bytes: %w", done+int64(n), err))
 		}
 		for off := 0; off < n; {
 			m, err := st.Send(buf[off:n])
@@ -129,6 +142,9 @@ func upload(ctx context.Context, conn *libvirt.Connect, p *libvirt.StoragePool, 
 			off += m
 		}
 		done += int64(n)
+		if err == io.EOF {
+			break
+		}
 	}
 	digest := sent.Sum(nil)
 	if verify != nil {
@@ -137,9 +153,9 @@ func upload(ctx context.Context, conn *libvirt.Connect, p *libvirt.StoragePool, 
 		}
 	}
 	if err := st.Finish(); err != nil {
-		return err
+		return 0, err
 	}
-	return checkWritten(ctx, conn, p, vol, size, digest)
+	return done, checkWritten(ctx, conn, p, vol, done, digest)
 }
 
 // errWriteLost says a volume read back differs from what was uploaded.
@@ -166,34 +182,46 @@ func checkWritten(ctx context.Context, conn *libvirt.Connect, p *libvirt.Storage
 
 // volumeDigest is the SHA-256 of the first size bytes of vol.
 func volumeDigest(ctx context.Context, conn *libvirt.Connect, vol *libvirt.StorageVol, size int64) ([]byte, error) {
+	h := sha256.New()
+	if err := download(ctx, conn, vol, size, h); err != nil {
+		return nil, err
+	}
+	return h.Sum(nil), nil
+}
+
+// volumeHead is up to the first n bytes of vol.
+func volumeHead(ctx context.Context, conn *libvirt.Connect, vol *libvirt.StorageVol, n int64) ([]byte, error) {
+	var b bytes.Buffer
+	err := download(ctx, conn, vol, n, &b)
+	return b.Bytes(), err
+}
+
+// download writes up to the first size bytes of vol to w.
+func download(ctx context.Context, conn *libvirt.Connect, vol *libvirt.StorageVol, size int64, w io.Writer) error {
 	st, err := conn.NewStream(0)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer st.Free()
 	if err := vol.Download(st, 0, uint64(size), 0); err != nil {
-		return nil, err
+		return err
 	}
-	h := sha256.New()
 	buf := make([]byte, min(uploadChunk, max(size, 1)))
 	for read := int64(0); read < size; {
 		if err := ctx.Err(); err != nil {
 			_ = st.Abort()
-			return nil, err
+			return err
 		}
-		n, err := st.Recv(buf)
+		n, err := st.Recv(buf[:min(int64(len(buf)), size-read)])
 		if err != nil {
 			_ = st.Abort()
-			return nil, err
+			return err
 		}
 		if n == 0 {
 			break
 		}
-		h.Write(buf[:n])
+		w.Write(buf[:n])
 		read += int64(n)
 	}
-	if err := st.Finish(); err != nil {
-		return nil, err
-	}
-	return h.Sum(nil), nil
+	return st.Finish()
 }

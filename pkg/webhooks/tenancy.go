@@ -42,6 +42,9 @@ func (r references) cluster(namespace string, spec *infrav1.LibvirtClusterSpec, 
 	if img := spec.LoadBalancer.Image; img != nil && img.Volume != nil {
 		errs = append(errs, r.image(*img.Volume, pool.Name, path.Child("loadBalancer", "image", "volume"))...)
 	}
+	if img := spec.LoadBalancer.Image; img != nil {
+		errs = append(errs, r.imageURL(img.URL, path.Child("loadBalancer", "image", "url"))...)
+	}
 	return append(errs, r.annotations(namespace, annotations, annPath)...)
 }
 
@@ -56,6 +59,7 @@ func (r references) machine(namespace string, spec *infrav1.LibvirtMachineSpec, 
 	if spec.Image.Volume != nil {
 		errs = append(errs, r.image(*spec.Image.Volume, pool, path.Child("image", "volume"))...)
 	}
+	errs = append(errs, r.imageURL(spec.Image.URL, path.Child("image", "url"))...)
 	if n := spec.Network; n != nil {
 		errs = append(errs, r.network(namespace, n.Name, n.Bridge, path.Child("network"))...)
 	}
@@ -75,6 +79,13 @@ func (r references) image(ref infrav1.VolumeReference, pool string, path *field.
 		value = ref.Pool
 	}
 	return field.ErrorList{field.Invalid(path.Child(f), value, err.Error())}
+}
+
+func (r references) imageURL(raw string, path *field.Path) field.ErrorList {
+	if err := r.policy.CheckImageURL(raw); err != nil {
+		return field.ErrorList{field.Forbidden(path, err.Error())}
+	}
+	return nil
 }
 
 func (r references) network(namespace, name, bridge string, path *field.Path) field.ErrorList {

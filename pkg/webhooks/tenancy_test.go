@@ -172,6 +172,8 @@ func TestMachineReferences(t *testing.T) {
 		{"imported image", defaultPolicy, volume("", importedImg), nil, nil, nil},
 		{"image of an image pool", defaultPolicy, volume("capi-libvirt", "ubuntu.qcow2"), nil, nil, nil},
 		{"image from a url", defaultPolicy, infrav1.ImageSource{URL: "https://example.com/x.qcow2", Checksum: "sha256:" + strings.Repeat("5e", 32)}, nil, nil, nil},
+		{"file:// with no directory allowed", defaultPolicy, infrav1.ImageSource{URL: "file:///etc/shadow", Checksum: "sha256:" + strings.Repeat("5e", 32)}, nil, nil,
+			[]string{"spec.image.url"}},
 		{"own network", strictPolicy, volume("", importedImg), &infrav1.NetworkAttachment{Name: ownNetwork}, nil, nil},
 		{"listed bridge", strictPolicy, volume("", importedImg), &infrav1.NetworkAttachment{Bridge: "br0"}, nil, nil},
 		{"provider's own placement", strictPolicy, volume("", importedImg), nil,

@@ -121,7 +121,7 @@ func (svc *Service) baseImage(ctx context.Context, pool string) (string, string,
 func (svc *Service) importImage(key imageimport.Key) (string, string, error) {
 	if svc.images == nil {
 		return "", "", services.Fail(infrav1.ImageImportFailedReason, errors.New("disk service without an image importer"),
-			"No image importer is configured to fetch %s", key.Source)
+			"No image importer is configured to fetch %s", virt.RedactURL(key.Source))
 	}
 	st := svc.images.Ensure(key, svc.waiter())
 	switch st.Phase {
@@ -131,10 +131,10 @@ func (svc *Service) importImage(key imageimport.Key) (string, string, error) {
 	case imageimport.Failed:
 		retry := max(time.Until(st.RetryAt), time.Second)
 		return "", "", services.Fail(importFailureReason(st.Err), services.Requeue(retry, "image import failed"),
-			"Importing %s failed (attempt %d, next in %s): %v", key.Source, st.Attempt, retry.Round(time.Second), st.Err)
+			"Importing %s failed (attempt %d, next in %s): %v", virt.RedactURL(key.Source), st.Attempt, retry.Round(time.Second), st.Err)
 	default:
 		return "", "", services.Fail(infrav1.WaitingForImageImportReason, services.Requeue(recheckImport, "image import running"),
-			"Importing %s (attempt %d): %s", key.Source, st.Attempt, st.Progress())
+			"Importing %s (attempt %d): %s", virt.RedactURL(key.Source), st.Attempt, st.Progress())
 	}
 }
 
@@ -146,6 +146,9 @@ func (svc *Service) waiter() imageimport.Waiter {
 
 // importFailureReason is DiskReady's reason for a failed import.
 func importFailureReason(err error) string {
+	if r := imageRefusalReason(err); r != "" {
+		return r
+	}
 	switch {
 	case errors.Is(err, virt.ErrImageNotFound):
 		return infrav1.ImageNotFoundReason
@@ -158,10 +161,31 @@ func importFailureReason(err error) string {
 	}
 }
 
+// imageRefusalReason is the reason for an image refused for what it is or
+// where it comes from; "" for other errors.
+func imageRefusalReason(err error) string {
+	switch {
+	case errors.Is(err, virt.ErrImageHasBackingFile):
+		return infrav1.ImageHasBackingFileReason
+	case errors.Is(err, virt.ErrImageHasDataFile):
+		return infrav1.ImageHasDataFileReason
+	case errors.Is(err, virt.ErrImageFormatUnsupported):
+		return infrav1.ImageFormatUnsupportedReason
+	case errors.Is(err, virt.ErrImageTooLarge):
+		return infrav1.ImageTooLargeReason
+	case errors.Is(err, virt.ErrImageSourceRefused):
+		return infrav1.ImageSourceNotAllowedReason
+	}
+	return ""
+}
+
 // fail reports err with the reason it calls for: problems a user must fix
 // are rechecked periodically, others are retried with the controller's
 // backoff.
 func fail(err error, format string, args ...any) error {
+	if r := imageRefusalReason(err); r != "" {
+		return services.Fail(r, services.Requeue(recheckChecksum, "image refused"), format, args...)
+	}
 	switch {
 	case errors.Is(err, virt.ErrImageNotFound):
 		return services.Fail(infrav1.ImageNotFoundReason, services.Requeue(recheckMissing, "image not found"), format, args...)

@@ -72,10 +72,20 @@ func TestDiskImportReasons(t *testing.T) {
 			infrav1.ImageImportFailedReason, "timeout awaiting response headers"},
 		{"not found", imageimport.Status{Phase: imageimport.Failed, Attempt: 1, Err: fmt.Errorf("%w: 404", virt.ErrImageNotFound), RetryAt: time.Now().Add(time.Minute)},
 			infrav1.ImageNotFoundReason, "404"},
+		{"backing file", imageimport.Status{Phase: imageimport.Failed, Attempt: 1, Err: &virt.ImageRefusedError{Err: virt.ErrImageHasBackingFile, Detail: "its qcow2 header names a backing file"}, RetryAt: time.Now().Add(time.Minute)},
+			infrav1.ImageHasBackingFileReason, "names a backing file"},
+		{"data file", imageimport.Status{Phase: imageimport.Failed, Attempt: 1, Err: &virt.ImageRefusedError{Err: virt.ErrImageHasDataFile, Detail: "external data file"}, RetryAt: time.Now().Add(time.Minute)},
+			infrav1.ImageHasDataFileReason, "external data file"},
+		{"vmdk", imageimport.Status{Phase: imageimport.Failed, Attempt: 1, Err: &virt.ImageRefusedError{Err: virt.ErrImageFormatUnsupported, Detail: "it is a vmdk image"}, RetryAt: time.Now().Add(time.Minute)},
+			infrav1.ImageFormatUnsupportedReason, "vmdk"},
+		{"too large", imageimport.Status{Phase: imageimport.Failed, Attempt: 1, Err: fmt.Errorf("%w: 40 GiB", virt.ErrImageTooLarge), RetryAt: time.Now().Add(time.Minute)},
+			infrav1.ImageTooLargeReason, "40 GiB"},
+		{"denied address", imageimport.Status{Phase: imageimport.Failed, Attempt: 1, Err: fmt.Errorf("%w: 169.254.169.254", virt.ErrImageSourceRefused), RetryAt: time.Now().Add(time.Minute)},
+			infrav1.ImageSourceNotAllowedReason, "169.254.169.254"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := servicetest.NewFixture(t)
-			f.LM.Spec.Image = infrav1.ImageSource{URL: "http://images.example/img.qcow2", Checksum: "sha256:" + strings.Repeat("a", 64)}
+			f.LM.Spec.Image = infrav1.ImageSource{URL: "http://user:pw@images.example/img.qcow2?sig=s3cr3t", Checksum: "sha256:" + strings.Repeat("a", 64)}
 			fs := f.Scope()
 			err := servicetest.Reconcile(fs, infrav1.DiskReadyCondition, disk.New(fs, runningImporter{tc.st}))
 			if rq, ok := services.AsRequeue(err); !ok || rq.After <= 0 {
@@ -84,6 +94,9 @@ func TestDiskImportReasons(t *testing.T) {
 			c := servicetest.WantCondition(t, f.LM, infrav1.DiskReadyCondition, metav1.ConditionFalse, tc.reason)
 			if c != nil && !strings.Contains(c.Message, tc.message) {
 				t.Errorf("message %q does not say %q", c.Message, tc.message)
+			}
+			if c != nil && (strings.Contains(c.Message, "s3cr3t") || strings.Contains(c.Message, "pw@")) {
+				t.Errorf("message %q shows the URL's credentials", c.Message)
 			}
 			if f.Host.Called("EnsureOverlay") {
 				t.Error("overlay created before the image")

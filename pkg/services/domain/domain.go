@@ -130,6 +130,7 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 		Type: string(hw.DomainType), CPUMode: string(hw.CPUMode),
 		VCPUs: uint(hw.CPUs), MemoryMiB: uint64(hw.MemoryMiB), CPUShares: uint(hw.CPUShares),
 		TCGCacheMiB: uint64(hw.TCGTranslationCacheMiB), DiskPath: disk.Path, DiskFormat: disk.Format, SeedISOPath: seed.Path,
+		DiskBackingPath: disk.BackingPath, DiskBackingFormat: disk.BackingFormat,
 		Network: network.Name, Bridge: network.Bridge, MAC: s.MAC(),
 		ConsoleLogPath: virt.DefaultConsoleLogPath(s.DomainName()),
 	})

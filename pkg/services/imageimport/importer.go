@@ -34,10 +34,18 @@ const (
 	DefaultMaxBackoff     = 10 * time.Minute
 )
 
+// DefaultDenyCIDRs are the addresses downloads never reach unless the
+// operator says otherwise: the manager's own host (loopback) and
+// link-local (cloud metadata services). Private ranges stay reachable:
+// homelab image servers live there.
+var DefaultDenyCIDRs = []string{"127.0.0.0/8", "::1/128", "169.254.0.0/16", "fe80::/10", "0.0.0.0/8", "::/128"}
+
 // Options bound the imports.
 type Options struct {
 	// Fetch bounds the phases of a download.
 	Fetch virt.FetchLimits
+	// Sources is what image sources may reach and how long they may be.
+	Sources virt.SourcePolicy
 	// Deadline bounds one attempt of an import, download and upload.
 	Deadline time.Duration
 	// MinBackoff and MaxBackoff space the attempts after failures: the
@@ -114,9 +122,10 @@ func (s Status) Progress() string {
 	if s.Total == 0 && s.Read == 0 {
 		return fmt.Sprintf("waiting for the source to answer (%s so far)", s.Elapsed.Round(time.Second))
 	}
-	text := fmt.Sprintf("%s of %s", bytesIEC(float64(s.Read)), bytesIEC(float64(s.Total)))
+	// A server that sent no length leaves Total zero.
+	text := bytesIEC(float64(s.Read)) + " so far"
 	if s.Total > 0 {
-		text += fmt.Sprintf(" (%d%%)", s.Read*100/s.Total)
+		text = fmt.Sprintf("%s of %s (%d%%)", bytesIEC(float64(s.Read)), bytesIEC(float64(s.Total)), s.Read*100/s.Total)
 	}
 	if secs := s.Elapsed.Seconds(); secs >= 1 {
 		text += fmt.Sprintf(", %s/s", bytesIEC(float64(s.Read)/secs))
@@ -270,11 +279,12 @@ func (im *Importer) startLocked(j *job) {
 // run is one attempt; it records the outcome and triggers the waiters'
 // reconciles, unless the attempt was cancelled meanwhile.
 func (im *Importer) run(ctx context.Context, j *job, a *attempt) {
-	log := ctrl.Log.WithName("imageimport").WithValues("source", j.key.Source, "pool", j.key.Pool, "volume", j.key.Volume)
+	log := ctrl.Log.WithName("imageimport").WithValues("source", virt.RedactURL(j.key.Source), "pool", j.key.Pool, "volume", j.key.Volume)
 	log.Info("Importing image")
 	info, err := im.host.ImportImage(ctx, virt.ImageImport{
 		Pool: j.key.Pool, Volume: j.key.Volume, Source: j.key.Source, SHA256: j.key.SHA256,
 		Fetch:    im.opts.Fetch,
+		Policy:   im.opts.Sources,
 		Progress: func(read, total int64) { a.read.Store(read); a.total.Store(total) },
 	})
 	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
@@ -298,6 +308,11 @@ func (im *Importer) run(ctx context.Context, j *job, a *attempt) {
 		j.status = Status{Phase: Failed, Attempt: j.status.Attempt, Read: a.read.Load(), Total: a.total.Load(),
 			Elapsed: im.now().Sub(a.started), Err: err, RetryAt: im.now().Add(wait)}
 		log.Info("Image import failed", "err", err.Error(), "retryIn", wait.String())
+		var sum *virt.ChecksumError
+		if errors.As(err, &sum) {
+			// Only the operator's log shows what the source hashed to.
+			log.V(4).Info("Image checksum", "expected", sum.Expected, "computed", sum.Actual)
+		}
 	}
 	waiters := make([]Waiter, 0, len(j.waiters))
 	for w := range j.waiters {

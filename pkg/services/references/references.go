@@ -69,6 +69,10 @@ func (m *Machine) Reconcile(context.Context) (services.Result, error) {
 				"spec.image.volume.%s %q %v", f, volumeField(*v, f), err)
 		}
 	}
+	if err := p.CheckImageURL(s.Image().URL); err != nil {
+		return services.Result{}, refused("image", infrav1.DiskReadyCondition, infrav1.ImageNotAllowedReason,
+			"spec.image.url %q %v", virt.RedactURL(s.Image().URL), err)
+	}
 	return services.Result{}, nil
 }
 
@@ -127,6 +131,10 @@ func (c *Cluster) Reconcile(context.Context) (services.Result, error) {
 				refusals = append(refusals, refused("load balancer image", infrav1.LoadBalancerReadyCondition, infrav1.ImageNotAllowedReason,
 					"spec.loadBalancer.image.volume.%s %q %v", f, volumeField(*v, f), ierr))
 			}
+		}
+		if u := s.LoadBalancer().Image().URL; p.CheckImageURL(u) != nil {
+			refusals = append(refusals, refused("load balancer image", infrav1.LoadBalancerReadyCondition, infrav1.ImageNotAllowedReason,
+				"spec.loadBalancer.image.url %q %v", virt.RedactURL(u), p.CheckImageURL(u)))
 		}
 	}
 	return services.Result{}, errors.Join(refusals...)
