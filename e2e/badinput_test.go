@@ -85,8 +85,24 @@ func (s *suite) badInput(t *testing.T) {
 		},
 		"memory larger than the host": func(t *testing.T) {
 			s.badMachine(t, extraPrefix+"bad-memory", func(lm *infrav1.LibvirtMachine) {
-				lm.Spec.MemoryMiB = 1 << 20 // 1 TiB
+				lm.Spec.MemoryMiB = 96 << 10 // more than this host, less than --max-machine-memory's 128Gi
 			}, infrav1.DomainReadyCondition, []string{insufficientHostMemoryReason})
+		},
+		"larger than one machine may be": func(t *testing.T) {
+			lm := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: extraPrefix + "bad-size"}}
+			lm.Spec = *s.cut.machineSpec.DeepCopy()
+			lm.Spec.CPUs, lm.Spec.MemoryMiB = 512, 1<<20
+			err := s.c.Create(s.ctx, lm)
+			if err == nil {
+				_ = s.c.Delete(s.ctx, lm)
+				t.Fatal("a machine of 512 vCPUs and 1 TiB was admitted")
+			}
+			for _, want := range []string{"spec.cpus", "--max-machine-vcpus", "spec.memoryMiB", "--max-machine-memory"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("the refusal does not name %s: %v", want, err)
+				}
+			}
+			s.rep.note("bad input larger than one machine may be: refused on create: %v", err)
 		},
 		"cidr conflicts with a host route": s.badCIDR,
 	}

@@ -3,9 +3,11 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"regexp"
 	"slices"
 	"strconv"
@@ -15,12 +17,14 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 )
 
 // pausedCondition is Cluster API's condition on paused objects; it is
@@ -314,6 +318,36 @@ func (s *suite) checkGuests(t *testing.T) {
 			t.Errorf("%s (MAC %s): %v", lm.Name, lm.Status.Domain.MAC, err)
 		}
 		t.Logf("%s: providerID %s = guest UUID, addresses %v = the guest's", lm.Name, lm.Spec.ProviderID, reported)
+		s.checkSeedHasNoBootstrapData(t, lm)
+	}
+}
+
+// checkSeedHasNoBootstrapData: once a machine bootstrapped, its seed volume
+// on the host holds no user-data (join tokens, certificate keys).
+func (s *suite) checkSeedHasNoBootstrapData(t *testing.T, lm infrav1.LibvirtMachine) {
+	if !conditions.IsTrue(&lm, infrav1.BootstrapSucceededCondition) {
+		return
+	}
+	s.waitFor(t, lm.Name+": bootstrap data removed from the seed", time.Minute, func() (bool, string) {
+		cur := s.lm(lm.Name)
+		return cur != nil && cur.Status.BootstrapDataRemoved, "status.bootstrapDataRemoved not set"
+	})
+	pool := lm.Annotations[scope.PoolAnnotation]
+	info, err := s.host.VolumeInfo(s.ctx, pool, scope.SeedVolumeName(lm.Status.Domain.Name))
+	if err != nil {
+		t.Errorf("%s: seed volume: %v", lm.Name, err)
+		return
+	}
+	b, err := os.ReadFile(info.Path)
+	switch {
+	case err != nil:
+		t.Errorf("%s: reading the seed: %v", lm.Name, err)
+	case bytes.Contains(b, []byte("#cloud-config")):
+		t.Errorf("%s: the seed %s still holds the bootstrap data after bootstrap succeeded", lm.Name, info.Path)
+	case !bytes.Contains(b, []byte(lm.Status.Domain.UUID)):
+		t.Errorf("%s: the seed %s lost its instance-id: a reboot would bootstrap again", lm.Name, info.Path)
+	default:
+		t.Logf("%s: the seed holds no bootstrap data any more", lm.Name)
 	}
 }
 

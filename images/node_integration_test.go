@@ -128,7 +128,7 @@ func TestNodeImageReadyForKubeadm(t *testing.T) {
 		VCPUs:       2,
 		MemoryMiB:   2048,
 		TCGCacheMiB: 256,
-		DiskPath:    disk.Path, SeedISOPath: seed.Path,
+		DiskPath:    disk.Path, DiskBackingPath: disk.BackingPath, DiskBackingFormat: disk.BackingFormat, SeedISOPath: seed.Path,
 		Network: network.Name, MAC: mac,
 		ConsoleLogPath: virt.DefaultConsoleLogPath(vm),
 	}); err != nil {

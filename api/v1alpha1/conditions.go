@@ -86,6 +86,9 @@ const (
 	// ImageFormatUnsupportedReason: the image is neither raw nor qcow2
 	// (v2/v3): vmdk, qed, vhdx and the like are refused.
 	ImageFormatUnsupportedReason = "ImageFormatUnsupported"
+	// ImageLargerThanDiskReason: the base image's virtual size is larger
+	// than diskSizeGiB; the disk is not made larger than asked.
+	ImageLargerThanDiskReason = "ImageLargerThanDisk"
 	// ImageTooLargeReason: the image is longer than the operator's bound
 	// (the manager's --image-import-max-size); nothing of it is kept.
 	ImageTooLargeReason = "ImageTooLarge"
@@ -174,6 +177,15 @@ const (
 	// or its name is not among the operator's pools. Nothing is created.
 	// On LibvirtCluster's StoragePoolReady and LibvirtMachine's DiskReady.
 	StoragePoolNotAllowedReason = "StoragePoolNotAllowed"
+	// MachineSizeNotAllowedReason (DomainReady): the machine asks for
+	// more vCPUs, memory or disk than the operator allows one machine
+	// (--max-machine-*). Nothing is created; replace the machine.
+	MachineSizeNotAllowedReason = "MachineSizeNotAllowed"
+	// NamespaceQuotaExceededReason (DomainReady): with this machine the
+	// namespace's machines would pass the operator's totals
+	// (--namespace-max-*). Nothing is created; the machine waits until
+	// machines created before it are deleted.
+	NamespaceQuotaExceededReason = "NamespaceQuotaExceeded"
 	// NetworkNotAllowedReason: the network is another namespace's cluster
 	// network, the bridge is one of the provider's networks, or the
 	// operator did not list it. Nothing is created. On LibvirtCluster's

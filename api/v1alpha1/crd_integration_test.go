@@ -160,9 +160,10 @@ func TestRoundTrip(t *testing.T) {
 	var machines, machineTemplates, clusters, clusterTemplates []client.Object
 	for i, spec := range machineSpecs {
 		m := &infrav1.LibvirtMachine{ObjectMeta: objectMeta("machine", i), Spec: spec, Status: infrav1.LibvirtMachineStatus{
-			Conditions:     conditions,
-			Initialization: infrav1.Initialization{Provisioned: ptr.To(true)},
-			Ready:          true,
+			Conditions:           conditions,
+			Initialization:       infrav1.Initialization{Provisioned: ptr.To(true)},
+			Ready:                true,
+			BootstrapDataRemoved: true,
 			Addresses: []clusterv1.MachineAddress{
 				{Type: clusterv1.MachineInternalIP, Address: "192.168.150.10"},
 				{Type: clusterv1.MachineHostName, Address: "roundtrip"},

@@ -75,6 +75,13 @@ type LibvirtMachineStatus struct {
 	// +optional
 	Ready bool `json:"ready,omitempty"`
 
+	// bootstrapDataRemoved is true once the seed ISO was rewritten without
+	// the bootstrap data (join tokens, certificate keys) after bootstrap
+	// succeeded; lost (clusterctl move, a restore), the rewrite is only
+	// done again.
+	// +optional
+	BootstrapDataRemoved bool `json:"bootstrapDataRemoved,omitempty"`
+
 	// addresses of the machine: its InternalIP first, then its Hostname.
 	// +optional
 	// +kubebuilder:validation:MaxItems=32

@@ -189,6 +189,7 @@ func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
 		{Service: loadBalancerMembership{s: s, lb: r.LoadBalancer}, Condition: infrav1.DomainReadyCondition},
 		{Service: provisioned{s}},
 		{Service: guest.NewBootstrap(s), Condition: infrav1.BootstrapSucceededCondition},
+		{Service: seed.NewRemoval(s)},
 	}
 }
 

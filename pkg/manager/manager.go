@@ -107,7 +107,10 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 	if err := virt.RegisterMetrics(ctrlmetrics.Registry); err != nil {
 		return nil, fmt.Errorf("registering the libvirt call metrics: %w", err)
 	}
-	policy := opts.Tenancy()
+	policy, err := opts.Tenancy()
+	if err != nil {
+		return nil, err
+	}
 	if err := policy.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid --storage-pool-dirs: %w", err)
 	}

@@ -74,6 +74,13 @@ type Options struct {
 	// LibvirtNetworks and ImageFileDirs are what tenants may name
 	// (tenancy.Policy).
 	StoragePoolDirs, StoragePools, ImagePools, HostBridges, LibvirtNetworks, ImageFileDirs []string
+
+	// MaxMachineVCPUs, MaxMachineMemory and MaxMachineDisk bound one
+	// machine; NamespaceMaxMachines, NamespaceMaxVCPUs and
+	// NamespaceMaxMemory bound a namespace's machines together. Sizes are
+	// quantities ("64Gi"); zero sets no bound. Tenancy parses them.
+	MaxMachineVCPUs, NamespaceMaxMachines, NamespaceMaxVCPUs int
+	MaxMachineMemory, MaxMachineDisk, NamespaceMaxMemory     string
 }
 
 // ImageImportOptions are the image imports' options with the deny-list
@@ -100,12 +107,34 @@ func (o *Options) ImageImportOptions() (imageimport.Options, error) {
 	return opts, nil
 }
 
-// Tenancy is the policy of what tenants may name that the options set.
-func (o *Options) Tenancy() tenancy.Policy {
-	return tenancy.Policy{
+// Tenancy is the policy of what tenants may name and use that the options
+// set; an error names the flag whose value does not parse.
+func (o *Options) Tenancy() (tenancy.Policy, error) {
+	p := tenancy.Policy{
 		PoolDirs: o.StoragePoolDirs, Pools: o.StoragePools, ImagePools: o.ImagePools,
 		Bridges: o.HostBridges, Networks: o.LibvirtNetworks, ImageFileDirs: o.ImageFileDirs,
+		Machine:   tenancy.Limits{VCPUs: int64(o.MaxMachineVCPUs)},
+		Namespace: tenancy.Limits{Machines: o.NamespaceMaxMachines, VCPUs: int64(o.NamespaceMaxVCPUs)},
 	}
+	for _, q := range []struct {
+		flag, value string
+		into        *int64
+		unit        int64
+	}{
+		{"--max-machine-memory", o.MaxMachineMemory, &p.Machine.MemoryMiB, 1 << 20},
+		{"--max-machine-disk", o.MaxMachineDisk, &p.Machine.DiskGiB, 1 << 30},
+		{"--namespace-max-memory", o.NamespaceMaxMemory, &p.Namespace.MemoryMiB, 1 << 20},
+	} {
+		if q.value == "" {
+			continue
+		}
+		v, err := resource.ParseQuantity(q.value)
+		if err != nil || v.Sign() < 0 {
+			return p, fmt.Errorf("invalid %s %q: a size such as 64Gi is needed", q.flag, q.value)
+		}
+		*q.into = v.Value() / q.unit
+	}
+	return p, nil
 }
 
 // AddFlags binds every option to a flag named as Cluster API providers name
@@ -173,6 +202,14 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Storage pools whose volumes are base images any namespace may name in image.volume (comma-separated); images the provider imported from a URL are always allowed.")
 	fs.StringSliceVar(&o.HostBridges, "host-bridges", nil,
 		"Host bridges clusters and machines may be plugged into (comma-separated); empty or * allows any bridge but those of the provider's networks.")
+	fs.IntVar(&o.MaxMachineVCPUs, "max-machine-vcpus", 32, "Most vCPUs one LibvirtMachine may ask for; 0 sets no bound.")
+	fs.StringVar(&o.MaxMachineMemory, "max-machine-memory", "128Gi", "Most memory one LibvirtMachine may ask for (a quantity); 0 sets no bound.")
+	fs.StringVar(&o.MaxMachineDisk, "max-machine-disk", "1Ti", "Largest root disk one LibvirtMachine may ask for (a quantity); 0 sets no bound.")
+	fs.IntVar(&o.NamespaceMaxMachines, "namespace-max-machines", 0,
+		"Most LibvirtMachines of one namespace that get a domain; machines created later wait. 0 sets no bound.")
+	fs.IntVar(&o.NamespaceMaxVCPUs, "namespace-max-vcpus", 0, "Most vCPUs the LibvirtMachines of one namespace may ask for together; 0 sets no bound.")
+	fs.StringVar(&o.NamespaceMaxMemory, "namespace-max-memory", "0",
+		"Most memory the LibvirtMachines of one namespace may ask for together (a quantity); 0 sets no bound.")
 	fs.StringSliceVar(&o.LibvirtNetworks, "libvirt-networks", nil,
 		"Existing libvirt networks clusters and machines may name (comma-separated); empty or * allows any network but those the provider made for other namespaces.")
 }

@@ -30,7 +30,10 @@ func TestTenancyFlags(t *testing.T) {
 		if err := fs.Parse(tc.args); err != nil {
 			t.Fatal(err)
 		}
-		got := o.Tenancy()
+		got, err := o.Tenancy()
+		if err != nil {
+			t.Fatal(err)
+		}
 		for _, l := range [][2][]string{{got.PoolDirs, tc.want.PoolDirs}, {got.Pools, tc.want.Pools}, {got.ImagePools, tc.want.ImagePools},
 			{got.Bridges, tc.want.Bridges}, {got.Networks, tc.want.Networks}} {
 			if !slices.Equal(l[0], l[1]) {
@@ -89,8 +92,45 @@ func TestImageImportFlags(t *testing.T) {
 			if got.Sources.MaxBytes != tc.wantMax || !slices.Equal(deny, tc.wantDeny) || !slices.Equal(got.Sources.FileDirs, tc.wantFiles) {
 				t.Errorf("sources %+v, want max %d, deny %v, files %v", got.Sources, tc.wantMax, tc.wantDeny, tc.wantFiles)
 			}
-			if !slices.Equal(o.Tenancy().ImageFileDirs, tc.wantFiles) {
-				t.Errorf("tenancy's file directories %v, want %v", o.Tenancy().ImageFileDirs, tc.wantFiles)
+			if p, err := o.Tenancy(); err != nil || !slices.Equal(p.ImageFileDirs, tc.wantFiles) {
+				t.Errorf("tenancy's file directories %v (%v), want %v", p.ImageFileDirs, err, tc.wantFiles)
+			}
+		})
+	}
+}
+
+// TestMachineLimitFlags: one machine is bounded by default, a namespace's
+// total only when the operator says so, and sizes parse as quantities.
+func TestMachineLimitFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		args        []string
+		machine, ns tenancy.Limits
+		wantErr     string
+	}{
+		{name: "defaults", machine: tenancy.Limits{VCPUs: 32, MemoryMiB: 128 << 10, DiskGiB: 1 << 10}},
+		{name: "operator's choice", args: []string{"--max-machine-vcpus=4", "--max-machine-memory=8Gi", "--max-machine-disk=50Gi",
+			"--namespace-max-machines=6", "--namespace-max-vcpus=12", "--namespace-max-memory=24Gi"},
+			machine: tenancy.Limits{VCPUs: 4, MemoryMiB: 8 << 10, DiskGiB: 50}, ns: tenancy.Limits{Machines: 6, VCPUs: 12, MemoryMiB: 24 << 10}},
+		{name: "no bounds", args: []string{"--max-machine-vcpus=0", "--max-machine-memory=0", "--max-machine-disk=0"}},
+		{name: "bad size", args: []string{"--namespace-max-memory=lots"}, wantErr: "--namespace-max-memory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var o Options
+			fs := pflag.NewFlagSet("manager", pflag.ContinueOnError)
+			o.AddFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			p, err := o.Tenancy()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || p.Machine != tc.machine || p.Namespace != tc.ns {
+				t.Errorf("machine %+v namespace %+v (%v), want %+v %+v", p.Machine, p.Namespace, err, tc.machine, tc.ns)
 			}
 		})
 	}

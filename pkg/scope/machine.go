@@ -5,6 +5,7 @@
 package scope
 
 import (
+	"context"
 	"errors"
 	"strings"
 
@@ -312,6 +313,44 @@ func (s *MachineScope) SetFailureDomain(fd string) { s.LibvirtMachine.Status.Fai
 // SeedUploaded tells whether an upload of the seed completed:
 // BootstrapDataReady is True, which the seed step's success sets.
 func (s *MachineScope) SeedUploaded() bool { return s.IsTrue(infrav1.BootstrapDataReadyCondition) }
+
+// Spec is the machine's spec.
+func (s *MachineScope) Spec() *infrav1.LibvirtMachineSpec { return &s.LibvirtMachine.Spec }
+
+// MachinesAhead are the specs of the namespace's other LibvirtMachines
+// created before this one (same second: by name), read from the cache.
+func (s *MachineScope) MachinesAhead(ctx context.Context) ([]*infrav1.LibvirtMachineSpec, error) {
+	var list infrav1.LibvirtMachineList
+	if err := s.Client.List(ctx, &list, client.InNamespace(s.Namespace())); err != nil {
+		return nil, err
+	}
+	me := s.LibvirtMachine
+	var out []*infrav1.LibvirtMachineSpec
+	for i := range list.Items {
+		o := &list.Items[i]
+		if o.Name == me.Name {
+			continue
+		}
+		if c := o.CreationTimestamp.Compare(me.CreationTimestamp.Time); c < 0 || (c == 0 && o.Name < me.Name) {
+			out = append(out, &o.Spec)
+		}
+	}
+	return out, nil
+}
+
+// BootstrapSucceeded tells whether the guest reported its bootstrap done.
+func (s *MachineScope) BootstrapSucceeded() bool {
+	return s.IsTrue(infrav1.BootstrapSucceededCondition)
+}
+
+// BootstrapDataRemoved tells whether the seed was rewritten without the
+// bootstrap data.
+func (s *MachineScope) BootstrapDataRemoved() bool {
+	return s.LibvirtMachine.Status.BootstrapDataRemoved
+}
+
+// SetBootstrapDataRemoved records that the seed holds no bootstrap data.
+func (s *MachineScope) SetBootstrapDataRemoved() { s.LibvirtMachine.Status.BootstrapDataRemoved = true }
 
 // IsProvisioned tells whether the machine was ever reported provisioned.
 func (s *MachineScope) IsProvisioned() bool {

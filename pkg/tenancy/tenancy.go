@@ -78,6 +78,53 @@ type Policy struct {
 	// ImageFileDirs are the directories on the manager's host whose files
 	// image URLs may name (file://); none refuses file:// images.
 	ImageFileDirs []string
+	// Machine bounds one machine; Namespace bounds the sum of a
+	// namespace's machines. Zero fields set no bound.
+	Machine, Namespace Limits
+}
+
+// Limits bound machines' sizes; a zero field sets no bound.
+type Limits struct {
+	// Machines bounds how many LibvirtMachines (Namespace only).
+	Machines int
+	// VCPUs, MemoryMiB and DiskGiB bound vCPUs, memory and root disk size.
+	VCPUs     int64
+	MemoryMiB int64
+	DiskGiB   int64
+}
+
+// Usage is what machines ask for: their count and sizes, summed.
+type Usage struct {
+	Machines         int
+	VCPUs, MemoryMiB int64
+	DiskGiB          int64
+}
+
+// MachineUsage is what one machine of spec asks for.
+func MachineUsage(spec *infrav1.LibvirtMachineSpec) Usage {
+	return Usage{Machines: 1, VCPUs: int64(spec.CPUs), MemoryMiB: int64(spec.MemoryMiB), DiskGiB: int64(spec.DiskSizeGiB)}
+}
+
+// Add is u plus v.
+func (u Usage) Add(v Usage) Usage {
+	return Usage{Machines: u.Machines + v.Machines, VCPUs: u.VCPUs + v.VCPUs, MemoryMiB: u.MemoryMiB + v.MemoryMiB, DiskGiB: u.DiskGiB + v.DiskGiB}
+}
+
+// Exceeded names, for every limit u passes, the field that passes it
+// ("cpus", "memoryMiB", "diskSizeGiB", "machines") and the flag that sets
+// it (prefix "--max-machine-" or "--namespace-max-").
+func (l Limits) Exceeded(u Usage, flagPrefix string) map[string]string {
+	out := map[string]string{}
+	check := func(field, flag string, got, limit int64, unit string) {
+		if limit > 0 && got > limit {
+			out[field] = fmt.Sprintf("%d%s is more than the %d%s the operator allows (the manager's %s%s)", got, unit, limit, unit, flagPrefix, flag)
+		}
+	}
+	check("machines", "machines", int64(u.Machines), int64(l.Machines), "")
+	check("cpus", "vcpus", u.VCPUs, l.VCPUs, " vCPUs")
+	check("memoryMiB", "memory", u.MemoryMiB, l.MemoryMiB, " MiB")
+	check("diskSizeGiB", "disk", u.DiskGiB, l.DiskGiB, " GiB")
+	return out
 }
 
 // DefaultPolicy is the policy of the manager's flag defaults.

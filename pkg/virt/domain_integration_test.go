@@ -31,15 +31,15 @@ func (e storageEnv) lifecycleSpec(t testing.TB) virt.DomainSpec {
 	logPath := virt.DefaultConsoleLogPath(name)
 	t.Cleanup(func() { _ = os.Remove(logPath) })
 	spec := virt.DomainSpec{
-		Name:           name,
-		UUID:           uuid.NewString(),
-		Owner:          virt.Owner{Kind: "LibvirtMachine", Namespace: "test", Name: "vm", UID: uuid.NewString(), Cluster: e.pool},
-		Type:           virt.DomainTypeQEMU,
-		CPUMode:        virt.CPUModeMaximum,
-		VCPUs:          1,
-		MemoryMiB:      64,
-		TCGCacheMiB:    16,
-		DiskPath:       disk.Path,
+		Name:        name,
+		UUID:        uuid.NewString(),
+		Owner:       virt.Owner{Kind: "LibvirtMachine", Namespace: "test", Name: "vm", UID: uuid.NewString(), Cluster: e.pool},
+		Type:        virt.DomainTypeQEMU,
+		CPUMode:     virt.CPUModeMaximum,
+		VCPUs:       1,
+		MemoryMiB:   64,
+		TCGCacheMiB: 16,
+		DiskPath:    disk.Path, DiskBackingPath: disk.BackingPath, DiskBackingFormat: disk.BackingFormat,
 		SeedISOPath:    seed.Path,
 		ConsoleLogPath: logPath,
 	}

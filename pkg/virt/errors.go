@@ -35,6 +35,9 @@ var (
 	ErrImageHasDataFile = errors.New("image has an external data file")
 	// ErrImageFormatUnsupported is an image neither raw nor qcow2 v2/v3.
 	ErrImageFormatUnsupported = errors.New("image format not supported")
+	// ErrImageLargerThanDisk is a base image whose virtual size is larger
+	// than the disk asked for.
+	ErrImageLargerThanDisk = errors.New("base image larger than the disk")
 	// ErrImageTooLarge is a download longer than the operator's bound.
 	ErrImageTooLarge = errors.New("image larger than allowed")
 	// ErrImageSourceRefused is an image source the operator does not

@@ -38,7 +38,7 @@ func TestGuestAgent(t *testing.T) {
 		Name: name, UUID: uuid.NewString(),
 		Owner: virt.Owner{Kind: "LibvirtMachine", Namespace: "capltest", Name: name, UID: uuid.NewString(), Cluster: e.pool},
 		Type:  virt.DomainTypeQEMU, CPUMode: virt.CPUModeMaximum, VCPUs: 1, MemoryMiB: 512, TCGCacheMiB: 128,
-		DiskPath: disk.Path, ConsoleLogPath: logPath,
+		DiskPath: disk.Path, DiskBackingPath: disk.BackingPath, DiskBackingFormat: disk.BackingFormat, ConsoleLogPath: logPath,
 	}
 	t.Cleanup(func() {
 		if err := e.c.DeleteDomain(ctx, name); err != nil {

@@ -53,8 +53,8 @@ type OverlaySpec struct {
 	// BackingPool and BackingVolume name the base image volume.
 	BackingPool   string
 	BackingVolume string
-	// CapacityBytes is the requested virtual size; the overlay is never
-	// smaller than its base.
+	// CapacityBytes is the requested virtual size; zero takes the base's.
+	// A base larger than it is refused.
 	CapacityBytes uint64
 }
 
@@ -185,8 +185,10 @@ func (c *Client) DeleteVolume(ctx context.Context, pool, name string) error {
 	})
 }
 
-// EnsureOverlay creates a qcow2 overlay backed by a base volume, with
-// capacity max(requested, base virtual size). An existing overlay is
+// EnsureOverlay creates a qcow2 overlay backed by a base volume with the
+// requested capacity, or the base's when none is requested; a base larger
+// than the request is ErrImageLargerThanDisk, as a disk silently larger
+// than asked would pass the operator's bounds. An existing overlay is
 // reused and grown when a larger capacity is requested, never shrunk.
 // ErrImageNotFound when the base is missing or its import is incomplete.
 // The base's format is read from its own first bytes, never from libvirt's
@@ -214,6 +216,9 @@ func (c *Client) EnsureOverlay(ctx context.Context, spec OverlaySpec) (VolumeInf
 		}
 		if err != nil {
 			return err
+		}
+		if spec.CapacityBytes > 0 && base.CapacityBytes > spec.CapacityBytes {
+			return fmt.Errorf("%w: base %s/%s is %d bytes, the disk asked for %d", ErrImageLargerThanDisk, spec.BackingPool, spec.BackingVolume, base.CapacityBytes, spec.CapacityBytes)
 		}
 		capacity := max(spec.CapacityBytes, base.CapacityBytes)
 		return withPool(conn, spec.Pool, func(p *libvirt.StoragePool) error {

@@ -298,7 +298,7 @@ func TestEnsureOverlayCapacity(t *testing.T) {
 		requested uint64
 		want      uint64
 	}{
-		{"smaller than base gets base size", 512 * mib, gib},
+		{"none asked gets the base's size", 0, gib},
 		{"larger than base", 2 * gib, 2 * gib},
 		{"never shrinks", gib, 2 * gib},
 		{"grows", 3 * gib, 3 * gib},
@@ -319,6 +319,12 @@ func TestEnsureOverlayCapacity(t *testing.T) {
 			}
 		})
 	}
+	small := overlay
+	small.Name, small.CapacityBytes = e.pool+"-small", 512*mib
+	if _, err := e.c.EnsureOverlay(ctx, small); !errors.Is(err, virt.ErrImageLargerThanDisk) {
+		t.Errorf("disk smaller than its base: want ErrImageLargerThanDisk, got %v", err)
+	}
+	e.assertNoVolume(t, small.Name)
 	missing := overlay
 	missing.Name, missing.BackingVolume = e.pool+"-ov2", e.pool+"-nobase"
 	if _, err := e.c.EnsureOverlay(ctx, missing); !errors.Is(err, virt.ErrImageNotFound) {

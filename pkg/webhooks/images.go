@@ -81,10 +81,10 @@ type imageChecker struct {
 }
 
 // diskWarnings returns a warning when diskSizeGiB is smaller than the base
-// image: not an error, because the API defines that such a disk keeps the
-// image's size, but rarely what the user meant. pool is the pool of images
-// given without one ("" when unknown, as for a template shared by
-// clusters). Unknown sizes give no warning.
+// image, which the controller refuses: a warning, not an error, because
+// the image may still change before the machine's disk is made. pool is
+// the pool of images given without one ("" when unknown, as for a template
+// shared by clusters). Unknown sizes give no warning.
 func (c imageChecker) diskWarnings(ctx context.Context, spec *infrav1.LibvirtMachineSpec, pool string, path *field.Path) []string {
 	if c.volumes == nil || spec.DiskSizeGiB == 0 {
 		return nil
@@ -117,7 +117,7 @@ func (c imageChecker) diskWarnings(ctx context.Context, spec *infrav1.LibvirtMac
 	if info.CapacityBytes <= disk {
 		return nil
 	}
-	return []string{fmt.Sprintf("%s: %d GiB is smaller than the %.1f GiB virtual size of base image %s/%s; the root disk keeps the image's size",
+	return []string{fmt.Sprintf("%s: %d GiB is smaller than the %.1f GiB virtual size of base image %s/%s; the machine will not get a disk (DiskReady ImageLargerThanDisk): raise diskSizeGiB",
 		path.Child("diskSizeGiB"), spec.DiskSizeGiB, float64(info.CapacityBytes)/(1<<30), pool, name)}
 }
 

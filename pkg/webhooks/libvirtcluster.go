@@ -59,6 +59,7 @@ func (w *LibvirtCluster) ValidateUpdate(_ context.Context, oldC, newC *infrav1.L
 		": it decides who owns the control-plane endpoint")...)
 	errs = append(errs, ratchet(w.refs.cluster(newC.Namespace, &newC.Spec, newC.Annotations, path, annotationsPath),
 		w.refs.cluster(oldC.Namespace, oldSpec, oldC.Annotations, path, annotationsPath))...)
+	errs = append(errs, placementUnchanged(oldC.Annotations, newC.Annotations)...)
 	return warnings, invalid("LibvirtCluster", newC.Name, errs)
 }
 

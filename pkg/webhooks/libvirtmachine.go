@@ -75,6 +75,7 @@ func (w *LibvirtMachine) ValidateUpdate(ctx context.Context, oldM, newM *infrav1
 		errs = append(errs, ratchet(w.refs.machine(newM.Namespace, &newM.Spec, w.images.machinePool(ctx, newM), newM.Annotations, path, annotationsPath),
 			w.refs.machine(oldM.Namespace, oldSpec, w.images.machinePool(ctx, oldM), oldM.Annotations, path, annotationsPath))...)
 	}
+	errs = append(errs, placementUnchanged(oldM.Annotations, newM.Annotations)...)
 	return warnings, invalid("LibvirtMachine", newM.Name, errs)
 }
 

@@ -1,6 +1,9 @@
 package webhooks
 
 import (
+	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -60,6 +63,10 @@ func (r references) machine(namespace string, spec *infrav1.LibvirtMachineSpec, 
 		errs = append(errs, r.image(*spec.Image.Volume, pool, path.Child("image", "volume"))...)
 	}
 	errs = append(errs, r.imageURL(spec.Image.URL, path.Child("image", "url"))...)
+	exceeded := r.policy.Machine.Exceeded(tenancy.MachineUsage(spec), "--max-machine-")
+	for _, f := range slices.Sorted(maps.Keys(exceeded)) {
+		errs = append(errs, field.Forbidden(path.Child(f), exceeded[f]))
+	}
 	if n := spec.Network; n != nil {
 		errs = append(errs, r.network(namespace, n.Name, n.Bridge, path.Child("network"))...)
 	}
@@ -124,6 +131,21 @@ func (r references) annotations(namespace string, annotations map[string]string,
 		}
 		if err != nil {
 			errs = append(errs, field.Invalid(path.Key(scope.NetworkAnnotation), v, err.Error()))
+		}
+	}
+	return errs
+}
+
+// placementUnchanged refuses an update that changes or removes a placement
+// annotation the provider recorded: deletion looks for the object's
+// volumes and network where they say, so an edit before a delete would
+// leave the root disk and the seed with its bootstrap data behind.
+func placementUnchanged(oldA, newA map[string]string) field.ErrorList {
+	var errs field.ErrorList
+	for _, key := range []string{scope.PoolAnnotation, scope.NetworkAnnotation} {
+		if old := oldA[key]; old != "" && newA[key] != old {
+			errs = append(errs, field.Forbidden(annotationsPath.Key(key),
+				fmt.Sprintf("is the placement the provider recorded (%q) and cannot change: deletion finds the object's volumes and network by it", old)))
 		}
 	}
 	return errs

@@ -158,6 +158,9 @@ func TestClusterReferences(t *testing.T) {
 
 func TestMachineReferences(t *testing.T) {
 	ctx := context.Background()
+	// Below the defaults (2 vCPUs, 2048 MiB, 20 GiB) in vCPUs and memory.
+	cappedPolicy := defaultPolicy
+	cappedPolicy.Machine = tenancy.Limits{VCPUs: 1, MemoryMiB: 1024, DiskGiB: 20}
 	volume := func(pool, name string) infrav1.ImageSource {
 		return infrav1.ImageSource{Volume: &infrav1.VolumeReference{Pool: pool, Name: name}}
 	}
@@ -175,6 +178,8 @@ func TestMachineReferences(t *testing.T) {
 		{"file:// with no directory allowed", defaultPolicy, infrav1.ImageSource{URL: "file:///etc/shadow", Checksum: "sha256:" + strings.Repeat("5e", 32)}, nil, nil,
 			[]string{"spec.image.url"}},
 		{"own network", strictPolicy, volume("", importedImg), &infrav1.NetworkAttachment{Name: ownNetwork}, nil, nil},
+		{"larger than one machine may be", cappedPolicy, infrav1.ImageSource{URL: "https://example.com/x.qcow2", Checksum: "sha256:" + strings.Repeat("5e", 32)}, nil, nil,
+			[]string{"spec.cpus", "spec.memoryMiB"}},
 		{"listed bridge", strictPolicy, volume("", importedImg), &infrav1.NetworkAttachment{Bridge: "br0"}, nil, nil},
 		{"provider's own placement", strictPolicy, volume("", importedImg), nil,
 			map[string]string{scope.PoolAnnotation: "tenants", scope.NetworkAnnotation: "network:" + ownNetwork}, nil},
@@ -257,6 +262,23 @@ func TestReferencesOnUpdate(t *testing.T) {
 	recorded.Annotations = map[string]string{scope.NetworkAnnotation: "network:" + ownNetwork, scope.PoolAnnotation: "capi-libvirt"}
 	_, err = mw.ValidateUpdate(ctx, oldM, recorded)
 	checkFields(t, "the provider recording its placement", err, nil)
+
+	// Once recorded, the placement is where deletion looks: no edit, even
+	// to another allowed pool or network, and no removal.
+	repointed := recorded.DeepCopy()
+	repointed.Annotations[scope.PoolAnnotation] = "images"
+	_, err = mw.ValidateUpdate(ctx, recorded, repointed)
+	checkFields(t, "recorded pool changed before a delete", err, []string{"metadata.annotations" + poolKey})
+	stripped := recorded.DeepCopy()
+	stripped.Annotations = nil
+	_, err = mw.ValidateUpdate(ctx, recorded, stripped)
+	checkFields(t, "recorded placement removed", err, []string{"metadata.annotations" + poolKey, "metadata.annotations" + networkKey})
+	recordedC := old.DeepCopy()
+	recordedC.Annotations = map[string]string{scope.PoolAnnotation: "old"}
+	repointedC := recordedC.DeepCopy()
+	repointedC.Annotations[scope.PoolAnnotation] = "capi-libvirt"
+	_, err = cw.ValidateUpdate(ctx, recordedC, repointedC)
+	checkFields(t, "cluster's recorded pool changed", err, []string{"metadata.annotations" + poolKey})
 }
 
 // templatePaths moves spec and metadata paths under spec.template.

@@ -173,6 +173,8 @@ func imageRefusalReason(err error) string {
 		return infrav1.ImageFormatUnsupportedReason
 	case errors.Is(err, virt.ErrImageTooLarge):
 		return infrav1.ImageTooLargeReason
+	case errors.Is(err, virt.ErrImageLargerThanDisk):
+		return infrav1.ImageLargerThanDiskReason
 	case errors.Is(err, virt.ErrImageSourceRefused):
 		return infrav1.ImageSourceNotAllowedReason
 	}

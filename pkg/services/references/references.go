@@ -11,6 +11,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
@@ -27,13 +31,22 @@ func refused(what, condType, reason, format string, args ...any) error {
 	return services.FailOn(condType, reason, services.Requeue(0, what+" not allowed"), format, args...)
 }
 
-// MachineScope is what the check needs of a machine: what it names.
+// MachineScope is what the check needs of a machine: what it names, what
+// it asks for, and what the namespace's machines created before it ask for.
 type MachineScope interface {
 	Namespace() string
 	Pool() virt.PoolSpec
 	Network() scope.NetworkRef
 	Image() infrav1.ImageSource
+	// Spec is the machine's spec, defaulted; MachinesAhead the specs of
+	// the namespace's LibvirtMachines created before it.
+	Spec() *infrav1.LibvirtMachineSpec
+	MachinesAhead(ctx context.Context) ([]*infrav1.LibvirtMachineSpec, error)
 }
+
+// recheckQuota is how often a machine over its namespace's totals looks
+// again: the machines ahead of it go away without telling it.
+const recheckQuota = time.Minute
 
 // Machine checks a LibvirtMachine's pool, network and base image.
 type Machine struct {
@@ -52,7 +65,7 @@ func (*Machine) Name() string { return "references" }
 // Reconcile refuses the machine, with DiskReady or AddressReserved False,
 // when it names what its namespace may not use; it runs before any step
 // creates something.
-func (m *Machine) Reconcile(context.Context) (services.Result, error) {
+func (m *Machine) Reconcile(ctx context.Context) (services.Result, error) {
 	s, p := m.scope, m.policy
 	pool := s.Pool()
 	if f, err := p.CheckPool(pool.Name, pool.Path); err != nil {
@@ -73,7 +86,35 @@ func (m *Machine) Reconcile(context.Context) (services.Result, error) {
 		return services.Result{}, refused("image", infrav1.DiskReadyCondition, infrav1.ImageNotAllowedReason,
 			"spec.image.url %q %v", virt.RedactURL(s.Image().URL), err)
 	}
-	return services.Result{}, nil
+	if exceeded := p.Machine.Exceeded(tenancy.MachineUsage(s.Spec()), "--max-machine-"); len(exceeded) > 0 {
+		return services.Result{}, refused("machine size", infrav1.DomainReadyCondition, infrav1.MachineSizeNotAllowedReason,
+			"%s", describeExceeded(exceeded))
+	}
+	return services.Result{}, m.checkQuota(ctx)
+}
+
+// checkQuota admits the machine when it and the namespace's machines
+// created before it stay within the namespace's totals. Counting only
+// those ahead, in creation order, lets the first machines in: counting all
+// would have every machine of a namespace one over its quota wait.
+func (m *Machine) checkQuota(ctx context.Context) error {
+	q := m.policy.Namespace
+	if q == (tenancy.Limits{}) {
+		return nil
+	}
+	specs, err := m.scope.MachinesAhead(ctx)
+	if err != nil {
+		return fmt.Errorf("counting the namespace's machines: %w", err)
+	}
+	total := tenancy.MachineUsage(m.scope.Spec())
+	for _, spec := range specs {
+		total = total.Add(tenancy.MachineUsage(spec))
+	}
+	if exceeded := q.Exceeded(total, "--namespace-max-"); len(exceeded) > 0 {
+		return services.FailOn(infrav1.DomainReadyCondition, infrav1.NamespaceQuotaExceededReason, services.Requeue(recheckQuota, "namespace quota"),
+			"Namespace %s with this machine: %s", m.scope.Namespace(), describeExceeded(exceeded))
+	}
+	return nil
 }
 
 // ClusterScope is what the check needs of a cluster: what it names.
@@ -138,6 +179,15 @@ func (c *Cluster) Reconcile(context.Context) (services.Result, error) {
 		}
 	}
 	return services.Result{}, errors.Join(refusals...)
+}
+
+// describeExceeded lists the limits passed, by field.
+func describeExceeded(exceeded map[string]string) string {
+	var parts []string
+	for _, f := range slices.Sorted(maps.Keys(exceeded)) {
+		parts = append(parts, f+" "+exceeded[f])
+	}
+	return strings.Join(parts, "; ")
 }
 
 // Delete does nothing: the check creates nothing.

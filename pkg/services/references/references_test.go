@@ -2,7 +2,9 @@ package references_test
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -20,7 +22,8 @@ import (
 )
 
 var (
-	policy   = tenancy.Policy{PoolDirs: []string{"/var/lib/libvirt"}, ImagePools: []string{"images"}}
+	policy = tenancy.Policy{PoolDirs: []string{"/var/lib/libvirt"}, ImagePools: []string{"images"},
+		Machine: tenancy.Limits{VCPUs: 8, MemoryMiB: 16 << 10, DiskGiB: 100}}
 	networkA = scope.ClusterNetworkName("team-a", "prod")
 	seedA    = scope.SeedVolumeName(scope.DomainName("team-a", "cp-0"))
 )
@@ -75,6 +78,12 @@ func TestMachine(t *testing.T) {
 		{"another namespace's network in the cluster's status", func(c *infrav1.LibvirtCluster, _ *infrav1.LibvirtMachine) {
 			c.Status.Network.Name = networkA
 		}, want{infrav1.AddressReservedCondition, infrav1.NetworkNotAllowedReason}},
+		{"more vCPUs than one machine may have", func(_ *infrav1.LibvirtCluster, m *infrav1.LibvirtMachine) {
+			m.Spec.CPUs = 512
+		}, want{infrav1.DomainReadyCondition, infrav1.MachineSizeNotAllowedReason}},
+		{"more memory than one machine may have", func(_ *infrav1.LibvirtCluster, m *infrav1.LibvirtMachine) {
+			m.Spec.MemoryMiB = 1 << 20
+		}, want{infrav1.DomainReadyCondition, infrav1.MachineSizeNotAllowedReason}},
 		{"forged network annotation", func(_ *infrav1.LibvirtCluster, m *infrav1.LibvirtMachine) {
 			m.Annotations = map[string]string{scope.NetworkAnnotation: "bridge:" + netalloc.BridgeName(networkA)}
 		}, want{infrav1.AddressReservedCondition, infrav1.NetworkNotAllowedReason}},
@@ -96,6 +105,63 @@ func TestMachine(t *testing.T) {
 			}
 			checkOutcome(t, lm, run(s, references.NewMachine(s, policy)), tc.want)
 		})
+	}
+}
+
+// TestNamespaceQuota: the machines created first get in, a machine that
+// would pass the namespace's totals waits with a reason naming the flag,
+// and gets in once a machine ahead of it is gone.
+func TestNamespaceQuota(t *testing.T) {
+	scheme, err := manager.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	quota := policy
+	quota.Namespace = tenancy.Limits{Machines: 3, VCPUs: 6}
+	base := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	machine := func(ns, name string, created time.Duration, cpus int32) *infrav1.LibvirtMachine {
+		lm := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(base.Add(created))}}
+		lm.Spec.CPUs, lm.Spec.MemoryMiB = cpus, 1024
+		lm.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: scope.ImageVolumeName("ab12ab12ab12ab12ab12ab12ab12ab12")}}
+		return lm
+	}
+	objs := []*infrav1.LibvirtMachine{
+		machine("team-b", "a", 0, 2), machine("team-b", "b", time.Second, 2), machine("team-b", "c", time.Second, 2),
+		machine("team-b", "d", 2*time.Second, 1), machine("team-a", "other", 0, 8),
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme)
+	for _, o := range objs {
+		c = c.WithObjects(o)
+	}
+	cl := c.Build()
+	check := func(lm *infrav1.LibvirtMachine) error {
+		lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: lm.Namespace, Name: "prod"}}
+		lc.Spec.StoragePool = infrav1.StoragePool{Name: "team-b", Path: "/var/lib/libvirt/team-b"}
+		s, err := scope.NewMachineScope(scope.MachineScopeParams{Client: cl, LibvirtCluster: lc, LibvirtMachine: lm, Host: fakehost.New()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return run(s, references.NewMachine(s, quota))
+	}
+	for _, lm := range objs[:3] {
+		if err := check(lm); err != nil {
+			t.Errorf("%s, within the quota, refused: %v", lm.Name, err)
+		}
+	}
+	d := objs[3]
+	err = check(d)
+	if rq, ok := services.AsRequeue(err); !ok || rq.After <= 0 {
+		t.Fatalf("d, the fourth machine: %v, want a timed wait", err)
+	}
+	cond := conditions.Get(d, infrav1.DomainReadyCondition)
+	if cond == nil || cond.Reason != infrav1.NamespaceQuotaExceededReason || !strings.Contains(cond.Message, "--namespace-max-machines") {
+		t.Fatalf("DomainReady %+v, want NamespaceQuotaExceeded naming --namespace-max-machines", cond)
+	}
+	if err := cl.Delete(context.Background(), objs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := check(d); err != nil {
+		t.Errorf("d, once a machine ahead was deleted: %v", err)
 	}
 }
 

@@ -113,6 +113,59 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	return services.Done(infrav1.ReadyReason, ""), nil
 }
 
+// RemovalScope is what Removal needs of a machine whose bootstrap is done.
+type RemovalScope interface {
+	LibvirtHost() virt.Host
+	Pool() virt.PoolSpec
+	SeedVolume() string
+	DomainUUID() string
+	Hostname() string
+	// BootstrapSucceeded tells whether the guest finished its bootstrap;
+	// BootstrapDataRemoved and SetBootstrapDataRemoved record the rewrite.
+	BootstrapSucceeded() bool
+	BootstrapDataRemoved() bool
+	SetBootstrapDataRemoved()
+	Event(eventType, reason, message string)
+}
+
+// Removal takes the bootstrap data off the host once the guest used it:
+// the seed is rewritten with the same instance-id and hostname and empty
+// user-data, so a reboot neither re-runs the bootstrap (cloud-init sees
+// the same instance) nor finds a join token or certificate key, and the
+// host keeps neither for the machine's life. It runs after the bootstrap
+// check, also once the machine is provisioned.
+type Removal struct{ scope RemovalScope }
+
+var _ services.Service = (*Removal)(nil)
+
+// NewRemoval returns the bootstrap data removal of s.
+func NewRemoval(s RemovalScope) *Removal { return &Removal{scope: s} }
+
+// Name labels the service in logs.
+func (*Removal) Name() string { return "bootstrap data removal" }
+
+// Reconcile rewrites the seed once bootstrap succeeded, and then never
+// again: a steady machine costs no libvirt call here.
+func (r *Removal) Reconcile(ctx context.Context) (services.Result, error) {
+	s := r.scope
+	if !s.BootstrapSucceeded() || s.BootstrapDataRemoved() {
+		return services.Result{}, nil
+	}
+	iso, err := cloudinit.BuildISO(cloudinit.Seed{InstanceID: s.DomainUUID(), LocalHostname: s.Hostname()})
+	if err != nil {
+		return services.Result{}, fmt.Errorf("building the seed without bootstrap data: %w", err)
+	}
+	if _, err := s.LibvirtHost().UploadVolume(ctx, s.Pool().Name, s.SeedVolume(), iso); err != nil {
+		return services.Result{}, fmt.Errorf("removing the bootstrap data from the seed: %w", err)
+	}
+	s.SetBootstrapDataRemoved()
+	s.Event(corev1.EventTypeNormal, "BootstrapDataRemoved", "The seed no longer holds the bootstrap data: bootstrap succeeded")
+	return services.Result{}, nil
+}
+
+// Delete does nothing: the seed step removes the volume.
+func (*Removal) Delete(context.Context) error { return nil }
+
 // bootstrapData reads value and format from the Machine's bootstrap Secret.
 func bootstrapData(ctx context.Context, s *scope.MachineScope) ([]byte, error) {
 	name := s.BootstrapDataSecretName()

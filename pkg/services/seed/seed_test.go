@@ -82,3 +82,38 @@ func TestSeedMissingSecret(t *testing.T) {
 	}
 	servicetest.WantCondition(t, f.LM, infrav1.BootstrapDataReadyCondition, metav1.ConditionFalse, infrav1.BootstrapSecretNotFoundReason)
 }
+
+// TestRemovalTakesBootstrapDataOffTheHost: once bootstrap succeeded the
+// seed is rewritten with the same instance-id and hostname and no
+// user-data, once; before that, and after it, nothing is written.
+func TestRemovalTakesBootstrapDataOffTheHost(t *testing.T) {
+	f := servicetest.NewFixture(t)
+	s := f.Scope()
+	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s)); err != nil {
+		t.Fatal(err)
+	}
+	removal := seed.NewRemoval(s)
+	f.Host.Calls = nil
+	if _, err := removal.Reconcile(context.Background()); err != nil || f.Host.Called("UploadVolume") {
+		t.Fatalf("before bootstrap succeeded: err %v, uploaded %v", err, f.Host.Called("UploadVolume"))
+	}
+	s.MarkTrue(infrav1.BootstrapSucceededCondition, infrav1.ReadyReason, "")
+	if _, err := removal.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	iso := string(f.Host.Data["pool/"+s.SeedVolume()])
+	if strings.Contains(iso, servicetest.SecretMarker) {
+		t.Error("the seed still holds the bootstrap data")
+	}
+	if !strings.Contains(iso, "instance-id: "+s.DomainUUID()) || !strings.Contains(iso, "local-hostname: m0") {
+		t.Error("the rewritten seed lost its instance-id or hostname: a reboot would bootstrap again")
+	}
+	if !f.LM.Status.BootstrapDataRemoved {
+		t.Error("the removal is not recorded")
+	}
+	f.Host.Calls = nil
+	if _, err := removal.Reconcile(context.Background()); err != nil || len(f.Host.Calls) > 0 {
+		t.Errorf("after the removal: err %v, libvirt calls %v", err, f.Host.Calls)
+	}
+	f.NoLeaks()
+}
