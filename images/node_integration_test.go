@@ -119,6 +119,12 @@ func TestNodeImageReadyForKubeadm(t *testing.T) {
 			t.Errorf("cleanup: %v", err)
 		}
 	})
+	// The console logs to a pool volume, as the provider's domains do.
+	consoleLog, err := c.EnsureLogVolume(ctx, pool, vm+"-console.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.DeleteLogVolume(context.Background(), pool, vm+"-console.log") })
 	// kubeadm's preflight wants 2 CPUs and 1700 MB for a control plane.
 	if _, err := c.EnsureDomain(ctx, virt.DomainSpec{
 		Name: vm, UUID: domUUID,
@@ -130,7 +136,7 @@ func TestNodeImageReadyForKubeadm(t *testing.T) {
 		TCGCacheMiB: 256,
 		DiskPath:    disk.Path, DiskBackingPath: disk.BackingPath, DiskBackingFormat: disk.BackingFormat, SeedISOPath: seed.Path,
 		Network: network.Name, MAC: mac,
-		ConsoleLogPath: virt.DefaultConsoleLogPath(vm),
+		ConsoleLogPath: consoleLog.Path,
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -147,6 +153,9 @@ func TestNodeImageReadyForKubeadm(t *testing.T) {
 	waitFile(t, ctx, c, vm, nodeDoneFile, 12*time.Minute)
 	t.Logf("figure: start → cloud-init user-data ran %v", time.Since(start).Round(time.Second))
 	logBootPhases(t, ctx, c, vm)
+	if st, err := os.Stat(consoleLog.Path); err != nil || st.Size() == 0 {
+		t.Errorf("virtlogd wrote nothing to the console log volume %s: %v", consoleLog.Path, err)
+	}
 
 	guest := func(path string, args ...string) string {
 		t.Helper()

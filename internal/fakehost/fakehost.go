@@ -165,6 +165,33 @@ func (h *Host) DeleteVolume(_ context.Context, pool, name string) error {
 	return nil
 }
 
+// EnsureLogVolume records an empty log volume unless one exists.
+func (h *Host) EnsureLogVolume(_ context.Context, pool, name string) (virt.VolumeInfo, error) {
+	if err := h.call("EnsureLogVolume"); err != nil {
+		return virt.VolumeInfo{}, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	key := pool + "/" + name
+	v, ok := h.Volumes[key]
+	if !ok {
+		v = virt.VolumeInfo{Pool: pool, Name: name, Path: "/pools/" + pool + "/" + name, Format: virt.FormatRaw}
+		h.Volumes[key] = v
+	}
+	return v, nil
+}
+
+// DeleteLogVolume removes a log volume.
+func (h *Host) DeleteLogVolume(_ context.Context, pool, name string) error {
+	if err := h.call("DeleteLogVolume"); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.Volumes, pool+"/"+name)
+	return nil
+}
+
 // VolumeInfo describes a volume.
 func (h *Host) VolumeInfo(_ context.Context, pool, name string) (virt.VolumeInfo, error) {
 	if err := h.call("VolumeInfo"); err != nil {

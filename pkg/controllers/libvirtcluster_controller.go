@@ -136,7 +136,7 @@ func (r *LibvirtClusterReconciler) plan(s *scope.ClusterScope) services.Plan {
 		{Service: references.NewCluster(s, r.Tenancy)},
 		{Service: pool.New(s), Condition: infrav1.StoragePoolReadyCondition},
 		{Service: network.New(s), Condition: infrav1.NetworkReadyCondition},
-		{Service: loadbalancer.New(s, r.Images)},
+		{Service: loadbalancer.New(s, r.Images, r.Tenancy.TrafficFilter)},
 	}
 }
 

@@ -184,7 +184,7 @@ func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
 		{Service: address.New(s), Condition: infrav1.AddressReservedCondition, Setup: true},
 		{Service: disk.New(s, r.Images), Condition: infrav1.DiskReadyCondition, Setup: true},
 		{Service: seed.New(s), Condition: infrav1.BootstrapDataReadyCondition, Setup: true},
-		{Service: domain.New(s, r.ShutdownTimeout), Condition: infrav1.DomainReadyCondition},
+		{Service: domain.New(s, domain.Options{ShutdownTimeout: r.ShutdownTimeout, TrafficFilter: r.Tenancy.TrafficFilter}), Condition: infrav1.DomainReadyCondition},
 		{Service: guest.NewAddresses(s, r.events), Condition: infrav1.AddressAssignedCondition},
 		{Service: loadBalancerMembership{s: s, lb: r.LoadBalancer}, Condition: infrav1.DomainReadyCondition},
 		{Service: provisioned{s}},

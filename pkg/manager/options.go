@@ -17,6 +17,7 @@ import (
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // DefaultLibvirtURI is the libvirt connection used when none is given.
@@ -81,6 +82,10 @@ type Options struct {
 	// quantities ("64Gi"); zero sets no bound. Tenancy parses them.
 	MaxMachineVCPUs, NamespaceMaxMachines, NamespaceMaxVCPUs int
 	MaxMachineMemory, MaxMachineDisk, NamespaceMaxMemory     string
+
+	// TrafficFilter is the nwfilter of machines on shared segments
+	// ("none" for none).
+	TrafficFilter string
 }
 
 // ImageImportOptions are the image imports' options with the deny-list
@@ -115,6 +120,11 @@ func (o *Options) Tenancy() (tenancy.Policy, error) {
 		Bridges: o.HostBridges, Networks: o.LibvirtNetworks, ImageFileDirs: o.ImageFileDirs,
 		Machine:   tenancy.Limits{VCPUs: int64(o.MaxMachineVCPUs)},
 		Namespace: tenancy.Limits{Machines: o.NamespaceMaxMachines, VCPUs: int64(o.NamespaceMaxVCPUs)},
+	}
+	switch o.TrafficFilter {
+	case "none", "":
+	default:
+		p.TrafficFilter = o.TrafficFilter
 	}
 	for _, q := range []struct {
 		flag, value string
@@ -210,6 +220,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.NamespaceMaxVCPUs, "namespace-max-vcpus", 0, "Most vCPUs the LibvirtMachines of one namespace may ask for together; 0 sets no bound.")
 	fs.StringVar(&o.NamespaceMaxMemory, "namespace-max-memory", "0",
 		"Most memory the LibvirtMachines of one namespace may ask for together (a quantity); 0 sets no bound.")
+	fs.StringVar(&o.TrafficFilter, "traffic-filter", virt.CleanTrafficFilter,
+		"libvirt nwfilter bound to the NIC of machines on a host bridge or on a libvirt network the provider did not make for their cluster (clean-traffic: no MAC, IP or ARP spoofing); none disables it, for segments where every guest is trusted (e.g. kube-vip announcing a VIP on a bridge).")
 	fs.StringSliceVar(&o.LibvirtNetworks, "libvirt-networks", nil,
 		"Existing libvirt networks clusters and machines may name (comma-separated); empty or * allows any network but those the provider made for other namespaces.")
 }

@@ -74,6 +74,9 @@ func (s *LoadBalancerScope) OverlayVolume() string { return OverlayVolumeName(s.
 // SeedVolume is the name of the VM's NoCloud seed volume.
 func (s *LoadBalancerScope) SeedVolume() string { return SeedVolumeName(s.DomainName()) }
 
+// ConsoleLogVolume is the name of the VM's console log volume.
+func (s *LoadBalancerScope) ConsoleLogVolume() string { return ConsoleLogVolumeName(s.DomainName()) }
+
 // Hostname is "<cluster>-lb".
 func (s *LoadBalancerScope) Hostname() string {
 	name := s.c.ClusterName()

@@ -111,6 +111,9 @@ func (s *MachineScope) OverlayVolume() string { return OverlayVolumeName(s.Domai
 // SeedVolume is the name of the NoCloud seed volume.
 func (s *MachineScope) SeedVolume() string { return SeedVolumeName(s.DomainName()) }
 
+// ConsoleLogVolume is the name of the machine's console log volume.
+func (s *MachineScope) ConsoleLogVolume() string { return ConsoleLogVolumeName(s.DomainName()) }
+
 // DomainUUID is the provider-chosen UUID of the domain.
 func (s *MachineScope) DomainUUID() string { return DomainUUID(string(s.LibvirtMachine.UID)) }
 

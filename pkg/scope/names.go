@@ -25,9 +25,11 @@ const (
 	// ("-console.log", ".log", volumeSuffix…).
 	maxPlainDomainName  = 199
 	hashedDomainNameLen = 200
-	// overlaySuffix and seedSuffix end the machine's volume names.
-	overlaySuffix = "-root.qcow2"
-	seedSuffix    = "-seed.iso"
+	// overlaySuffix, seedSuffix and consoleLogSuffix end the machine's
+	// volume names.
+	overlaySuffix    = "-root.qcow2"
+	seedSuffix       = "-seed.iso"
+	consoleLogSuffix = "-console.log"
 	// imagePrefix starts the names of base images imported from a URL. It
 	// has no '.', which every domain-derived name has, so a base image can
 	// never share a name with a machine's volume.
@@ -60,6 +62,10 @@ func OverlayVolumeName(domain string) string { return domain + overlaySuffix }
 // SeedVolumeName is the machine's NoCloud seed ISO volume.
 func SeedVolumeName(domain string) string { return domain + seedSuffix }
 
+// ConsoleLogVolumeName is the volume the machine's serial console is
+// logged to: in the pool, so that it goes with the machine on any host.
+func ConsoleLogVolumeName(domain string) string { return domain + consoleLogSuffix }
+
 // ImageVolumeName is the pool volume a base image with this sha256 (hex) is
 // imported into: content-addressed, so machines and clusters share it and a
 // changed image never reuses a stale volume.
@@ -89,7 +95,7 @@ func IsImageVolumeName(name string) bool {
 }
 
 // IsManagedVolumeName tells whether name is a volume the provider makes for
-// one machine or load balancer (its root disk or seed ISO, of any
+// one machine or load balancer (its root disk, seed ISO or console log, of any
 // namespace) or the marker of an import under way: volumes that belong to
 // one object and must never back another's disk.
 func IsManagedVolumeName(name string) bool {
@@ -97,7 +103,7 @@ func IsManagedVolumeName(name string) bool {
 		return true
 	}
 	return strings.HasPrefix(name, virt.NamePrefix) &&
-		(strings.HasSuffix(name, overlaySuffix) || strings.HasSuffix(name, seedSuffix))
+		(strings.HasSuffix(name, overlaySuffix) || strings.HasSuffix(name, seedSuffix) || strings.Contains(name, consoleLogSuffix))
 }
 
 // NameNamespace is the namespace a name derived by DomainName (a domain,

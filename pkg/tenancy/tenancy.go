@@ -52,8 +52,13 @@ var sharedDirs = []string{
 
 // Any in a list of names allows every name, like an empty list; it is how
 // the release manifest's variables say "any" (clusterctl takes an empty
-// default for a missing value).
-const Any = "*"
+// default for a missing value). None alone allows no name: the release
+// manifest's default for host bridges and existing networks, which are
+// shared segments an operator opens deliberately.
+const (
+	Any  = "*"
+	None = "none"
+)
 
 // Policy is what the operator lets tenants name; the manager's flags set
 // it (pkg/manager). Empty lists of names (or Any) mean "any name", within
@@ -81,6 +86,10 @@ type Policy struct {
 	// Machine bounds one machine; Namespace bounds the sum of a
 	// namespace's machines. Zero fields set no bound.
 	Machine, Namespace Limits
+	// TrafficFilter is the libvirt nwfilter bound to the NIC of every
+	// machine on a host bridge or on a libvirt network the provider did
+	// not make for its cluster; empty for none.
+	TrafficFilter string
 }
 
 // Limits bound machines' sizes; a zero field sets no bound.
@@ -308,6 +317,9 @@ func (p Policy) CheckNetwork(namespace, name string) error {
 	if allows(p.Networks, name) {
 		return nil
 	}
+	if denyAll(p.Networks) {
+		return errors.New("names an existing libvirt network, and the operator allows none (the manager's --libvirt-networks): use the network the provider makes for the cluster")
+	}
 	return fmt.Errorf("must be one of the libvirt networks %s (the manager's --libvirt-networks) or a network the provider made for a cluster of this namespace",
 		strings.Join(p.Networks, ", "))
 }
@@ -322,14 +334,23 @@ func (p Policy) CheckBridge(bridge string) error {
 	if allows(p.Bridges, bridge) {
 		return nil
 	}
+	if denyAll(p.Bridges) {
+		return errors.New("names a host bridge, and the operator allows none (the manager's --host-bridges)")
+	}
 	return fmt.Errorf("must be one of the host bridges %s (the manager's --host-bridges)", strings.Join(p.Bridges, ", "))
 }
 
 // allows tells whether a list of names the operator may leave open lets
 // name through.
 func allows(list []string, name string) bool {
+	if denyAll(list) {
+		return false
+	}
 	return len(list) == 0 || slices.Contains(list, Any) || slices.Contains(list, name)
 }
+
+// denyAll tells whether list is None alone.
+func denyAll(list []string) bool { return len(list) == 1 && list[0] == None }
 
 func listOrNone(names []string) string {
 	if len(names) == 0 {

@@ -133,6 +133,8 @@ func TestCheckNetworkAndBridge(t *testing.T) {
 		{Policy{Networks: []string{Any}}, scope.ClusterNetworkName("team-b", "prod"), "namespace team-b"},
 		{listed, scope.ClusterNetworkName("team-a", "prod"), ""},
 		{listed, scope.ClusterNetworkName("team-b", "prod"), "namespace team-b"},
+		{Policy{Networks: []string{None}}, "default", "allows none"},
+		{Policy{Networks: []string{None}}, scope.ClusterNetworkName("team-a", "prod"), ""},
 	} {
 		check(t, "CheckNetwork(team-a, "+tc.network+")", tc.policy.CheckNetwork("team-a", tc.network), tc.want)
 	}
@@ -150,6 +152,7 @@ func TestCheckNetworkAndBridge(t *testing.T) {
 		{Policy{Bridges: []string{Any}}, "virbr0", ""},
 		{Policy{Bridges: []string{Any}}, provider, "bridge of a network the provider made"},
 		{Policy{Bridges: []string{provider}}, provider, "bridge of a network the provider made"},
+		{Policy{Bridges: []string{None}}, "br0", "allows none"},
 	} {
 		check(t, "CheckBridge("+tc.bridge+")", tc.policy.CheckBridge(tc.bridge), tc.want)
 	}

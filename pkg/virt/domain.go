@@ -53,6 +53,10 @@ type DomainSpec struct {
 	// MAC is the NIC's address (52:54:00:…), chosen and persisted by the
 	// caller so DHCP reservations can be made before the first start.
 	MAC string
+	// TrafficFilter is the libvirt nwfilter bound to the NIC (e.g.
+	// CleanTrafficFilter), empty for none. The guest's address is learned
+	// from its own DHCP exchange; before that it sends nothing but DHCP.
+	TrafficFilter string
 	// ConsoleLogPath, when set, logs the serial console to this file on the
 	// libvirt host (through virtlogd).
 	ConsoleLogPath string

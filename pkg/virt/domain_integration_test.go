@@ -28,8 +28,12 @@ func (e storageEnv) lifecycleSpec(t testing.TB) virt.DomainSpec {
 		t.Fatal(err)
 	}
 	name := e.pool + "-vm"
-	logPath := virt.DefaultConsoleLogPath(name)
-	t.Cleanup(func() { _ = os.Remove(logPath) })
+	// As the domain service does: the console logs to a pool volume.
+	log, err := e.c.EnsureLogVolume(ctx, e.pool, name+"-console.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	logPath := log.Path
 	spec := virt.DomainSpec{
 		Name:        name,
 		UUID:        uuid.NewString(),
@@ -125,8 +129,10 @@ func TestDomainLifecycle(t *testing.T) {
 	if info, err := e.c.DomainInfo(ctx, spec.Name); err != nil || info.State != "running" {
 		t.Fatalf("after start: %+v, %v", info, err)
 	}
-	if _, err := os.Stat(spec.ConsoleLogPath); err != nil {
+	if st, err := os.Stat(spec.ConsoleLogPath); err != nil {
 		t.Errorf("console log: %v", err)
+	} else {
+		t.Logf("console log %s: %d bytes, mode %v", spec.ConsoleLogPath, st.Size(), st.Mode())
 	}
 
 	// Nothing inside answers ACPI, so this exercises the destroy fallback.

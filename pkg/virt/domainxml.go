@@ -20,6 +20,13 @@ const (
 	CPUModeMaximum         = "maximum"
 )
 
+// CleanTrafficFilter is libvirt's nwfilter that drops a guest's frames
+// with another MAC than its NIC's, IPv4 packets with another source
+// address than its own, spoofed ARP, and every other L2 protocol: a
+// machine on a shared segment cannot pose as another host, the gateway or
+// its DHCP server.
+const CleanTrafficFilter = "clean-traffic"
+
 // GuestAgentChannel is the virtio-serial port name qemu-guest-agent
 // listens on.
 const GuestAgentChannel = "org.qemu.guest_agent.0"
@@ -209,6 +216,12 @@ func domainInterface(s DomainSpec) *libvirtxml.DomainInterface {
 		nic.Source = &libvirtxml.DomainInterfaceSource{Bridge: &libvirtxml.DomainInterfaceSourceBridge{Bridge: s.Bridge}}
 	default:
 		return nil
+	}
+	if s.TrafficFilter != "" {
+		// Learning the address from DHCP, not from the first packet,
+		// leaves a guest no moment to claim an address it was not given.
+		nic.FilterRef = &libvirtxml.DomainInterfaceFilterRef{Filter: s.TrafficFilter,
+			Parameters: []libvirtxml.DomainInterfaceFilterParam{{Name: "CTRL_IP_LEARNING", Value: "dhcp"}}}
 	}
 	return nic
 }

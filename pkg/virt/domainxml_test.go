@@ -36,6 +36,7 @@ func TestDomainXMLGolden(t *testing.T) {
 			s.Type, s.CPUMode, s.TCGCacheMiB, s.CPUShares = DomainTypeQEMU, CPUModeMaximum, 128, 4096
 			s.Network, s.Bridge = "", "br0"
 			s.ConsoleLogPath = ""
+			s.TrafficFilter = CleanTrafficFilter
 		}},
 		{"domain-host-model-no-seed-no-nic.xml", func(s *DomainSpec) {
 			s.CPUMode = CPUModeHostModel

@@ -30,6 +30,11 @@ type Host interface {
 	DeleteVolume(ctx context.Context, pool, name string) error
 	// VolumeInfo describes a volume; IsNotFound(err) when it does not exist.
 	VolumeInfo(ctx context.Context, pool, name string) (VolumeInfo, error)
+	// EnsureLogVolume returns the 0600 volume a console log goes to,
+	// created empty when missing; DeleteLogVolume removes it with the
+	// files virtlogd rotated out of it.
+	EnsureLogVolume(ctx context.Context, pool, name string) (VolumeInfo, error)
+	DeleteLogVolume(ctx context.Context, pool, name string) error
 
 	// EnsureDomain defines the domain unless it exists with spec.UUID;
 	// ErrDomainReplaced when the name exists with another UUID.

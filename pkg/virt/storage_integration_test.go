@@ -490,3 +490,46 @@ func TestDeletePool(t *testing.T) {
 		t.Errorf("volume lookup in the deleted pool: want not found, got %v", err)
 	}
 }
+
+// TestLogVolume: a console log volume is made empty and 0600, kept with
+// what was logged into it, and deleted with the files virtlogd rotated
+// out of it, which the pool had not listed.
+func TestLogVolume(t *testing.T) {
+	e := newStorageEnv(t)
+	ctx := testCtx(t)
+	name := e.volName(t, "vm-console.log")
+	info, err := e.c.EnsureLogVolume(ctx, e.pool, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(info.Path); err != nil || st.Size() != 0 || st.Mode().Perm() != 0o600 {
+		t.Fatalf("log volume %s: %v, %v", info.Path, st, err)
+	}
+	logged := []byte("kubeadm join … --token abcdef.0123456789abcdef\n")
+	f, err := os.OpenFile(info.Path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = f.Write(logged)
+	f.Close()
+	if err := os.WriteFile(info.Path+".0", logged, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	again, err := e.c.EnsureLogVolume(ctx, e.pool, name)
+	if err != nil || again.Path != info.Path {
+		t.Fatalf("second EnsureLogVolume: %+v, %v", again, err)
+	}
+	if b, _ := os.ReadFile(info.Path); string(b) != string(logged) {
+		t.Errorf("the log was reset: %q", b)
+	}
+	for i := 0; i < 2; i++ { // deleting twice: the second finds nothing
+		if err := e.c.DeleteLogVolume(ctx, e.pool, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []string{info.Path, info.Path + ".0"} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s outlived DeleteLogVolume: %v", p, err)
+		}
+	}
+}

@@ -213,12 +213,12 @@ func download(ctx context.Context, conn *libvirt.Connect, vol *libvirt.StorageVo
 			return err
 		}
 		n, err := st.Recv(buf[:min(int64(len(buf)), size-read)])
+		if err == io.EOF || (err == nil && n == 0) {
+			break // the volume is shorter than size
+		}
 		if err != nil {
 			_ = st.Abort()
 			return err
-		}
-		if n == 0 {
-			break
 		}
 		w.Write(buf[:n])
 		read += int64(n)

@@ -40,6 +40,9 @@ type Scope interface {
 	MAC() string
 	RootDisk() (virt.VolumeInfo, bool)
 	Seed() (virt.VolumeInfo, bool)
+	// Pool and ConsoleLogVolume place the serial console's log.
+	Pool() virt.PoolSpec
+	ConsoleLogVolume() string
 	// SetDomainState records libvirt's state of the domain; SetProviderID
 	// the provider ID, where the object has one.
 	SetDomainState(state string)
@@ -50,21 +53,31 @@ type Scope interface {
 	Event(eventType, reason, message string)
 }
 
+// Options are the operator's settings of the domains.
+type Options struct {
+	// ShutdownTimeout bounds the graceful shutdown on delete; zero means
+	// DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+	// TrafficFilter is the nwfilter of NICs on a shared segment: a host
+	// bridge or a libvirt network the provider did not make for the
+	// cluster (tenancy.Policy.TrafficFilter); empty for none.
+	TrafficFilter string
+}
+
 // Service runs the domain; its outcome is DomainReady's.
 type Service struct {
-	scope           Scope
-	shutdownTimeout time.Duration
+	scope Scope
+	opts  Options
 }
 
 var _ services.Service = (*Service)(nil)
 
-// New returns the domain service of s; a zero shutdownTimeout means
-// DefaultShutdownTimeout.
-func New(s Scope, shutdownTimeout time.Duration) *Service {
-	if shutdownTimeout <= 0 {
-		shutdownTimeout = DefaultShutdownTimeout
+// New returns the domain service of s.
+func New(s Scope, opts Options) *Service {
+	if opts.ShutdownTimeout <= 0 {
+		opts.ShutdownTimeout = DefaultShutdownTimeout
 	}
-	return &Service{scope: s, shutdownTimeout: shutdownTimeout}
+	return &Service{scope: s, opts: opts}
 }
 
 // Reconcile makes the domain exist with the provider-chosen UUID and run.
@@ -123,6 +136,10 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 	if !haveDisk || !haveSeed {
 		return virt.DomainInfo{}, fmt.Errorf("defining domain %s: %w", s.DomainName(), ErrVolumesUnknown)
 	}
+	consoleLog, err := s.LibvirtHost().EnsureLogVolume(ctx, s.Pool().Name, s.ConsoleLogVolume())
+	if err != nil {
+		return virt.DomainInfo{}, services.Fail(infrav1.LibvirtErrorReason, err, "Creating the console log volume: %v", err)
+	}
 	hw := s.Hardware()
 	network := s.Network()
 	info, err := s.LibvirtHost().EnsureDomain(ctx, virt.DomainSpec{
@@ -131,8 +148,8 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 		VCPUs: uint(hw.CPUs), MemoryMiB: uint64(hw.MemoryMiB), CPUShares: uint(hw.CPUShares),
 		TCGCacheMiB: uint64(hw.TCGTranslationCacheMiB), DiskPath: disk.Path, DiskFormat: disk.Format, SeedISOPath: seed.Path,
 		DiskBackingPath: disk.BackingPath, DiskBackingFormat: disk.BackingFormat,
-		Network: network.Name, Bridge: network.Bridge, MAC: s.MAC(),
-		ConsoleLogPath: virt.DefaultConsoleLogPath(s.DomainName()),
+		Network: network.Name, Bridge: network.Bridge, MAC: s.MAC(), TrafficFilter: svc.trafficFilter(network),
+		ConsoleLogPath: consoleLog.Path,
 	})
 	if errors.Is(err, virt.ErrDomainReplaced) {
 		return virt.DomainInfo{}, svc.replaced(err)
@@ -142,6 +159,16 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 	}
 	s.Event("Normal", "DomainDefined", fmt.Sprintf("Defined domain %s with UUID %s", info.Name, info.UUID))
 	return info, nil
+}
+
+// trafficFilter is the filter of a NIC on network: none on a network the
+// provider made for the cluster (its own segment, whose DHCP is libvirt's
+// and whose addresses are reserved), the operator's on anything shared.
+func (svc *Service) trafficFilter(network scope.NetworkRef) string {
+	if _, ours := scope.NameNamespace(network.Name); ours && network.Bridge == "" {
+		return ""
+	}
+	return svc.opts.TrafficFilter
 }
 
 // checkHostMemory refuses a VM asking more memory than the libvirt host
@@ -209,25 +236,35 @@ func (svc *Service) hardwareResult(info virt.DomainInfo) services.Result {
 	return services.Done(infrav1.ReadyReason, "")
 }
 
-// Delete shuts the domain down (bounded), then destroys and undefines it.
-// A domain of our name with another UUID is not ours and is left alone.
+// Delete shuts the domain down (bounded), then destroys and undefines it,
+// and removes its console log: kubeadm's output, tokens included, must not
+// outlive the machine. A domain of our name with another UUID is not ours
+// and is left alone, with the log of our name.
 func (svc *Service) Delete(ctx context.Context) error {
 	s := svc.scope
 	info, err := s.LibvirtHost().DomainInfo(ctx, s.DomainName())
 	switch {
 	case virt.IsNotFound(err):
-		return nil
+		return svc.deleteConsoleLog(ctx)
 	case err != nil:
 		return fmt.Errorf("reading domain %s: %w", s.DomainName(), err)
 	case !strings.EqualFold(info.UUID, s.DomainUUID()):
 		s.Event("Warning", "DomainNotOwned", fmt.Sprintf("Domain %s has UUID %s, not %s: leaving it alone", s.DomainName(), info.UUID, s.DomainUUID()))
 		return nil
 	}
-	if err := s.LibvirtHost().ShutdownDomain(ctx, s.DomainName(), svc.shutdownTimeout); err != nil {
+	if err := s.LibvirtHost().ShutdownDomain(ctx, s.DomainName(), svc.opts.ShutdownTimeout); err != nil {
 		return fmt.Errorf("shutting down domain %s: %w", s.DomainName(), err)
 	}
 	if err := s.LibvirtHost().DeleteDomain(ctx, s.DomainName()); err != nil {
 		return fmt.Errorf("deleting domain %s: %w", s.DomainName(), err)
+	}
+	return svc.deleteConsoleLog(ctx)
+}
+
+func (svc *Service) deleteConsoleLog(ctx context.Context) error {
+	s := svc.scope
+	if err := s.LibvirtHost().DeleteLogVolume(ctx, s.Pool().Name, s.ConsoleLogVolume()); err != nil {
+		return fmt.Errorf("deleting the console log: %w", err)
 	}
 	return nil
 }

@@ -61,6 +61,8 @@ func (v *vm) RootDisk() (virt.VolumeInfo, bool) {
 func (v *vm) Seed() (virt.VolumeInfo, bool) {
 	return v.host.Volumes["pool/m0-seed"], true
 }
+func (v *vm) Pool() virt.PoolSpec      { return virt.PoolSpec{Name: "pool"} }
+func (v *vm) ConsoleLogVolume() string { return "capl-ns.m0-console.log" }
 
 // SetCondition keeps the condition a plan step sets (services.Reporter).
 func (v *vm) SetCondition(condType string, status metav1.ConditionStatus, reason, message string) {
@@ -106,7 +108,7 @@ func TestDomainChecksHostMemory(t *testing.T) {
 				host.Errs["HostMemory"] = tc.hostErr
 			}
 			v := newVM(host, tc.memoryMiB)
-			svc := domain.New(v, 0)
+			svc := domain.New(v, domain.Options{})
 			// The second reconcile is the controller's retry: it must not
 			// define the domain either.
 			for attempt := range 2 {
@@ -139,7 +141,28 @@ func TestDomainChecksHostMemory(t *testing.T) {
 			if len(host.Domains) != 0 {
 				t.Errorf("domains left after Delete: %v", host.Domains)
 			}
+			if _, ok := host.Volumes["pool/"+v.ConsoleLogVolume()]; ok {
+				t.Error("the console log outlived the machine")
+			}
 		})
+	}
+}
+
+// TestDomainLogsConsoleToAPoolVolume: the serial console goes to a volume
+// of the machine's pool, made before the domain, so that the log (kubeadm's
+// output) is found and removed with the machine on any host.
+func TestDomainLogsConsoleToAPoolVolume(t *testing.T) {
+	host := fakehost.New()
+	v := newVM(host, 512)
+	if err := v.reconcile(domain.New(v, domain.Options{})); err != nil {
+		t.Fatal(err)
+	}
+	log, ok := host.Volumes["pool/"+v.ConsoleLogVolume()]
+	if !ok {
+		t.Fatal("no console log volume")
+	}
+	if got := host.Specs[v.DomainName()].ConsoleLogPath; got != log.Path {
+		t.Errorf("console logged to %q, want the volume %q", got, log.Path)
 	}
 }
 
@@ -149,7 +172,7 @@ func TestDomainChecksHostMemory(t *testing.T) {
 func TestDomainSteadyStateAsksOnce(t *testing.T) {
 	host := fakehost.New()
 	v := newVM(host, 512)
-	svc := domain.New(v, 0)
+	svc := domain.New(v, domain.Options{})
 	if err := v.reconcile(svc); err != nil {
 		t.Fatal(err)
 	}
@@ -159,5 +182,43 @@ func TestDomainSteadyStateAsksOnce(t *testing.T) {
 	}
 	if got := strings.Join(host.Calls, ","); got != "DomainInfo" {
 		t.Errorf("steady-state calls = %s, want DomainInfo", got)
+	}
+}
+
+// netVM is a vm on a given network.
+type netVM struct {
+	*vm
+	network scope.NetworkRef
+}
+
+func (v netVM) Network() scope.NetworkRef { return v.network }
+
+// TestDomainFiltersSharedSegments: a NIC on a host bridge or on a libvirt
+// network the provider did not make for the cluster gets the operator's
+// filter; one on the cluster's own network does not.
+func TestDomainFiltersSharedSegments(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		network scope.NetworkRef
+		filter  string
+		want    string
+	}{
+		{"the cluster's own network", scope.NetworkRef{Name: scope.ClusterNetworkName("ns", "prod")}, virt.CleanTrafficFilter, ""},
+		{"an operator's network", scope.NetworkRef{Name: "default"}, virt.CleanTrafficFilter, virt.CleanTrafficFilter},
+		{"a host bridge", scope.NetworkRef{Bridge: "br0"}, virt.CleanTrafficFilter, virt.CleanTrafficFilter},
+		{"a host bridge, filter turned off", scope.NetworkRef{Bridge: "br0"}, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			host := fakehost.New()
+			v := netVM{newVM(host, 512), tc.network}
+			err := services.Plan{{Service: domain.New(v, domain.Options{TrafficFilter: tc.filter}), Condition: infrav1.DomainReadyCondition}}.
+				Run(context.Background(), v.vm, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := host.Specs[v.DomainName()].TrafficFilter; got != tc.want {
+				t.Errorf("filter %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -52,15 +52,18 @@ type Service struct {
 	vm      *scope.LoadBalancerScope
 	images  disk.Importer
 	address *address.Service
+	// trafficFilter is the HAProxy VM's NIC filter on a shared segment.
+	trafficFilter string
 }
 
 var _ services.Service = (*Service)(nil)
 
 // New returns the load balancer service of s; images imports the VM's
-// image when spec.loadBalancer.image names a URL.
-func New(s *scope.ClusterScope, images disk.Importer) *Service {
+// image when spec.loadBalancer.image names a URL, trafficFilter guards its
+// NIC on a shared segment.
+func New(s *scope.ClusterScope, images disk.Importer, trafficFilter string) *Service {
 	vm := s.LoadBalancer()
-	return &Service{scope: s, vm: vm, images: images, address: address.New(vm)}
+	return &Service{scope: s, vm: vm, images: images, address: address.New(vm), trafficFilter: trafficFilter}
 }
 
 // Name labels the service in logs.
@@ -84,7 +87,7 @@ func (svc *Service) plan(haproxy bool) services.Plan {
 		{Service: endpoint{svc}, Condition: ready, Setup: true},
 		{Service: haproxyVM{disk.New(svc.vm, svc.images), svc.vm}, Condition: ready, Setup: true},
 		{Service: haproxyVM{seed.NewWithUserData(svc.vm, []byte(userData)), svc.vm}, Condition: ready, Setup: true},
-		{Service: haproxyVM{domain.New(svc.vm, shutdownTimeout), svc.vm}, Condition: ready},
+		{Service: haproxyVM{domain.New(svc.vm, domain.Options{ShutdownTimeout: shutdownTimeout, TrafficFilter: svc.trafficFilter}), svc.vm}, Condition: ready},
 		{Service: provisioned{svc}, Condition: ready},
 		{Service: config{svc}, Condition: ready},
 	}

@@ -1,0 +1,68 @@
+package virt
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"libvirt.org/go/libvirt"
+)
+
+// logBackups is how many rotated files virtlogd keeps next to a log
+// (its max_backups, 3 by default; a few more in case an operator raised it).
+const logBackups = 10
+
+// EnsureLogVolume returns the empty raw volume, mode 0600, that a domain's
+// console log goes to, creating it when missing and keeping what an
+// existing one holds. Being a pool volume, the log is found and removed
+// with its machine on any libvirt host, local or remote.
+func (c *Client) EnsureLogVolume(ctx context.Context, pool, name string) (VolumeInfo, error) {
+	var info VolumeInfo
+	err := c.withConn(ctx, "EnsureLogVolume", func(conn *libvirt.Connect) error {
+		return withPool(conn, pool, func(p *libvirt.StoragePool) error {
+			err := withVolume(p, name, func(v *libvirt.StorageVol) error {
+				var err error
+				info, err = describeVolume(pool, v)
+				return err
+			})
+			if !IsNotFound(err) {
+				return err
+			}
+			doc, err := rawVolumeXML(name, 0, secretMode).Marshal()
+			if err != nil {
+				return err
+			}
+			vol, err := p.StorageVolCreateXML(doc, 0)
+			if err != nil {
+				return wrapNoSpace(pool, fmt.Errorf("creating log volume %s/%s: %w", pool, name, err))
+			}
+			defer vol.Free()
+			info, err = describeVolume(pool, vol)
+			return err
+		})
+	})
+	return info, err
+}
+
+// DeleteLogVolume deletes a log volume and the files virtlogd rotated out
+// of it (name.0, name.1, …), which the pool learns of only on a refresh;
+// a missing volume or pool is success.
+func (c *Client) DeleteLogVolume(ctx context.Context, pool, name string) error {
+	return c.withConn(ctx, "DeleteLogVolume", func(conn *libvirt.Connect) error {
+		return ignoreNotFound(withPool(conn, pool, func(p *libvirt.StoragePool) error {
+			if err := refreshPool(ctx, p); err != nil {
+				return err
+			}
+			for i := -1; i < logBackups; i++ {
+				n := name
+				if i >= 0 {
+					n += "." + strconv.Itoa(i)
+				}
+				if err := deleteVolume(p, n); err != nil {
+					return fmt.Errorf("deleting log volume %s/%s: %w", pool, n, err)
+				}
+			}
+			return nil
+		}))
+	})
+}
