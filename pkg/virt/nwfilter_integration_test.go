@@ -201,4 +201,3 @@ func captureARP(t *testing.T, iface string, send func()) map[string]int {
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
-
