@@ -25,6 +25,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // pausedCondition is Cluster API's condition on paused objects; it is
@@ -400,4 +401,70 @@ func sameAsGuest(status []clusterv1.MachineAddress, guest []string) ([]string, e
 		return reported, fmt.Errorf("InternalIP addresses %v, but the guest has %v", reported, guest)
 	}
 	return reported, nil
+}
+
+// Where the guest keeps its boot and cloud-init's instance.
+const (
+	bootIDFile     = "/proc/sys/kernel/random/boot_id"
+	instanceIDFile = "/var/lib/cloud/data/instance-id"
+	sentinelFile   = "/run/cluster-api/bootstrap-success.complete"
+)
+
+// rebootWithoutBootstrap reboots a bootstrapped worker from inside and
+// checks that its bootstrap did not run again: the seed it boots from has
+// no user-data any more and the same instance-id, so cloud-init sees the
+// same instance and writes no new sentinel (it lives in /run, emptied by
+// the reboot); the machine keeps its providerID and stays provisioned.
+func (s *suite) rebootWithoutBootstrap(t *testing.T) {
+	var lm *infrav1.LibvirtMachine
+	for _, w := range s.workerMachines(t) {
+		if w.Status.BootstrapDataRemoved && w.Status.Domain != nil {
+			lm = w
+			break
+		}
+	}
+	if lm == nil {
+		t.Fatal("no worker had its bootstrap data removed")
+	}
+	dom := lm.Status.Domain.Name
+	read := func(path string) (string, error) {
+		ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
+		defer cancel()
+		b, err := s.host.GuestReadFile(ctx, dom, path)
+		return strings.TrimSpace(string(b)), err
+	}
+	bootBefore, err := read(bootIDFile)
+	must(t, err)
+	instanceBefore, err := read(instanceIDFile)
+	must(t, err)
+	stop := s.rep.phase("reboot a worker: bootstrap does not run again")
+	defer stop()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
+	_, err = s.host.GuestExec(ctx, dom, "sh", []string{"-c", "(sleep 2; systemctl reboot) >/dev/null 2>&1 &"}, nil)
+	cancel()
+	must(t, err)
+	s.waitFor(t, lm.Name+": rebooted", bootTimeout, func() (bool, string) {
+		id, err := read(bootIDFile)
+		return err == nil && id != bootBefore, fmt.Sprintf("boot id %q, %v", id, err)
+	})
+	s.waitFor(t, lm.Name+": cloud-init done after the reboot", bootTimeout, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(s.ctx, time.Minute)
+		defer cancel()
+		res, err := s.host.GuestExec(ctx, dom, "cloud-init", []string{"status"}, nil)
+		return err == nil && strings.Contains(string(res.Stdout), "status: done"), fmt.Sprintf("%s %v", res.Stdout, err)
+	})
+	took := time.Since(start)
+	if _, err := read(sentinelFile); !virt.IsNotFound(err) {
+		t.Errorf("%s: after the reboot %s exists (%v): the bootstrap ran again", lm.Name, sentinelFile, err)
+	}
+	if id, err := read(instanceIDFile); err != nil || id != instanceBefore {
+		t.Errorf("%s: instance-id %q after the reboot (%v), was %q", lm.Name, id, err, instanceBefore)
+	}
+	after := s.lm(lm.Name)
+	if after == nil || after.Spec.ProviderID != lm.Spec.ProviderID || !after.Status.Initialization.IsProvisioned() {
+		t.Errorf("%s changed across the reboot: %+v", lm.Name, after)
+	}
+	t.Logf("%s rebooted in %s without running its bootstrap again", lm.Name, took.Round(time.Second))
+	s.rep.note("reboot of %s: back with cloud-init done in %s, bootstrap not run again (seed without user-data, same instance-id)", lm.Name, took.Round(time.Second))
 }

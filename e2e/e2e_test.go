@@ -98,6 +98,7 @@ func (s *suite) standInScenario(t *testing.T) {
 	s.waitDemoReady()
 	s.readyClusterChecks(t)
 	t.Run("endpoint", s.checkEndpoint)
+	t.Run("reboot without bootstrap", s.rebootWithoutBootstrap)
 	if *soak {
 		t.Run("scale workers", s.scaleWorkers)
 	}

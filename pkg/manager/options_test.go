@@ -69,17 +69,9 @@ func TestImageImportFlags(t *testing.T) {
 		{name: "bad size", args: []string{"--image-import-max-size=big"}, wantErr: "--image-import-max-size"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var o Options
-			fs := pflag.NewFlagSet("manager", pflag.ContinueOnError)
-			o.AddFlags(fs)
-			if err := fs.Parse(tc.args); err != nil {
-				t.Fatal(err)
-			}
+			o := parseFlags(t, tc.args)
 			got, err := o.ImageImportOptions()
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("error %v, want one naming %s", err, tc.wantErr)
-				}
+			if refusedAsWanted(t, err, tc.wantErr) {
 				return
 			}
 			if err != nil {
@@ -116,17 +108,9 @@ func TestMachineLimitFlags(t *testing.T) {
 		{name: "bad size", args: []string{"--namespace-max-memory=lots"}, wantErr: "--namespace-max-memory"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var o Options
-			fs := pflag.NewFlagSet("manager", pflag.ContinueOnError)
-			o.AddFlags(fs)
-			if err := fs.Parse(tc.args); err != nil {
-				t.Fatal(err)
-			}
+			o := parseFlags(t, tc.args)
 			p, err := o.Tenancy()
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("error %v, want one naming %s", err, tc.wantErr)
-				}
+			if refusedAsWanted(t, err, tc.wantErr) {
 				return
 			}
 			if err != nil || p.Machine != tc.machine || p.Namespace != tc.ns {
@@ -134,4 +118,29 @@ func TestMachineLimitFlags(t *testing.T) {
 			}
 		})
 	}
+}
+
+// parseFlags is the options the manager's flags give for args.
+func parseFlags(t *testing.T, args []string) *Options {
+	t.Helper()
+	var o Options
+	fs := pflag.NewFlagSet("manager", pflag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return &o
+}
+
+// refusedAsWanted fails t unless err names flag, when a refusal is wanted
+// (flag not empty), and tells whether one was.
+func refusedAsWanted(t *testing.T, err error, flag string) bool {
+	t.Helper()
+	if flag == "" {
+		return false
+	}
+	if err == nil || !strings.Contains(err.Error(), flag) {
+		t.Fatalf("error %v, want one naming %s", err, flag)
+	}
+	return true
 }

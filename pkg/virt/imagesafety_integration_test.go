@@ -119,24 +119,33 @@ func TestImportRefusesImagesThatNameHostFiles(t *testing.T) {
 	}
 }
 
+// plantBacked puts a qcow2 whose header names secret as its backing file
+// into the pool, past the import's checks, as an operator (or anything
+// with the pool's directory) could.
+func (e storageEnv) plantBacked(t *testing.T, name string, secret hostSecret) virt.VolumeInfo {
+	t.Helper()
+	src, _ := qemuImg(t, "backed.qcow2", "-f", "qcow2", "-u", "-b", secret.path, "-F", "raw")
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.c.UploadVolume(testCtx(t), e.pool, e.volName(t, name), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.c.DeleteVolume(context.Background(), e.pool, info.Name) })
+	return info
+}
+
 // TestEnsureOverlayRefusesChainedBase: a base volume nobody imported (an
 // operator's image pool) whose header names a host file gets no overlay.
 func TestEnsureOverlayRefusesChainedBase(t *testing.T) {
 	e := newStorageEnv(t)
 	ctx := testCtx(t)
 	secret := newHostSecret(t)
-	src, _ := qemuImg(t, "backed.qcow2", "-f", "qcow2", "-u", "-b", secret.path, "-F", "raw")
-	b, err := os.ReadFile(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := e.volName(t, "planted")
-	if _, err := e.c.UploadVolume(ctx, e.pool, base, b); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.c.DeleteVolume(context.Background(), e.pool, base) })
+	base := e.plantBacked(t, "planted", secret).Name
 	overlay := e.volName(t, "ov")
-	_, err = e.c.EnsureOverlay(ctx, virt.OverlaySpec{Pool: e.pool, Name: overlay, BackingPool: e.pool, BackingVolume: base, CapacityBytes: gib})
+	_, err := e.c.EnsureOverlay(ctx, virt.OverlaySpec{Pool: e.pool, Name: overlay, BackingPool: e.pool, BackingVolume: base, CapacityBytes: gib})
 	if !errors.Is(err, virt.ErrImageHasBackingFile) {
 		t.Fatalf("want ErrImageHasBackingFile, got %v", err)
 	}
@@ -153,16 +162,7 @@ func TestDomainPinsDiskChain(t *testing.T) {
 	e := newStorageEnv(t)
 	ctx := testCtx(t)
 	secret := newHostSecret(t)
-	src, _ := qemuImg(t, "backed.qcow2", "-f", "qcow2", "-u", "-b", secret.path, "-F", "raw")
-	b, err := os.ReadFile(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	disk, err := e.c.UploadVolume(ctx, e.pool, e.volName(t, "planted-disk"), b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.c.DeleteVolume(context.Background(), e.pool, disk.Name) })
+	disk := e.plantBacked(t, "planted-disk", secret)
 	name := e.pool + "-pinned"
 	spec := virt.DomainSpec{
 		Name: name, UUID: uuid.NewString(), Owner: virt.Owner{Kind: "LibvirtMachine", Namespace: "test", Name: "pinned", UID: uuid.NewString()},

@@ -155,6 +155,14 @@ func (r *Removal) Reconcile(ctx context.Context) (services.Result, error) {
 	if err != nil {
 		return services.Result{}, fmt.Errorf("building the seed without bootstrap data: %w", err)
 	}
+	// Padded to the volume's size (ISO 9660 readers stop at the volume's
+	// end), the volume is overwritten in place rather than replaced: the
+	// running QEMU, which keeps the file open, and the guest after a
+	// reboot see the new bytes, and no unlinked copy of the old ones stays
+	// on disk while the domain runs.
+	if info, err := s.LibvirtHost().VolumeInfo(ctx, s.Pool().Name, s.SeedVolume()); err == nil && info.CapacityBytes > uint64(len(iso)) {
+		iso = append(iso, make([]byte, info.CapacityBytes-uint64(len(iso)))...)
+	}
 	if _, err := s.LibvirtHost().UploadVolume(ctx, s.Pool().Name, s.SeedVolume(), iso); err != nil {
 		return services.Result{}, fmt.Errorf("removing the bootstrap data from the seed: %w", err)
 	}

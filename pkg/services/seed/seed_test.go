@@ -93,6 +93,7 @@ func TestRemovalTakesBootstrapDataOffTheHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	removal := seed.NewRemoval(s)
+	before := len(f.Host.Data["pool/"+s.SeedVolume()])
 	f.Host.Calls = nil
 	if _, err := removal.Reconcile(context.Background()); err != nil || f.Host.Called("UploadVolume") {
 		t.Fatalf("before bootstrap succeeded: err %v, uploaded %v", err, f.Host.Called("UploadVolume"))
@@ -104,6 +105,9 @@ func TestRemovalTakesBootstrapDataOffTheHost(t *testing.T) {
 	iso := string(f.Host.Data["pool/"+s.SeedVolume()])
 	if strings.Contains(iso, servicetest.SecretMarker) {
 		t.Error("the seed still holds the bootstrap data")
+	}
+	if len(iso) != before {
+		t.Errorf("the rewritten seed has %d bytes, the volume %d: it would be replaced, not overwritten in place", len(iso), before)
 	}
 	if !strings.Contains(iso, "instance-id: "+s.DomainUUID()) || !strings.Contains(iso, "local-hostname: m0") {
 		t.Error("the rewritten seed lost its instance-id or hostname: a reboot would bootstrap again")
