@@ -644,3 +644,41 @@ func TestDiskSmallerThanImage(t *testing.T) {
 		t.Fatalf("warnings for an unknown image: %q", got)
 	}
 }
+
+// TestPlacementIsFixed: once the provider recorded where an object's
+// volumes and network are, the API server refuses an edit or removal of
+// that record (a tenant could otherwise orphan a root disk and a seed by
+// repointing it before a delete), while other annotations still change.
+func TestPlacementIsFixed(t *testing.T) {
+	requireEnv(t)
+	obj := machine(func(*infrav1.LibvirtMachineSpec) {})().(*infrav1.LibvirtMachine)
+	obj.Namespace, obj.Name = namespace, name("placement", 0)
+	obj.Annotations = map[string]string{scope.PoolAnnotation: "capi-libvirt", scope.NetworkAnnotation: "network:capl-" + namespace + ".c"}
+	if err := create(t, obj); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		edit   func(a map[string]string)
+		refuse bool
+	}{
+		{"another annotation", func(a map[string]string) { a["note"] = "x" }, false},
+		{"the pool repointed", func(a map[string]string) { a[scope.PoolAnnotation] = "images" }, true},
+		{"the network removed", func(a map[string]string) { delete(a, scope.NetworkAnnotation) }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cur := &infrav1.LibvirtMachine{}
+			if err := c.Get(ctx(t), client.ObjectKeyFromObject(obj), cur); err != nil {
+				t.Fatal(err)
+			}
+			tc.edit(cur.Annotations)
+			err := c.Update(ctx(t), cur)
+			if tc.refuse && (err == nil || !strings.Contains(err.Error(), "cannot change")) {
+				t.Fatalf("update: %v, want a refusal", err)
+			}
+			if !tc.refuse && err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
