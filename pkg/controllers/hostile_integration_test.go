@@ -56,7 +56,7 @@ func TestHostileInput(t *testing.T) {
 	h.options = func(o *manager.Options) {
 		o.ImageURLDenyCIDRs = []string{"127.0.0.2/32"}
 		o.ImageImportMaxSize = "8Mi"
-		o.MaxMachineMemory = "256Mi"
+		o.MaxMachineMemory = "1Gi"
 	}
 	defer func() { h.options = nil }()
 	h.startProvider(nil)
@@ -65,22 +65,22 @@ func TestHostileInput(t *testing.T) {
 	cases := []struct {
 		machine   string
 		image     infrav1.ImageSource
+		memoryMiB int32
 		condition string
 		reason    string
 	}{
-		{"backing", infrav1.ImageSource{URL: srv.URL + "/backed.qcow2", Checksum: "sha256:" + hex.EncodeToString(backedSum[:])},
+		{"backing", infrav1.ImageSource{URL: srv.URL + "/backed.qcow2", Checksum: "sha256:" + hex.EncodeToString(backedSum[:])}, 0,
 			infrav1.DiskReadyCondition, infrav1.ImageHasBackingFileReason},
-		{"redirect", infrav1.ImageSource{URL: srv.URL + "/redirect.qcow2?token=s3cr3t", Checksum: anySum},
+		{"redirect", infrav1.ImageSource{URL: srv.URL + "/redirect.qcow2?token=s3cr3t", Checksum: anySum}, 0,
 			infrav1.DiskReadyCondition, infrav1.ImageSourceNotAllowedReason},
-		{"endless", infrav1.ImageSource{URL: srv.URL + "/endless.qcow2", Checksum: anySum},
+		{"endless", infrav1.ImageSource{URL: srv.URL + "/endless.qcow2", Checksum: anySum}, 0,
 			infrav1.DiskReadyCondition, infrav1.ImageTooLargeReason},
-		{"file-outside", infrav1.ImageSource{URL: "file:///etc/passwd", Checksum: anySum},
+		{"file-outside", infrav1.ImageSource{URL: "file:///etc/passwd", Checksum: anySum}, 0,
 			infrav1.DiskReadyCondition, infrav1.ImageNotAllowedReason},
-		// The harness's machines ask for 512 MiB.
-		{"too-large", infrav1.ImageSource{}, infrav1.DomainReadyCondition, infrav1.MachineSizeNotAllowedReason},
+		{"too-large", infrav1.ImageSource{}, 2048, infrav1.DomainReadyCondition, infrav1.MachineSizeNotAllowedReason},
 	}
 	for _, c := range cases {
-		opts := machineOpts{cluster: "hostile", withData: true}
+		opts := machineOpts{cluster: "hostile", withData: true, memoryMiB: c.memoryMiB}
 		if c.image.URL != "" {
 			opts.image = &c.image
 		}
@@ -94,8 +94,15 @@ func TestHostileInput(t *testing.T) {
 			t.Errorf("%s: the message shows a secret: %s", c.machine, msg)
 		}
 	}
+	// Refused references stop before anything is made; refused images
+	// after the address was reserved (the reservation precedes the disk),
+	// never with a disk, a seed or a domain.
 	for _, c := range cases {
-		h.assertNoLibvirtObjects(c.machine)
+		if c.condition == infrav1.DomainReadyCondition || c.reason == infrav1.ImageNotAllowedReason {
+			h.assertNoLibvirtObjects(c.machine)
+		} else {
+			h.assertClean(c.machine, "")
+		}
 	}
 	if st, err := os.Stat("/etc/shadow"); err == nil && st.Sys() != nil {
 		// The backing file the image named kept its owner: nothing opened it for QEMU.
@@ -104,8 +111,12 @@ func TestHostileInput(t *testing.T) {
 		}
 	}
 	for _, c := range cases {
+		mac := ""
+		if lm := h.lm(c.machine); lm.Status.Domain != nil {
+			mac = lm.Status.Domain.MAC
+		}
 		h.deleteMachine(c.machine, time.Minute)
-		h.assertClean(c.machine, "")
+		h.assertClean(c.machine, mac)
 	}
 	if got := h.poolVolumes(); len(got) != 0 {
 		t.Errorf("left in the pool: %v", got)

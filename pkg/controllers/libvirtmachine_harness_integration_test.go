@@ -286,6 +286,8 @@ type machineOpts struct {
 	// image overrides the default (the test image imported by URL).
 	image         *infrav1.ImageSource
 	failureDomain string
+	// memoryMiB overrides the default 512.
+	memoryMiB int32
 }
 
 // bootUserData makes cloud-init write the Node-identity file from the
@@ -327,6 +329,9 @@ func (h *harness) createMachine(name string, o machineOpts) {
 	}
 	lm.Spec.VirtualHardware = infrav1.VirtualHardware{CPUs: 1, MemoryMiB: 512, DomainType: infrav1.DomainTypeQEMU,
 		CPUMode: infrav1.CPUModeMaximum, TCGTranslationCacheMiB: 128}
+	if o.memoryMiB != 0 {
+		lm.Spec.MemoryMiB = o.memoryMiB
+	}
 	lm.Spec.DiskSizeGiB = 4
 	must(h.t, h.c.Create(h.ctx, lm))
 
@@ -427,14 +432,14 @@ func (h *harness) deleteMachine(name string, timeout time.Duration) {
 }
 
 // assertClean fails when anything of the named machine is left in libvirt:
-// its domain, overlay, seed or DHCP host entry.
+// its domain, overlay, seed, console log or DHCP host entry.
 func (h *harness) assertClean(name, mac string) {
 	h.t.Helper()
 	domain := scope.DomainName(h.ns, name)
 	if _, err := h.host.DomainInfo(h.ctx, domain); !virt.IsNotFound(err) {
 		h.t.Errorf("domain %s left behind (err %v)", domain, err)
 	}
-	for _, vol := range []string{scope.OverlayVolumeName(domain), scope.SeedVolumeName(domain)} {
+	for _, vol := range []string{scope.OverlayVolumeName(domain), scope.SeedVolumeName(domain), scope.ConsoleLogVolumeName(domain)} {
 		if _, err := h.host.VolumeInfo(h.ctx, h.pool, vol); !virt.IsNotFound(err) {
 			h.t.Errorf("volume %s left behind (err %v)", vol, err)
 		}

@@ -257,7 +257,7 @@ func testRestarts(h *harness, cluster string) {
 	if info.UUID != scope.DomainUUID(string(lm.UID)) || lm.Spec.ProviderID != infrav1.ProviderIDPrefix+info.UUID {
 		h.t.Errorf("domain UUID %s, providerID %s", info.UUID, lm.Spec.ProviderID)
 	}
-	want := []string{scope.ImageVolumeName(h.imageSum), scope.OverlayVolumeName(domain), scope.SeedVolumeName(domain)}
+	want := []string{scope.ImageVolumeName(h.imageSum), scope.OverlayVolumeName(domain), scope.SeedVolumeName(domain), scope.ConsoleLogVolumeName(domain)}
 	if got := h.poolVolumes(); fmt.Sprint(got) != fmt.Sprint(sortedCopy(want)) {
 		h.t.Errorf("pool holds %v, want %v", got, sortedCopy(want))
 	}
