@@ -25,8 +25,11 @@ import (
 // or rename is needed, which libvirt cannot do cheaply for multi-GiB images.
 //
 // Imports into one pool are serialised; the source is opened (for a URL:
-// connected and its response headers read, bounded by img.Fetch) before
-// the pool is locked, so a server that never answers holds no pool. The
+// connected and its response headers read, bounded by img.Fetch) and its
+// first bytes inspected before the pool is locked, so a server that never
+// answers holds no pool, and an image whose header names other files
+// (ErrImageRefused) or that is longer than img.Policy allows
+// (ErrImageTooLarge) never reaches it. The
 // volume name should identify the content (e.g. include a digest prefix):
 // a complete volume is reused without opening the source or locking.
 func (c *Client) ImportImage(ctx context.Context, img ImageImport) (VolumeInfo, error) {
