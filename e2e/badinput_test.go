@@ -153,7 +153,7 @@ func (s *suite) badMachine(t *testing.T, name string, mutate func(*infrav1.Libvi
 		t.Errorf("%s: a domain exists for bad input (lookup error %v)", name, err)
 	}
 	s.deleteAndWait(t, objs.machine, deleteTimeout, objs.lm)
-	if l := s.machineLeftovers(name, string(lm.UID), s.clusterNetwork()); len(l) > 0 {
+	if l := s.machineLeftovers(name, macSeed(lm), s.clusterNetwork()); len(l) > 0 {
 		t.Errorf("%s left in libvirt: %s", name, strings.Join(l, ", "))
 	}
 	return msg

@@ -106,7 +106,7 @@ func (s *suite) killManagerRounds(t *testing.T) {
 		if domains == 0 {
 			t.Errorf("round %d: the duplicate watch never saw %s's domain", round, name)
 		}
-		if l := s.machineLeftovers(name, string(lm.UID), network); len(l) > 0 {
+		if l := s.machineLeftovers(name, macSeed(lm), network); len(l) > 0 {
 			t.Errorf("round %d: %s left in libvirt: %s", round, name, strings.Join(l, ", "))
 		}
 		s.rep.mu.Lock()
@@ -150,7 +150,7 @@ func (s *suite) restartLibvirtd(t *testing.T) {
 	})
 	lm := s.waitMachineCondition(t, name, infrav1.DomainReadyCondition, domainTimeout)
 	s.deleteAndWait(t, objs.machine, deleteTimeout, objs.lm)
-	if l := s.machineLeftovers(name, string(lm.UID), network); len(l) > 0 {
+	if l := s.machineLeftovers(name, macSeed(lm), network); len(l) > 0 {
 		t.Errorf("%s left in libvirt after a libvirtd restart: %s", name, strings.Join(l, ", "))
 	}
 }

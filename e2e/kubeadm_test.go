@@ -463,7 +463,7 @@ func (s *suite) kubeadmRemediation(t *testing.T) {
 			t.Errorf("the replacement %s is marked for remediation: %s %s: %s", name, c.Status, c.Reason, c.Message)
 		}
 	}
-	if l := s.machineLeftovers(lm.Name, string(lm.UID), s.clusterNetworkOf(kubeadmName)); len(l) > 0 {
+	if l := s.machineLeftovers(lm.Name, macSeed(lm), s.clusterNetworkOf(kubeadmName)); len(l) > 0 {
 		t.Errorf("the remediated machine %s left in libvirt: %s", lm.Name, strings.Join(l, ", "))
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"libvirt.org/go/libvirt"
 	"libvirt.org/go/libvirtxml"
 
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -126,21 +127,28 @@ func machineObjects(objs []testlibvirt.Object, name string) (domains, volumes []
 
 // machineLeftovers lists the libvirt objects the LibvirtMachine name may
 // still have: its domain, its volumes and files, and the DHCP host entries
-// of any of its MACs in the cluster network's definition.
-func (s *suite) machineLeftovers(name, uid, network string) []string {
+// of any of the MACs derived from seed (macSeed) in the cluster network's
+// definition.
+// macSeed is what a LibvirtMachine's candidate MACs derive from: the
+// domain UUID of its providerID.
+func macSeed(lm *infrav1.LibvirtMachine) string {
+	return strings.TrimPrefix(lm.Spec.ProviderID, infrav1.ProviderIDPrefix)
+}
+
+func (s *suite) machineLeftovers(name, seed, network string) []string {
 	objs, err := s.hostObjects()
 	if err != nil {
 		return []string{"listing: " + err.Error()}
 	}
 	domains, volumes := machineObjects(objs, name)
 	left := append(names(domains), names(volumes)...)
-	if network != "" && uid != "" {
+	if network != "" && seed != "" {
 		hosts, err := dhcpHosts(s.uri, network)
 		if err != nil {
 			left = append(left, "reservations: "+err.Error())
 		}
 		for _, h := range hosts {
-			for _, mac := range scope.MACCandidates(uid, 4) {
+			for _, mac := range scope.MACCandidates(seed, 4) {
 				if strings.EqualFold(h.MAC, mac.String()) {
 					left = append(left, fmt.Sprintf("reservation %s %s on %s", h.MAC, h.IP, network))
 				}

@@ -245,7 +245,7 @@ func (s *suite) scaleWorkers(t *testing.T) {
 		if left[name] != nil {
 			continue
 		}
-		if l := s.machineLeftovers(name, string(lm.UID), network); len(l) > 0 {
+		if l := s.machineLeftovers(name, macSeed(lm), network); len(l) > 0 {
 			t.Errorf("deleted worker %s left in libvirt: %s", name, strings.Join(l, ", "))
 		}
 	}
@@ -358,7 +358,7 @@ func (s *suite) deleteControlPlaneMachine(t *testing.T) {
 		t.Errorf("backend of %s was Active again after its domain was gone (states %v)", victim, obs.states)
 	}
 	obs.mu.Unlock()
-	if l := s.machineLeftovers(victim, string(lm.UID), network); len(l) > 0 {
+	if l := s.machineLeftovers(victim, macSeed(lm), network); len(l) > 0 {
 		t.Errorf("deleted control-plane machine %s left in libvirt: %s", victim, strings.Join(l, ", "))
 	}
 	s.demo.controlPlane = s.demo.controlPlane[:len(s.demo.controlPlane)-1]

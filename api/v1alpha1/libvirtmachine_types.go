@@ -29,8 +29,10 @@ const (
 // +kubebuilder:validation:XValidation:rule="!(has(self.domainType) && self.domainType == 'qemu' && has(self.cpuMode) && self.cpuMode == 'host-passthrough')",message="cpuMode host-passthrough needs domainType kvm; use maximum with qemu"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.providerID) || (has(self.providerID) && self.providerID == oldSelf.providerID)",message="providerID is immutable once set"
 type LibvirtMachineSpec struct {
-	// providerID is libvirt:///<domain UUID>, set by the provider once the
-	// domain is defined.
+	// providerID is libvirt:///<domain UUID>, set by the provider once,
+	// when it chose the UUID (or adopted the one of the domain this machine
+	// owns) and before it created anything: a moved or restored machine
+	// keeps its domain through it.
 	// +optional
 	// +kubebuilder:validation:MaxLength=512
 	// +kubebuilder:validation:Pattern=`^libvirt:///[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`

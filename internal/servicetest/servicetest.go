@@ -50,6 +50,9 @@ type Fixture struct {
 	Secret   *corev1.Secret
 }
 
+// DomainUUID is the fixture machine's domain UUID (spec.providerID).
+const DomainUUID = "5f0c2a7e-3b1d-4e8a-9c6f-1a2b3c4d5e6f"
+
 // NewFixture returns the objects; Scope stores them in a fake client.
 func NewFixture(t *testing.T) *Fixture {
 	t.Helper()
@@ -66,6 +69,8 @@ func NewFixture(t *testing.T) *Fixture {
 	f.LM = &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m0", UID: types.UID("0b9d6c86-1111-4e2e-9c55-3b6f1b0d7a11")}}
 	f.LM.Spec.Image.Volume = &infrav1.VolumeReference{Name: "base"}
 	f.LM.Spec.CPUs, f.LM.Spec.MemoryMiB = 1, 512
+	// The identity step ran: the domain's UUID is chosen.
+	f.LM.Spec.ProviderID = infrav1.ProviderIDPrefix + DomainUUID
 	f.Secret = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "m0-bootstrap"},
 		Data: map[string][]byte{"value": []byte("#cloud-config\n# " + SecretMarker + "\n"), "format": []byte("cloud-config")}}
 	f.Host.Volumes["pool/base"] = virt.VolumeInfo{Pool: "pool", Name: "base", Path: "/pools/pool/base", CapacityBytes: 2 << 30, Format: "qcow2"}

@@ -82,6 +82,9 @@ func (r *LibvirtClusterReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	if deleting && !controllerutil.ContainsFinalizer(lc, infrav1.ClusterFinalizer) {
 		return ctrl.Result{}, nil
 	}
+	if moved, err := releaseForMove(ctx, r.Client, lc, infrav1.ClusterFinalizer); moved || err != nil {
+		return ctrl.Result{}, err
+	}
 	// Deletion goes ahead without the Cluster: every name it needs derives
 	// from the LibvirtCluster itself.
 	cluster, err := util.GetOwnerCluster(ctx, r.Client, lc.ObjectMeta)
@@ -124,6 +127,11 @@ func (r *LibvirtClusterReconciler) reconcileNormal(ctx context.Context, s *scope
 		}
 	}
 	s.SetFailureDomains()
+	// Until the cluster is provisioned (network made, HAProxy VM defined and
+	// started) its creation is in flight: no move.
+	defer func() {
+		setMoveBlocked(s.LibvirtCluster, !s.LibvirtCluster.Status.Initialization.IsProvisioned())
+	}()
 	return r.plan(s).Reconcile(ctx, s, false)
 }
 

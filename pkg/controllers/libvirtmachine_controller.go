@@ -30,6 +30,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/disk"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/identity"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/references"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
@@ -87,6 +88,9 @@ func (r *LibvirtMachineReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	deleting := !lm.DeletionTimestamp.IsZero()
 	if deleting && !controllerutil.ContainsFinalizer(lm, infrav1.MachineFinalizer) {
 		return ctrl.Result{}, nil
+	}
+	if moved, err := releaseForMove(ctx, r.Client, lm, infrav1.MachineFinalizer); moved || err != nil {
+		return ctrl.Result{}, err
 	}
 	// Deletion goes ahead without Machine, Cluster or LibvirtCluster:
 	// every name it needs derives from the LibvirtMachine itself.
@@ -155,6 +159,11 @@ func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope
 	// Placement: every failure domain is the one host today.
 	s.SetFailureDomain(s.FailureDomain())
 	s.ClearWaiting(infrav1.WaitingForClusterInfrastructureReason, infrav1.WaitingForBootstrapDataReason)
+	// From here until the domain is defined, the machine's creation is in
+	// flight: a move now would leave half of it behind.
+	defer func() {
+		setMoveBlocked(s.LibvirtMachine, !s.IsProvisioned() && !s.IsTrue(infrav1.DomainReadyCondition))
+	}()
 	return r.plan(s).Reconcile(ctx, s, s.IsProvisioned())
 }
 
@@ -181,6 +190,7 @@ func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
 		// The reference check names the condition of the step a refused
 		// reference belongs to.
 		{Service: references.NewMachine(s, r.Tenancy), Setup: true},
+		{Service: identity.New(s)},
 		{Service: address.New(s), Condition: infrav1.AddressReservedCondition, Setup: true},
 		{Service: disk.New(s, r.Images), Condition: infrav1.DiskReadyCondition, Setup: true},
 		{Service: seed.New(s), Condition: infrav1.BootstrapDataReadyCondition, Setup: true},

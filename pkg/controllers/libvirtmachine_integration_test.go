@@ -254,7 +254,7 @@ func testRestarts(h *harness, cluster string) {
 	}
 	info, err := h.host.DomainInfo(h.ctx, domain)
 	must(h.t, err)
-	if info.UUID != scope.DomainUUID(string(lm.UID)) || lm.Spec.ProviderID != infrav1.ProviderIDPrefix+info.UUID {
+	if lm.Spec.ProviderID != infrav1.ProviderIDPrefix+info.UUID {
 		h.t.Errorf("domain UUID %s, providerID %s", info.UUID, lm.Spec.ProviderID)
 	}
 	want := []string{scope.ImageVolumeName(h.imageSum), scope.OverlayVolumeName(domain), scope.SeedVolumeName(domain), scope.ConsoleLogVolumeName(domain)}
@@ -458,9 +458,9 @@ func happyPath(h *harness, name string) {
 	} else {
 		lm = h.waitCondition(name, infrav1.BootstrapSucceededCondition, metav1.ConditionTrue, infrav1.ReadyReason, 10*time.Minute)
 	}
-	uuid := scope.DomainUUID(string(lm.UID))
-	if lm.Spec.ProviderID != "libvirt:///"+uuid {
-		h.t.Errorf("providerID %q, want libvirt:///%s", lm.Spec.ProviderID, uuid)
+	uuid := strings.TrimPrefix(lm.Spec.ProviderID, infrav1.ProviderIDPrefix)
+	if info, err := h.host.DomainInfo(h.ctx, lm.Status.Domain.Name); err != nil || !strings.EqualFold(info.UUID, uuid) {
+		h.t.Errorf("providerID %q, domain %+v (%v)", lm.Spec.ProviderID, info, err)
 	}
 	if !lm.Status.Initialization.IsProvisioned() || !lm.Status.Ready {
 		h.t.Error("not provisioned / ready")

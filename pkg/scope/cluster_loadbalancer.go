@@ -40,7 +40,16 @@ func loadBalancerHostname(cluster string) string {
 type LoadBalancerScope struct {
 	c *ClusterScope
 	vmVolumes
+	// domainFound is set when this reconcile found the VM's domain.
+	domainFound bool
 }
+
+// Annotations of the LibvirtCluster that record its HAProxy VM's identity,
+// chosen once: clusterctl move and restores keep annotations, not status.
+const (
+	LoadBalancerUUIDAnnotation = "libvirt.infrastructure.cluster.x-k8s.io/loadbalancer-uuid"
+	LoadBalancerMACAnnotation  = "libvirt.infrastructure.cluster.x-k8s.io/loadbalancer-mac"
+)
 
 // LoadBalancer returns the scope of the cluster's HAProxy VM.
 func (s *ClusterScope) LoadBalancer() *LoadBalancerScope { return &LoadBalancerScope{c: s} }
@@ -65,8 +74,36 @@ func (s *LoadBalancerScope) DomainName() string {
 	return LoadBalancerDomainName(s.c.Namespace(), s.c.Name())
 }
 
-// DomainUUID is derived from the LibvirtCluster's UID.
-func (s *LoadBalancerScope) DomainUUID() string { return DomainUUID(s.MACSeed()) }
+// DomainUUID is the VM's UUID, chosen once and recorded in an annotation;
+// "" until the identity step chose or adopted it.
+func (s *LoadBalancerScope) DomainUUID() string {
+	return s.c.LibvirtCluster.Annotations[LoadBalancerUUIDAnnotation]
+}
+
+// SetDomainUUID records the VM's UUID (once).
+func (s *LoadBalancerScope) SetDomainUUID(uuid string) {
+	s.annotateOnce(LoadBalancerUUIDAnnotation, strings.ToLower(uuid))
+}
+
+// DomainSeen tells whether the status recorded the VM's state.
+func (s *LoadBalancerScope) DomainSeen() bool {
+	lb := s.c.LibvirtCluster.Status.LoadBalancer
+	return lb != nil && lb.Domain != nil && lb.Domain.State != ""
+}
+
+// SetDomainFound records that the VM's domain exists.
+func (s *LoadBalancerScope) SetDomainFound() { s.domainFound = true }
+
+// annotateOnce sets an annotation of the LibvirtCluster unless it is set.
+func (s *LoadBalancerScope) annotateOnce(key, value string) {
+	lc := s.c.LibvirtCluster
+	if lc.Annotations == nil {
+		lc.Annotations = map[string]string{}
+	}
+	if lc.Annotations[key] == "" {
+		lc.Annotations[key] = value
+	}
+}
 
 // OverlayVolume is the name of the VM's root disk volume.
 func (s *LoadBalancerScope) OverlayVolume() string { return OverlayVolumeName(s.DomainName()) }
@@ -89,9 +126,8 @@ func (s *LoadBalancerScope) Hostname() string {
 // Owner is the LibvirtCluster.
 func (s *LoadBalancerScope) Owner() virt.Owner { return s.c.Owner() }
 
-// MACSeed derives the VM's MACs and UUID from the LibvirtCluster's UID,
-// marked so they differ from anything derived from that UID for a machine.
-func (s *LoadBalancerScope) MACSeed() string { return "loadbalancer/" + string(s.c.LibvirtCluster.UID) }
+// MACSeed is what the VM's candidate MACs derive from: its UUID.
+func (s *LoadBalancerScope) MACSeed() string { return s.DomainUUID() }
 
 // Pool is the cluster's pool (see ClusterScope.Pool).
 func (s *LoadBalancerScope) Pool() virt.PoolSpec { return s.c.Pool() }
@@ -142,14 +178,19 @@ func (s *LoadBalancerScope) domainStatus() *infrav1.DomainStatus {
 
 // MAC is the NIC's MAC once chosen, else "".
 func (s *LoadBalancerScope) MAC() string {
-	if lb := s.c.LibvirtCluster.Status.LoadBalancer; lb != nil && lb.Domain != nil {
+	if lb := s.c.LibvirtCluster.Status.LoadBalancer; lb != nil && lb.Domain != nil && lb.Domain.MAC != "" {
 		return lb.Domain.MAC
 	}
-	return ""
+	return s.c.LibvirtCluster.Annotations[LoadBalancerMACAnnotation]
 }
 
-// SetMAC records the chosen MAC in status.loadBalancer.domain.
-func (s *LoadBalancerScope) SetMAC(mac string) { s.domainStatus().MAC = strings.ToLower(mac) }
+// SetMAC records the chosen MAC in status.loadBalancer.domain and (once)
+// in its annotation.
+func (s *LoadBalancerScope) SetMAC(mac string) {
+	mac = strings.ToLower(mac)
+	s.domainStatus().MAC = mac
+	s.annotateOnce(LoadBalancerMACAnnotation, mac)
+}
 
 // RecordPlacement records the pool of the VM's volumes (once), so that
 // deletion finds them after spec.storagePool changed. The network is
@@ -182,7 +223,7 @@ func (s *LoadBalancerScope) IsProvisioned() bool { return false }
 // was seen (its state recorded), it had booted from a complete seed.
 func (s *LoadBalancerScope) SeedUploaded() bool {
 	lb := s.c.LibvirtCluster.Status.LoadBalancer
-	return lb != nil && lb.Domain != nil && lb.Domain.State != ""
+	return s.domainFound || lb != nil && lb.Domain != nil && lb.Domain.State != ""
 }
 
 // Event records an event on the LibvirtCluster.

@@ -29,6 +29,10 @@ const (
 	PoolAnnotation = "libvirt.infrastructure.cluster.x-k8s.io/pool"
 	// NetworkAnnotation is "network:<name>" or "bridge:<bridge>".
 	NetworkAnnotation = "libvirt.infrastructure.cluster.x-k8s.io/network"
+	// MACAnnotation is the NIC's MAC, chosen once: with the network's
+	// reservation for it, it is the machine's address across a
+	// clusterctl move or a restore, which keep annotations but no status.
+	MACAnnotation = "libvirt.infrastructure.cluster.x-k8s.io/mac"
 )
 
 // Terminal failure reasons, as Cluster API's MachineStatusError names them.
@@ -78,6 +82,8 @@ type MachineScope struct {
 
 	objectScope
 	vmVolumes
+	// domainFound is set when this reconcile found the machine's domain.
+	domainFound bool
 }
 
 // NewMachineScope builds the scope and snapshots the LibvirtMachine for
@@ -114,11 +120,33 @@ func (s *MachineScope) SeedVolume() string { return SeedVolumeName(s.DomainName(
 // ConsoleLogVolume is the name of the machine's console log volume.
 func (s *MachineScope) ConsoleLogVolume() string { return ConsoleLogVolumeName(s.DomainName()) }
 
-// DomainUUID is the provider-chosen UUID of the domain.
-func (s *MachineScope) DomainUUID() string { return DomainUUID(string(s.LibvirtMachine.UID)) }
+// DomainUUID is the domain's UUID, chosen once and kept in spec.providerID
+// (which clusterctl move and restores carry): "" until the identity step
+// chose or adopted it.
+func (s *MachineScope) DomainUUID() string {
+	return strings.TrimPrefix(s.LibvirtMachine.Spec.ProviderID, infrav1.ProviderIDPrefix)
+}
 
-// ProviderID is what spec.providerID is (or will be) set to.
-func (s *MachineScope) ProviderID() string { return infrav1.ProviderIDPrefix + s.DomainUUID() }
+// SetDomainUUID records the domain's UUID in spec.providerID, which is
+// immutable once set.
+func (s *MachineScope) SetDomainUUID(uuid string) {
+	if s.LibvirtMachine.Spec.ProviderID == "" {
+		s.LibvirtMachine.Spec.ProviderID = infrav1.ProviderIDPrefix + strings.ToLower(uuid)
+	}
+}
+
+// MACSeed is what the NIC's candidate MACs derive from: the domain's UUID.
+func (s *MachineScope) MACSeed() string { return s.DomainUUID() }
+
+// DomainSeen tells whether the status recorded the domain's state.
+func (s *MachineScope) DomainSeen() bool {
+	d := s.LibvirtMachine.Status.Domain
+	return d != nil && d.State != ""
+}
+
+// SetDomainFound records that the machine's domain exists: the volumes it
+// was defined on are complete, whatever the status says.
+func (s *MachineScope) SetDomainFound() { s.domainFound = true }
 
 // Hostname is the guest's hostname and so its Node name: the Machine's name.
 func (s *MachineScope) Hostname() string {
@@ -270,12 +298,13 @@ func (s *MachineScope) DiskSizeBytes() uint64 {
 	return uint64(gib) << 30
 }
 
-// MAC is the NIC's MAC once chosen (status.domain.mac), else "".
+// MAC is the NIC's MAC once chosen (status.domain.mac, else the
+// annotation it was recorded in), else "".
 func (s *MachineScope) MAC() string {
-	if d := s.LibvirtMachine.Status.Domain; d != nil {
+	if d := s.LibvirtMachine.Status.Domain; d != nil && d.MAC != "" {
 		return d.MAC
 	}
-	return ""
+	return s.LibvirtMachine.Annotations[MACAnnotation]
 }
 
 // domainStatus returns status.domain, creating it with the derived
@@ -291,14 +320,24 @@ func (s *MachineScope) domainStatus() *infrav1.DomainStatus {
 	return st.Domain
 }
 
-// SetMAC records the chosen MAC in status.domain.
-func (s *MachineScope) SetMAC(mac string) { s.domainStatus().MAC = strings.ToLower(mac) }
+// SetMAC records the chosen MAC in status.domain and in its annotation.
+func (s *MachineScope) SetMAC(mac string) {
+	mac = strings.ToLower(mac)
+	s.domainStatus().MAC = mac
+	if s.LibvirtMachine.Annotations == nil {
+		s.LibvirtMachine.Annotations = map[string]string{}
+	}
+	if s.LibvirtMachine.Annotations[MACAnnotation] == "" {
+		s.LibvirtMachine.Annotations[MACAnnotation] = mac
+	}
+}
 
 // SetDomainState records libvirt's state of the domain.
 func (s *MachineScope) SetDomainState(state string) { s.domainStatus().State = state }
 
-// SetProviderID sets spec.providerID (immutable once set).
-func (s *MachineScope) SetProviderID() { s.LibvirtMachine.Spec.ProviderID = s.ProviderID() }
+// SetProviderID does nothing for a machine: the identity step set
+// spec.providerID when it chose the UUID.
+func (s *MachineScope) SetProviderID() {}
 
 // SetAddresses replaces status.addresses: the InternalIPs, then the Hostname.
 func (s *MachineScope) SetAddresses(ips []string) {
@@ -314,8 +353,12 @@ func (s *MachineScope) SetAddresses(ips []string) {
 func (s *MachineScope) SetFailureDomain(fd string) { s.LibvirtMachine.Status.FailureDomain = fd }
 
 // SeedUploaded tells whether an upload of the seed completed:
-// BootstrapDataReady is True, which the seed step's success sets.
-func (s *MachineScope) SeedUploaded() bool { return s.IsTrue(infrav1.BootstrapDataReadyCondition) }
+// BootstrapDataReady is True, which the seed step's success sets, or the
+// domain exists, which is defined only on a complete seed (a moved or
+// restored machine has no status).
+func (s *MachineScope) SeedUploaded() bool {
+	return s.domainFound || s.IsTrue(infrav1.BootstrapDataReadyCondition)
+}
 
 // Spec is the machine's spec.
 func (s *MachineScope) Spec() *infrav1.LibvirtMachineSpec { return &s.LibvirtMachine.Spec }

@@ -7,15 +7,14 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/google/uuid"
-
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // Every name the provider gives a machine's libvirt objects is derived here,
-// from the LibvirtMachine's namespace, name and UID alone, so that deletion
-// finds them even when the Machine, Cluster or LibvirtCluster are gone.
+// from the LibvirtMachine's namespace and name alone, so that deletion
+// finds them even when the Machine, Cluster or LibvirtCluster are gone,
+// and a moved or restored object (another UID) finds them again.
 
 const (
 	// maxPlainDomainName bounds names built without a hash. A longer one is
@@ -35,10 +34,6 @@ const (
 	// never share a name with a machine's volume.
 	imagePrefix = virt.NamePrefix + "image-sha256-"
 )
-
-// domainUUIDSpace is the UUIDv5 namespace of domain UUIDs; the name is the
-// LibvirtMachine's UID.
-var domainUUIDSpace = uuid.MustParse("6b3c5f0e-2a9d-4c1e-9f3b-8d0a7e51c2a4")
 
 // DomainName is the libvirt domain of the LibvirtMachine namespace/name:
 // "capl-<namespace>.<name>". Kubernetes namespaces cannot contain '.', so
@@ -121,22 +116,17 @@ func NameNamespace(name string) (namespace string, ok bool) {
 	return namespace, true
 }
 
-// DomainUUID is the domain UUID of the LibvirtMachine with this UID: a
-// UUIDv5, so a controller that crashes between defining the domain and
-// recording it chooses the same UUID again and finds its own domain.
-func DomainUUID(uid string) string {
-	return uuid.NewSHA1(domainUUIDSpace, []byte(uid)).String()
-}
-
-// MACCandidates are the MACs a machine with this UID may use, in order of
-// preference: the first is netalloc.MACFromSeed(uid); the others are only
-// tried when another host entry on the network already uses an earlier one.
-func MACCandidates(uid string, n int) []net.HardwareAddr {
+// MACCandidates are the MACs a VM whose domain UUID is domainUUID may
+// use, in order of preference: the first is netalloc.MACFromSeed of it;
+// the others are only tried when another host entry on the network
+// already uses an earlier one. The one chosen is recorded (status and an
+// annotation), never derived again.
+func MACCandidates(domainUUID string, n int) []net.HardwareAddr {
 	out := make([]net.HardwareAddr, 0, n)
 	for i := range n {
-		seed := uid
+		seed := domainUUID
 		if i > 0 {
-			seed = uid + "/" + strconv.Itoa(i)
+			seed = domainUUID + "/" + strconv.Itoa(i)
 		}
 		out = append(out, netalloc.MACFromSeed(seed))
 	}

@@ -4,8 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/uuid"
-
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 )
 
@@ -70,20 +68,6 @@ func TestVolumeNamesAreDisjoint(t *testing.T) {
 	}
 	if strings.Contains(ImageVolumeName(strings.Repeat("ab", 32)), ".") {
 		t.Error("image volume names must not contain '.', which every machine volume has")
-	}
-}
-
-func TestDomainUUID(t *testing.T) {
-	a := DomainUUID("8a2e5a48-7f1c-4a1f-9a3b-0c1d2e3f4a5b")
-	if a != DomainUUID("8a2e5a48-7f1c-4a1f-9a3b-0c1d2e3f4a5b") {
-		t.Error("DomainUUID is not deterministic")
-	}
-	if a == DomainUUID("8a2e5a48-7f1c-4a1f-9a3b-0c1d2e3f4a5c") {
-		t.Error("different UIDs give the same UUID")
-	}
-	u, err := uuid.Parse(a)
-	if err != nil || u.Version() != 5 || a != strings.ToLower(a) {
-		t.Errorf("DomainUUID = %q (%v), want a lower-case UUIDv5", a, err)
 	}
 }
 

@@ -40,9 +40,6 @@ func (v *vmVolumes) Seed() (virt.VolumeInfo, bool) {
 // LibvirtHost is the machine's libvirt host.
 func (s *MachineScope) LibvirtHost() virt.Host { return s.Host }
 
-// MACSeed is the LibvirtMachine's UID.
-func (s *MachineScope) MACSeed() string { return string(s.LibvirtMachine.UID) }
-
 // Image is the machine's base image.
 func (s *MachineScope) Image() infrav1.ImageSource { return s.LibvirtMachine.Spec.Image }
 

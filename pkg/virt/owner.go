@@ -23,6 +23,12 @@ const (
 	TestNamePrefix = "capltest-"
 )
 
+// IsObject tells whether o names the same Kubernetes object as other:
+// kind, namespace and name, which survive a move; the UID does not.
+func (o *Owner) IsObject(other Owner) bool {
+	return o != nil && o.Kind == other.Kind && o.Namespace == other.Namespace && o.Name == other.Name
+}
+
 // Owner identifies the Kubernetes object that owns a libvirt object.
 type Owner struct {
 	// Kind of the owning object, e.g. LibvirtMachine or LibvirtCluster.
@@ -31,8 +37,9 @@ type Owner struct {
 	Namespace string
 	// Name of the owning object.
 	Name string
-	// UID of the owning object; it tells a recreated object with the same
-	// name apart from the original.
+	// UID of the owning object when the libvirt object was made; a
+	// clusterctl move or a restore gives the object another, so it is a
+	// record, never a key (IsObject does not compare it).
 	UID string
 	// Cluster is the name of the CAPI Cluster the object belongs to.
 	Cluster string

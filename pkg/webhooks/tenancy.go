@@ -137,12 +137,14 @@ func (r references) annotations(namespace string, annotations map[string]string,
 }
 
 // placementUnchanged refuses an update that changes or removes a placement
-// annotation the provider recorded: deletion looks for the object's
-// volumes and network where they say, so an edit before a delete would
-// leave the root disk and the seed with its bootstrap data behind.
+// or identity annotation the provider recorded: deletion looks for the
+// object's volumes, network and reservation where they say, so an edit
+// before a delete would leave the root disk, the seed with its bootstrap
+// data or a DHCP entry behind.
 func placementUnchanged(oldA, newA map[string]string) field.ErrorList {
 	var errs field.ErrorList
-	for _, key := range []string{scope.PoolAnnotation, scope.NetworkAnnotation} {
+	for _, key := range []string{scope.PoolAnnotation, scope.NetworkAnnotation, scope.MACAnnotation,
+		scope.LoadBalancerUUIDAnnotation, scope.LoadBalancerMACAnnotation} {
 		if old := oldA[key]; old != "" && newA[key] != old {
 			errs = append(errs, field.Forbidden(annotationsPath.Key(key),
 				fmt.Sprintf("is the placement the provider recorded (%q) and cannot change: deletion finds the object's volumes and network by it", old)))

@@ -29,7 +29,8 @@ type Scope interface {
 	LibvirtHost() virt.Host
 	// Network is the VM's network; zero until known.
 	Network() scope.NetworkRef
-	// MACSeed is what the VM's candidate MACs derive from.
+	// MACSeed is what the VM's candidate MACs derive from: its domain
+	// UUID, which the identity step chose.
 	MACSeed() string
 	// MAC is the NIC's MAC once chosen; SetMAC and RecordPlacement
 	// record it and where the VM's objects go, and PatchObject persists
@@ -98,8 +99,8 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	}
 }
 
-// ensureMAC chooses the NIC's MAC once: the first of the UID-derived
-// candidates that no other host entry of the network uses. It is patched
+// ensureMAC chooses the NIC's MAC once: the first of the candidates derived
+// from the domain's UUID that no other host entry of the network uses. It is patched
 // onto the object, together with the pool and network, before the
 // reservation is made, so a crash never leaves an entry we cannot name.
 func (svc *Service) ensureMAC(ctx context.Context, network scope.NetworkRef) error {
@@ -119,6 +120,9 @@ func (svc *Service) ensureMAC(ctx context.Context, network scope.NetworkRef) err
 		case err != nil:
 			return services.Fail(infrav1.LibvirtErrorReason, err, "Listing reservations: %v", err)
 		}
+	}
+	if s.MACSeed() == "" {
+		return fmt.Errorf("choosing a MAC: the VM has no domain UUID yet (the identity step runs first)")
 	}
 	mac := ""
 	for _, c := range scope.MACCandidates(s.MACSeed(), macCandidates) {

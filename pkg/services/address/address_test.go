@@ -20,7 +20,8 @@ import (
 func TestAddressPersistsMACBeforeReserving(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	s := f.Scope()
-	first := scope.MACCandidates(string(f.LM.UID), 2)
+	s.SetDomainUUID("0b9d6c86-1111-4e2e-9c55-3b6f1b0d7a11")
+	first := scope.MACCandidates(s.DomainUUID(), 2)
 	// Someone else's entry holds the first candidate.
 	f.Host.Entries["net"] = []virt.Reservation{{MAC: strings.ToUpper(first[0].String()), IP: netip.MustParseAddr("192.168.100.2")}}
 	f.Host.OnCall = func(method string) {

@@ -248,7 +248,7 @@ func (svc *Service) Delete(ctx context.Context) error {
 		return svc.deleteConsoleLog(ctx)
 	case err != nil:
 		return fmt.Errorf("reading domain %s: %w", s.DomainName(), err)
-	case !strings.EqualFold(info.UUID, s.DomainUUID()):
+	case !svc.owns(info):
 		s.Event("Warning", "DomainNotOwned", fmt.Sprintf("Domain %s has UUID %s, not %s: leaving it alone", s.DomainName(), info.UUID, s.DomainUUID()))
 		return nil
 	}
@@ -259,6 +259,17 @@ func (svc *Service) Delete(ctx context.Context) error {
 		return fmt.Errorf("deleting domain %s: %w", s.DomainName(), err)
 	}
 	return svc.deleteConsoleLog(ctx)
+}
+
+// owns tells whether the domain found under the VM's name is the VM's: its
+// UUID is the one chosen, or, for a VM deleted before it chose one, its
+// ownership metadata names the VM.
+func (svc *Service) owns(info virt.DomainInfo) bool {
+	s := svc.scope
+	if id := s.DomainUUID(); id != "" {
+		return strings.EqualFold(info.UUID, id)
+	}
+	return info.Owner.IsObject(s.Owner())
 }
 
 func (svc *Service) deleteConsoleLog(ctx context.Context) error {

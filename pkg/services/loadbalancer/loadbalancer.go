@@ -18,6 +18,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/address"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/disk"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/identity"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -84,6 +85,7 @@ func (svc *Service) plan(haproxy bool) services.Plan {
 		}
 	}
 	return services.Plan{
+		{Service: haproxyVM{identity.New(svc.vm), svc.vm}, Condition: ready},
 		{Service: endpoint{svc}, Condition: ready, Setup: true},
 		{Service: haproxyVM{disk.New(svc.vm, svc.images), svc.vm}, Condition: ready, Setup: true},
 		{Service: haproxyVM{seed.NewWithUserData(svc.vm, []byte(userData)), svc.vm}, Condition: ready, Setup: true},
