@@ -207,11 +207,13 @@ func testRestarts(h *harness, cluster string) {
 			}
 		},
 		"EnsureDomain": func(lm *infrav1.LibvirtMachine) {
-			if _, err := h.host.DomainInfo(h.ctx, domain); err != nil {
+			// The UUID was recorded before anything was made: the domain
+			// a crash leaves behind is the machine's, found by it.
+			info, err := h.host.DomainInfo(h.ctx, domain)
+			if err != nil {
 				h.t.Error(err)
-			}
-			if lm.Spec.ProviderID != "" {
-				h.t.Error("providerID recorded although the manager crashed right after defining")
+			} else if lm.Spec.ProviderID != infrav1.ProviderIDPrefix+info.UUID {
+				h.t.Errorf("providerID %q recorded before defining, the domain has UUID %s", lm.Spec.ProviderID, info.UUID)
 			}
 		},
 		"StartDomain": func(*infrav1.LibvirtMachine) {
