@@ -85,6 +85,11 @@ func (s *LoadBalancerScope) SetDomainUUID(uuid string) {
 	s.annotateOnce(LoadBalancerUUIDAnnotation, strings.ToLower(uuid))
 }
 
+// ForgetSeed does nothing: the VM's seed is rebuilt whenever its domain is
+// not known to have booted from it (SeedUploaded), and its instance-id
+// names no Machine.
+func (s *LoadBalancerScope) ForgetSeed() {}
+
 // DomainSeen tells whether the status recorded the VM's state.
 func (s *LoadBalancerScope) DomainSeen() bool {
 	lb := s.c.LibvirtCluster.Status.LoadBalancer

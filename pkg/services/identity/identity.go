@@ -35,6 +35,9 @@ type Scope interface {
 	// domain's state (it did not after a move or a restore).
 	SetDomainFound()
 	DomainSeen() bool
+	// ForgetSeed says a seed made before the UUID was chosen is stale: it
+	// carries another instance-id.
+	ForgetSeed()
 }
 
 // Service chooses or adopts the identity; it reports no condition.
@@ -63,6 +66,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	case virt.IsNotFound(err):
 		if s.DomainUUID() == "" {
 			s.SetDomainUUID(uuid.NewString())
+			s.ForgetSeed()
 		}
 		return services.Result{}, nil
 	case err != nil:
@@ -72,6 +76,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		// keeps it apart.
 		if s.DomainUUID() == "" {
 			s.SetDomainUUID(uuid.NewString())
+			s.ForgetSeed()
 		}
 		return services.Result{}, nil
 	}

@@ -28,13 +28,16 @@ func TestIdentity(t *testing.T) {
 		providerID string
 		mac        string
 		seen       bool
-		domain     *virt.DomainInfo
-		wantUUID   string // "" for a new random one
-		wantMAC    string
-		wantFound  bool
-		wantCalls  int
+		// seedUploaded: BootstrapDataReady was True before the identity step.
+		seedUploaded bool
+		domain       *virt.DomainInfo
+		wantUUID     string // "" for a new random one
+		wantMAC      string
+		wantFound    bool
+		wantCalls    int
 	}{
 		{name: "new machine", wantCalls: 1},
+		{name: "a seed uploaded before the UUID was chosen is written again", seedUploaded: true, wantCalls: 1},
 		{name: "moved: new UID, no status, providerID kept", providerID: oldUUID,
 			domain:   &virt.DomainInfo{UUID: oldUUID, MAC: oldMAC, Owner: ours("old-uid")},
 			wantUUID: oldUUID, wantMAC: oldMAC, wantFound: true, wantCalls: 1},
@@ -64,6 +67,9 @@ func TestIdentity(t *testing.T) {
 				f.LM.Status.Domain = &infrav1.DomainStatus{State: "running", MAC: tc.mac}
 			}
 			s := f.Scope()
+			if tc.seedUploaded {
+				s.MarkTrue(infrav1.BootstrapDataReadyCondition, infrav1.ReadyReason, "")
+			}
 			if tc.domain != nil {
 				f.Host.Domains[s.DomainName()] = *tc.domain
 			}
