@@ -82,7 +82,7 @@ func (s *LoadBalancerScope) DomainUUID() string {
 
 // SetDomainUUID records the VM's UUID (once).
 func (s *LoadBalancerScope) SetDomainUUID(uuid string) {
-	s.annotateOnce(LoadBalancerUUIDAnnotation, strings.ToLower(uuid))
+	annotateOnce(s.c.LibvirtCluster, LoadBalancerUUIDAnnotation, strings.ToLower(uuid))
 }
 
 // ForgetSeed does nothing: the VM's seed is rebuilt whenever its domain is
@@ -98,17 +98,6 @@ func (s *LoadBalancerScope) DomainSeen() bool {
 
 // SetDomainFound records that the VM's domain exists.
 func (s *LoadBalancerScope) SetDomainFound() { s.domainFound = true }
-
-// annotateOnce sets an annotation of the LibvirtCluster unless it is set.
-func (s *LoadBalancerScope) annotateOnce(key, value string) {
-	lc := s.c.LibvirtCluster
-	if lc.Annotations == nil {
-		lc.Annotations = map[string]string{}
-	}
-	if lc.Annotations[key] == "" {
-		lc.Annotations[key] = value
-	}
-}
 
 // OverlayVolume is the name of the VM's root disk volume.
 func (s *LoadBalancerScope) OverlayVolume() string { return OverlayVolumeName(s.DomainName()) }
@@ -194,7 +183,7 @@ func (s *LoadBalancerScope) MAC() string {
 func (s *LoadBalancerScope) SetMAC(mac string) {
 	mac = strings.ToLower(mac)
 	s.domainStatus().MAC = mac
-	s.annotateOnce(LoadBalancerMACAnnotation, mac)
+	annotateOnce(s.c.LibvirtCluster, LoadBalancerMACAnnotation, mac)
 }
 
 // RecordPlacement records the pool of the VM's volumes (once), so that

@@ -331,12 +331,21 @@ func (s *MachineScope) domainStatus() *infrav1.DomainStatus {
 func (s *MachineScope) SetMAC(mac string) {
 	mac = strings.ToLower(mac)
 	s.domainStatus().MAC = mac
-	if s.LibvirtMachine.Annotations == nil {
-		s.LibvirtMachine.Annotations = map[string]string{}
+	annotateOnce(s.LibvirtMachine, MACAnnotation, mac)
+}
+
+// annotateOnce sets an annotation of obj unless it is set: what it records
+// was chosen once.
+func annotateOnce(obj metav1.Object, key, value string) {
+	a := obj.GetAnnotations()
+	if a[key] != "" {
+		return
 	}
-	if s.LibvirtMachine.Annotations[MACAnnotation] == "" {
-		s.LibvirtMachine.Annotations[MACAnnotation] = mac
+	if a == nil {
+		a = map[string]string{}
 	}
+	a[key] = value
+	obj.SetAnnotations(a)
 }
 
 // SetDomainState records libvirt's state of the domain.

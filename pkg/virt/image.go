@@ -141,15 +141,20 @@ func importInto(ctx context.Context, conn *libvirt.Connect, p *libvirt.StoragePo
 }
 
 func createMarker(p *libvirt.StoragePool, name string) error {
-	doc, err := rawVolumeXML(name, 0, secretMode).Marshal()
-	if err != nil {
-		return err
-	}
-	vol, err := p.StorageVolCreateXML(doc, 0)
+	vol, err := createEmptyVolume(p, name)
 	if err != nil {
 		return fmt.Errorf("creating import marker %s: %w", name, err)
 	}
 	return vol.Free()
+}
+
+// createEmptyVolume creates an empty raw volume, mode 0600.
+func createEmptyVolume(p *libvirt.StoragePool, name string) (*libvirt.StorageVol, error) {
+	doc, err := rawVolumeXML(name, 0, secretMode).Marshal()
+	if err != nil {
+		return nil, err
+	}
+	return p.StorageVolCreateXML(doc, 0)
 }
 
 // uploadImage creates the raw image volume and streams the source into it,

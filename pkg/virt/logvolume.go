@@ -28,11 +28,7 @@ func (c *Client) EnsureLogVolume(ctx context.Context, pool, name string) (Volume
 			if !IsNotFound(err) {
 				return err
 			}
-			doc, err := rawVolumeXML(name, 0, secretMode).Marshal()
-			if err != nil {
-				return err
-			}
-			vol, err := p.StorageVolCreateXML(doc, 0)
+			vol, err := createEmptyVolume(p, name)
 			if err != nil {
 				return wrapNoSpace(pool, fmt.Errorf("creating log volume %s/%s: %w", pool, name, err))
 			}

@@ -173,9 +173,10 @@ func (c *Cluster) Reconcile(context.Context) (services.Result, error) {
 					"spec.loadBalancer.image.volume.%s %q %v", f, volumeField(*v, f), ierr))
 			}
 		}
-		if u := s.LoadBalancer().Image().URL; p.CheckImageURL(u) != nil {
+		u := s.LoadBalancer().Image().URL
+		if uerr := p.CheckImageURL(u); uerr != nil {
 			refusals = append(refusals, refused("load balancer image", infrav1.LoadBalancerReadyCondition, infrav1.ImageNotAllowedReason,
-				"spec.loadBalancer.image.url %q %v", virt.RedactURL(u), p.CheckImageURL(u)))
+				"spec.loadBalancer.image.url %q %v", virt.RedactURL(u), uerr))
 		}
 	}
 	return services.Result{}, errors.Join(refusals...)
