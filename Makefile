@@ -86,13 +86,17 @@ E2E_ARGS ?=
 E2E_TIMEOUT ?= 75m
 
 .PHONY: test-e2e
-test-e2e: envtest images node-image build ## End-to-end on real VMs: the stand-in cluster (contract, endpoint, guests, bad input, manager kills, a libvirtd restart, deletion while creating, leak checks); report in $(ARTIFACTS).
+test-e2e: envtest images node-image build clusterctl ## End-to-end on real VMs: the stand-in cluster (contract, endpoint, guests, bad input, manager kills, a libvirtd restart, deletion while creating, leak checks); report in $(ARTIFACTS).
 	$(TEST_ENV) CAPL_E2E_ARTIFACTS=$(ARTIFACTS) CAPL_E2E_BIN=$(BIN) \
 		go test -tags e2e -count=1 -timeout=$(E2E_TIMEOUT) -v ./e2e/ -args $(E2E_ARGS)
 
 .PHONY: test-e2e-kubeadm
 test-e2e-kubeadm: ## The same checks and faults on a kubeadm cluster from the template, plus nodes Ready, a Service across nodes, scaling and MHC remediation (outside CI: longer than CI allows under TCG on 2 cores).
 	$(MAKE) test-e2e E2E_TIMEOUT=150m E2E_ARGS="-e2e.stand-in=false $(E2E_ARGS)"
+
+.PHONY: test-e2e-move
+test-e2e-move: ## Bootstrap and pivot on real VMs: a kubeadm cluster moved by the real clusterctl to a second plane (nothing in libvirt changes), the first plane's down leaves it alone, workers scaled from the second, a host power cut; outside CI like test-e2e-kubeadm.
+	$(MAKE) test-e2e E2E_TIMEOUT=120m E2E_ARGS="-e2e.move $(E2E_ARGS)"
 
 .PHONY: test-soak
 test-soak: envtest images ## Outside CI: the integration tests that boot guests the e2e covers (CAPL_TEST_SOAK=1), then the stand-in cluster 3 + 2 with worker scaling and 10 manager-kill rounds.

@@ -52,9 +52,12 @@ func standInWorkers() int32 {
 // takes longer than CI allows.
 func TestE2E(t *testing.T) {
 	s := newSuite(t)
-	if *standIn {
+	switch {
+	case *moveFlag:
+		s.moveScenario(t)
+	case *standIn:
 		s.standInScenario(t)
-	} else {
+	default:
 		s.kubeadmScenario(t)
 	}
 	// Nothing of the run outlives it.
@@ -67,7 +70,7 @@ func TestE2E(t *testing.T) {
 func (s *suite) kubeadmScenario(t *testing.T) {
 	// 1. The cluster `make up` creates, with bad input exercised while the
 	// control plane's VM boots (the bad machines never start a guest).
-	s.createKubeadm(t)
+	s.createKubeadm(t, 1)
 	t.Run("bad input", s.badInput)
 	t.Run("kubeadm nodes ready", s.kubeadmReady)
 	if !s.k8s.ready {

@@ -52,14 +52,15 @@ type kubeadmState struct {
 }
 
 // createKubeadm renders the template and the CNI's ClusterResourceSet as
-// `make up` does and applies them.
-func (s *suite) createKubeadm(t *testing.T) {
+// `make up` does, with one control-plane machine and workers, and applies
+// them.
+func (s *suite) createKubeadm(t *testing.T, workers int32) {
 	nodeImage := testlibvirt.NodeImage(t)
 	version := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(nodeImage), "capl-node-"), ".qcow2")
 	root, err := filepath.Abs("..")
 	must(t, err)
 	s.k8s.opts = devplane.ClusterOptions{
-		Namespace: namespace, Name: kubeadmName, ControlPlane: 1, Workers: 1,
+		Namespace: namespace, Name: kubeadmName, ControlPlane: 1, Workers: workers,
 		KubernetesVersion: version,
 		Template:          filepath.Join(root, "templates", "cluster-template.yaml"),
 		CNI:               filepath.Join(root, "templates", "cni-flannel.yaml"),
@@ -152,7 +153,7 @@ func (s *suite) kubeadmReady(t *testing.T) {
 		must(t, devplane.ScaleWorkers(s.ctx, s.c, k.opts, k.opts.Workers))
 	}
 	s.waitNodes(t, kubeadmReadyTimeout)
-	s.rep.phaseSince("kubeadm: apply → all nodes Ready (1 control plane + 1 worker)", k.applied)()
+	s.rep.phaseSince(fmt.Sprintf("kubeadm: apply → all nodes Ready (1 control plane + %d workers)", k.opts.Workers), k.applied)()
 	k.ready = true
 	s.checkKubeadmMachines(t)
 }

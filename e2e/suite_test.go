@@ -35,6 +35,7 @@ var (
 	killRounds = flag.Int("e2e.kill-rounds", 3, "rounds of killing the manager during a machine's creation and deletion")
 	standIn    = flag.Bool("e2e.stand-in", true, "run the checks and faults against the stand-in cluster of devplane.Demo (CI: `make test-e2e`); false runs them against a kubeadm cluster from the template (`make test-e2e-kubeadm`)")
 	soak       = flag.Bool("e2e.soak", false, "size the stand-in cluster 3 + 2 and add worker scaling with batch figures (`make test-soak`)")
+	moveFlag   = flag.Bool("e2e.move", false, "bootstrap and pivot instead: a kubeadm cluster moved by the real clusterctl to a second plane, the first plane taken down, workers scaled from the second, a host power cut (`make test-e2e-move`)")
 	seedFlag   = flag.Uint64("e2e.seed", 0, "seed of the random fault timings; 0 picks one from the clock (the log prints it)")
 )
 
@@ -90,6 +91,7 @@ type suite struct {
 	demo      demoObjects
 	k8s       kubeadmState
 	bootStart time.Time
+	move      moveState
 	rec       *recorder
 	rep       *report
 
@@ -157,6 +159,7 @@ func newSuite(t *testing.T) *suite {
 	// written last, covers the teardown. It runs even when the test fails
 	// half way.
 	t.Cleanup(inOrder(
+		s.firstPlaneDown,
 		func() {
 			if !s.isDown() {
 				s.down(false)
@@ -203,15 +206,7 @@ func newSuite(t *testing.T) *suite {
 	stop := s.rep.phase("start management plane")
 	startCtx, startCancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer startCancel()
-	s.plane, err = devplane.Start(startCtx, devplane.Options{
-		StateDir:      s.state,
-		LibvirtURI:    s.uri,
-		ManagerBinary: filepath.Join(s.bin, "manager"),
-		ImageDir:      filepath.Dir(s.image),
-		// The bad-input image servers listen on 127.0.0.1; 127.0.0.2
-		// stands for the addresses the operator denies.
-		ManagerArgs: []string{"--image-url-deny-cidrs=" + e2eDeniedCIDR + ",169.254.0.0/16,fe80::/10"},
-	}, filepath.Join(s.bin, "capl-dev"))
+	s.plane, err = devplane.Start(startCtx, s.planeOptions(s.state), filepath.Join(s.bin, "capl-dev"))
 	stop()
 	if err != nil {
 		t.Fatalf("starting the management plane: %v", err)
@@ -222,6 +217,19 @@ func newSuite(t *testing.T) *suite {
 	s.rec = startRecorder(s)
 	startRSSSampler(s)
 	return s
+}
+
+// planeOptions are the options of the run's planes.
+func (s *suite) planeOptions(state string) devplane.Options {
+	return devplane.Options{
+		StateDir:      state,
+		LibvirtURI:    s.uri,
+		ManagerBinary: filepath.Join(s.bin, "manager"),
+		ImageDir:      filepath.Dir(s.image),
+		// The bad-input image servers listen on 127.0.0.1; 127.0.0.2
+		// stands for the addresses the operator denies.
+		ManagerArgs: []string{"--image-url-deny-cidrs=" + e2eDeniedCIDR + ",169.254.0.0/16,fe80::/10"},
+	}
 }
 
 // inOrder returns a function that calls steps in the order given.
@@ -272,7 +280,7 @@ func (s *suite) down(strict bool) {
 			t.Log(msg)
 		}
 	}
-	s.saveLogs()
+	s.saveLogs(s.state, "e2e-")
 	stop := s.rep.phase("devplane down")
 	rep, err := devplane.Down(ctx, devplane.Options{StateDir: s.state, LibvirtURI: s.uri, ManagerBinary: filepath.Join(s.bin, "manager")})
 	stop()
@@ -366,14 +374,15 @@ func items(list client.ObjectList) []client.Object {
 	return out
 }
 
-// saveLogs copies the plane's logs into the artifacts directory.
-func (s *suite) saveLogs() {
+// saveLogs copies the logs of the plane in state into the artifacts
+// directory, their names prefixed.
+func (s *suite) saveLogs(state, prefix string) {
 	for _, name := range []string{"manager.log", "serve.log"} {
-		src, err := os.Open(filepath.Join(s.state, name))
+		src, err := os.Open(filepath.Join(state, name))
 		if err != nil {
 			continue
 		}
-		dst, err := os.Create(filepath.Join(s.arts, "e2e-"+name))
+		dst, err := os.Create(filepath.Join(s.arts, prefix+name))
 		if err == nil {
 			_, _ = io.Copy(dst, src)
 			_ = dst.Close()

@@ -142,7 +142,9 @@ func clusterImage(dir, file string) (ClusterImage, error) {
 // SeedImages imports the images of ImageVolumes into the cluster's storage
 // pool, creating the pool. The template names its images as volumes, as
 // image-builder users have them; this is how the one-host plane gets its
-// files there. An image already imported is not copied again.
+// files there. An image already imported is not copied again. Only files
+// of o.ImageDir are read (the import's source policy), the directory the
+// caller builds its images into.
 func SeedImages(ctx context.Context, host virt.Host, o ClusterOptions) (ClusterImages, error) {
 	poolName, poolPath := o.pool()
 	if err := host.EnsurePool(ctx, virt.PoolSpec{Name: poolName, Path: poolPath}); err != nil {
@@ -153,7 +155,8 @@ func SeedImages(ctx context.Context, host virt.Host, o ClusterOptions) (ClusterI
 		return ClusterImages{}, err
 	}
 	for _, img := range []ClusterImage{imgs.Node, imgs.LoadBalancer} {
-		if _, err := host.ImportImage(ctx, virt.ImageImport{Pool: poolName, Volume: img.Volume, Source: img.Path, SHA256: img.SHA256}); err != nil {
+		if _, err := host.ImportImage(ctx, virt.ImageImport{Pool: poolName, Volume: img.Volume, Source: img.Path, SHA256: img.SHA256,
+			Policy: virt.SourcePolicy{FileDirs: []string{o.ImageDir}}}); err != nil {
 			return ClusterImages{}, fmt.Errorf("importing %s into pool %s: %w", img.Path, poolName, err)
 		}
 	}
@@ -357,5 +360,5 @@ func ScaleWorkers(ctx context.Context, c client.Client, o ClusterOptions, replic
 // the plane is no longer running.
 func RecordClusterScope(stateDir string, o ClusterOptions) error {
 	pool, _ := o.pool()
-	return recordScope(stateDir, Scope{Namespaces: []string{o.Namespace}, Pools: []string{pool}})
+	return addScope(stateDir, Scope{Namespaces: []string{o.Namespace}, Pools: []string{pool}})
 }

@@ -322,5 +322,5 @@ func RecordDemoScope(stateDir string, d DemoOptions) error {
 	if ns == "" {
 		ns = "default"
 	}
-	return recordScope(stateDir, Scope{Namespaces: []string{ns}, Pools: []string{pool}})
+	return addScope(stateDir, Scope{Namespaces: []string{ns}, Pools: []string{pool}})
 }

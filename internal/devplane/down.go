@@ -56,24 +56,32 @@ func Sweep(ctx context.Context, libvirtURI string, includeImages bool) (SweepRep
 }
 
 // SweepScope deletes what Sweep would, restricted to objects of s's
-// namespaces; base images and empty pools only in s's pools.
+// namespaces that were not handed over to another management cluster;
+// base images and empty pools only in s's pools (and never while another
+// plane's machine volumes are there).
 func SweepScope(ctx context.Context, libvirtURI string, s Scope, includeImages bool) (SweepReport, error) {
 	return sweep(ctx, libvirtURI, includeImages, s.contains, s.Pools)
 }
 
-// contains tells whether o belongs to one of the scope's namespaces:
-// domains and networks by their owner metadata, volumes by their name,
-// capl-<namespace>.<object>… (Kubernetes namespaces contain no '.').
+// contains tells whether o belongs to one of the scope's namespaces that
+// were not handed over: domains and networks by their owner metadata,
+// volumes by their name, capl-<namespace>.<object>… (Kubernetes
+// namespaces contain no '.').
 func (s Scope) contains(o virt.OwnedObject) bool {
+	ns := ""
 	if o.Owner != nil {
-		return slices.Contains(s.Namespaces, o.Owner.Namespace)
+		ns = o.Owner.Namespace
+	} else if rest, ok := strings.CutPrefix(o.Name, virt.NamePrefix); ok {
+		ns, _, _ = strings.Cut(rest, ".")
 	}
-	rest, ok := strings.CutPrefix(o.Name, virt.NamePrefix)
-	if !ok {
-		return false
-	}
-	ns, _, ok := strings.Cut(rest, ".")
-	return ok && slices.Contains(s.Namespaces, ns)
+	return ns != "" && slices.Contains(s.Namespaces, ns) && !s.handedOver(ns)
+}
+
+// handedOver tells whether `clusterctl move` took objects of namespace ns
+// to another management cluster (and they did not come back): everything
+// of ns in libvirt is that cluster's now.
+func (s Scope) handedOver(ns string) bool {
+	return slices.ContainsFunc(s.MovedAway, func(m MovedObject) bool { return m.Namespace == ns })
 }
 
 // sweep deletes the owned objects match accepts: domains first (they hold
@@ -224,6 +232,11 @@ func Down(ctx context.Context, o Options) (SweepReport, error) {
 	case scope.empty():
 		o.Log("no record of the plane's namespaces in %s: nothing swept (`capl-dev down --all` removes every object of the provider on the host)", dir)
 	default:
+		for _, ns := range scope.Namespaces {
+			if scope.handedOver(ns) {
+				o.Log("namespace %s was moved to another management cluster (clusterctl move): its libvirt objects are left to it", ns)
+			}
+		}
 		o.Log("sweeping namespaces %v and pools %v on %s", scope.Namespaces, scope.Pools, o.LibvirtURI)
 		rep, err = SweepScope(ctx, o.LibvirtURI, scope, true)
 	}
@@ -242,6 +255,7 @@ func (p *Plane) recordScope(ctx context.Context) error {
 // recordLiveScope adds the namespaces and pools of the Clusters,
 // LibvirtClusters and LibvirtMachines c lists to dir's scope.json.
 func recordLiveScope(ctx context.Context, c client.Client, dir string) error {
+	listedAt := time.Now()
 	var s Scope
 	var clusters clusterv1.ClusterList
 	if err := c.List(ctx, &clusters); err != nil {
@@ -265,27 +279,18 @@ func recordLiveScope(ctx context.Context, c client.Client, dir string) error {
 	if err := c.List(ctx, &lms); err != nil {
 		return err
 	}
+	var live []MovedObject
 	for _, lm := range lms.Items {
 		s.add(lm.Namespace, "")
 		if v := lm.Spec.Image.Volume; v != nil {
 			s.add("", v.Pool)
 		}
+		live = append(live, MovedObject{Kind: kindLibvirtMachine, Namespace: lm.Namespace, Name: lm.Name})
 	}
-	old, err := readScope(dir)
-	if err != nil {
-		return err
+	for _, lc := range lcs.Items {
+		live = append(live, MovedObject{Kind: kindLibvirtCluster, Namespace: lc.Namespace, Name: lc.Name})
 	}
-	for _, n := range s.Namespaces {
-		if !slices.Contains(old.Namespaces, n) {
-			return recordScope(dir, s)
-		}
-	}
-	for _, p := range s.Pools {
-		if !slices.Contains(old.Pools, p) {
-			return recordScope(dir, s)
-		}
-	}
-	return nil
+	return recordScope(dir, s, live, listedAt)
 }
 
 // deleteClusters deletes every Cluster and waits for them to be gone.

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -22,6 +23,7 @@ import (
 	addonsv1 "sigs.k8s.io/cluster-api/api/addons/v1beta2"
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 )
@@ -349,9 +351,9 @@ func tail(path string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// Scheme holds the provider's kinds and those of Cluster API's providers
-// the plane runs that its clients create: ClusterResourceSets and kubeadm's
-// control plane and bootstrap kinds.
+// Scheme holds the provider's kinds, those of Cluster API's providers the
+// plane runs that its clients create (ClusterResourceSets, kubeadm's
+// control plane and bootstrap kinds), CRDs and clusterctl's inventory.
 func Scheme() (*runtime.Scheme, error) {
 	scheme, err := manager.NewScheme()
 	if err != nil {
@@ -359,6 +361,7 @@ func Scheme() (*runtime.Scheme, error) {
 	}
 	for _, add := range []func(*runtime.Scheme) error{
 		addonsv1.AddToScheme, controlplanev1.AddToScheme, bootstrapv1.AddToScheme,
+		apiextensionsv1.AddToScheme, clusterctlv1.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {
 			return nil, err

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -24,6 +26,7 @@ import (
 
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
@@ -129,6 +132,7 @@ func TestPlaneLifecycle(t *testing.T) {
 	})
 
 	checkManagementCluster(ctx, t, p)
+	checkClusterctlInventory(ctx, t, p)
 	marker := checkEncryptedAtRest(ctx, t, p)
 	all, err := p.RSSBytes()
 	must(t, err)
@@ -334,6 +338,86 @@ func checkManagementCluster(ctx context.Context, t *testing.T, p *Plane) {
 		waitFor(ctx, t, 2*time.Minute, fmt.Sprintf("deletion of %T %s", o, o.GetName()), func() error { return gone(ctx, c, o) })
 	}
 	t.Logf("Cluster and its owned objects deleted in %s", time.Since(deleted).Round(100*time.Millisecond))
+}
+
+// checkClusterctlInventory checks that the plane is a management cluster
+// clusterctl recognises: the inventory names the providers it runs, the
+// CRDs carry clusterctl's labels, and the real clusterctl binary's move
+// (which reads both) runs against it. A LibvirtCluster that leaves as
+// clusterctl move takes it (delete-for-move, deleted, finalizers stripped)
+// is recorded as moved away, so that Down leaves its libvirt objects alone.
+func checkClusterctlInventory(ctx context.Context, t *testing.T, p *Plane) {
+	t.Helper()
+	providers := &clusterctlv1.ProviderList{}
+	must(t, p.Client.List(ctx, providers))
+	got := map[string]string{}
+	for _, pr := range providers.Items {
+		got[pr.Namespace+"/"+pr.Name] = pr.Type + " " + pr.Version
+	}
+	// The version capl-dev was built with is go.mod's (a test binary
+	// carries no module versions to compare with).
+	gomod, err := os.ReadFile(filepath.Join("..", "..", "go.mod"))
+	must(t, err)
+	capi := ""
+	if m := regexp.MustCompile(`(?m)^\s*sigs\.k8s\.io/cluster-api (v\S+)$`).FindSubmatch(gomod); m != nil {
+		capi = string(m[1])
+	}
+	want := map[string]string{
+		"capi-system/cluster-api":                                 "CoreProvider " + capi,
+		"capi-kubeadm-bootstrap-system/bootstrap-kubeadm":         "BootstrapProvider " + capi,
+		"capi-kubeadm-control-plane-system/control-plane-kubeadm": "ControlPlaneProvider " + capi,
+		"capl-system/infrastructure-libvirt":                      "InfrastructureProvider " + ProviderVersion,
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("clusterctl inventory %v, want %v", got, want)
+	}
+	for _, name := range []string{"libvirtmachines.infrastructure.cluster.x-k8s.io", "machines.cluster.x-k8s.io", "kubeadmconfigs.bootstrap.cluster.x-k8s.io"} {
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		must(t, p.Client.Get(ctx, client.ObjectKey{Name: name}, crd))
+		if _, ok := crd.Labels[clusterctlv1.ClusterctlLabel]; !ok || crd.Labels[clusterv1.ProviderNameLabel] == "" {
+			t.Errorf("CRD %s labels %v, want %s and %s", name, crd.Labels, clusterctlv1.ClusterctlLabel, clusterv1.ProviderNameLabel)
+		}
+	}
+
+	clusterctl, err := filepath.Abs(filepath.Join("..", "..", "bin", "clusterctl"))
+	must(t, err)
+	if _, err := os.Stat(clusterctl); err != nil {
+		t.Fatalf("%v: run through `make test`, which builds clusterctl", err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "plane-move"}}
+	must(t, p.Client.Create(ctx, ns))
+	cmd := exec.CommandContext(ctx, clusterctl, "move", "--kubeconfig="+p.Kubeconfig, "--to-kubeconfig="+p.Kubeconfig, "--namespace="+ns.Name, "-v=1")
+	cmd.Env = append(os.Environ(), "CLUSTERCTL_DISABLE_VERSIONCHECK=true", "XDG_CONFIG_HOME="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "Moving Cluster API objects") {
+		t.Errorf("clusterctl move against the plane: %v\n%s", err, out)
+	}
+
+	lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "moved",
+		Annotations: map[string]string{clusterv1.PausedAnnotation: ""}, Finalizers: []string{infrav1.ClusterFinalizer}}}
+	lc.Spec.LoadBalancer.Type = infrav1.LoadBalancerNone
+	lc.Spec.ControlPlaneEndpoint = clusterv1.APIEndpoint{Host: "192.0.2.1", Port: 6443}
+	lc.Spec.StoragePool.Name = unusedPool
+	must(t, p.Client.Create(ctx, lc))
+	patch := client.MergeFrom(lc.DeepCopy())
+	lc.Annotations[clusterctlv1.DeleteForMoveAnnotation] = ""
+	must(t, p.Client.Patch(ctx, lc, patch))
+	must(t, p.Client.Delete(ctx, lc))
+	patch = client.MergeFrom(lc.DeepCopy())
+	lc.Finalizers = nil
+	must(t, p.Client.Patch(ctx, lc, patch))
+	waitFor(ctx, t, 30*time.Second, "the moved LibvirtCluster in scope.json", func() error {
+		s, err := readScope(p.StateDir)
+		if err != nil {
+			return err
+		}
+		for _, m := range s.MovedAway {
+			if m.same(MovedObject{Kind: kindLibvirtCluster, Namespace: ns.Name, Name: lc.Name}) {
+				return nil
+			}
+		}
+		return fmt.Errorf("moved away: %+v", s.MovedAway)
+	})
 }
 
 // checkEncryptedAtRest creates a Secret and a ConfigMap holding random

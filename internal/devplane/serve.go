@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 )
 
@@ -116,6 +118,9 @@ func Serve(ctx context.Context, o Options) error {
 			log.Printf("stopping kube-apiserver and etcd: %v", err)
 		}
 	}()
+	if err := recordInventory(ctx, env); err != nil {
+		return err
+	}
 	if err := copyFile(env.Kubeconfig, filepath.Join(dir, kubeconfigName)); err != nil {
 		return fmt.Errorf("writing the kubeconfig: %w", err)
 	}
@@ -200,6 +205,7 @@ func Serve(ctx context.Context, o Options) error {
 	scopeCtx, stopScope := context.WithCancel(context.Background())
 	defer stopScope()
 	go recordScopeEvery(scopeCtx, env, dir, scopeRecordInterval)
+	go watchMoves(scopeCtx, env.Config, dir)
 
 	if err := writeJSON(filepath.Join(dir, endpointsFileName), Endpoints{
 		ManagerMetricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort),
@@ -327,6 +333,29 @@ func copyFile(from, to string) error {
 		return err
 	}
 	return writeFileAtomic(to, data)
+}
+
+// recordInventory installs the clusterctl inventory of the providers the
+// plane runs (installInventory).
+func recordInventory(ctx context.Context, env *testenv.Environment) error {
+	version, err := clusterAPIVersion()
+	if err != nil {
+		return fmt.Errorf("recording the clusterctl inventory: %w", err)
+	}
+	scheme, err := Scheme()
+	if err != nil {
+		return err
+	}
+	c, err := client.New(env.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		return err
+	}
+	ictx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := installInventory(ictx, c, version); err != nil {
+		return fmt.Errorf("recording the clusterctl inventory: %w", err)
+	}
+	return nil
 }
 
 // recordScopeEvery records the plane's scope every interval until ctx ends.

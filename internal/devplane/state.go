@@ -10,7 +10,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 )
 
 // DefaultStateDir is where `make up` keeps the plane's state.
@@ -111,6 +113,10 @@ type Scope struct {
 	Namespaces []string `json:"namespaces"`
 	// Pools are the storage pools the plane's clusters and machines used.
 	Pools []string `json:"pools"`
+	// MovedAway are objects `clusterctl move` took to another management
+	// cluster (watchMoves): their libvirt objects are not the plane's to
+	// remove any more. An object seen in the plane again leaves the list.
+	MovedAway []MovedObject `json:"movedAway,omitempty"`
 }
 
 func (s *Scope) add(namespace, pool string) {
@@ -140,17 +146,43 @@ func readScope(dir string) (Scope, error) {
 	return s, nil
 }
 
-// recordScope merges add into dir's scope.json.
-func recordScope(dir string, add Scope) error {
+// recordScope merges add's namespaces and pools into dir's scope.json and
+// drops from its MovedAway the objects live lists (they are back) if they
+// left before listedAt.
+func recordScope(dir string, add Scope, live []MovedObject, listedAt time.Time) error {
+	return updateScope(dir, func(s *Scope) bool {
+		before := len(s.Namespaces) + len(s.Pools) + len(s.MovedAway)
+		for _, n := range add.Namespaces {
+			s.add(n, "")
+		}
+		for _, p := range add.Pools {
+			s.add("", p)
+		}
+		s.MovedAway = slices.DeleteFunc(s.MovedAway, func(m MovedObject) bool {
+			return m.Since.Before(listedAt) && slices.ContainsFunc(live, m.same)
+		})
+		return len(s.Namespaces)+len(s.Pools)+len(s.MovedAway) != before
+	})
+}
+
+// addScope merges add's namespaces and pools into dir's scope.json.
+func addScope(dir string, add Scope) error { return recordScope(dir, add, nil, time.Time{}) }
+
+// scopeMu serialises the plane's writers of scope.json (the scope
+// recorder and watchMoves).
+var scopeMu sync.Mutex
+
+// updateScope reads dir's scope.json, lets change edit it and writes it
+// back when change reports a change.
+func updateScope(dir string, change func(*Scope) bool) error {
+	scopeMu.Lock()
+	defer scopeMu.Unlock()
 	s, err := readScope(dir)
 	if err != nil {
 		return err
 	}
-	for _, n := range add.Namespaces {
-		s.add(n, "")
-	}
-	for _, p := range add.Pools {
-		s.add("", p)
+	if !change(&s) {
+		return nil
 	}
 	return writeJSON(filepath.Join(dir, scopeFileName), s)
 }

@@ -1,0 +1,417 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"libvirt.org/go/libvirt"
+	"libvirt.org/go/libvirtxml"
+
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+)
+
+const (
+	// adoptTimeout bounds the second plane's wait to report every moved
+	// object provisioned again: it only reads libvirt.
+	adoptTimeout = 5 * time.Minute
+	// restartTimeout bounds a whole cluster's boot after a power cut.
+	restartTimeout = 30 * time.Minute
+	// qemuPIDDir holds the pid file of each running domain's QEMU.
+	qemuPIDDir = "/run/libvirt/qemu"
+)
+
+// moveState is what the move scenario learnt so far.
+type moveState struct {
+	// first is the plane the cluster was created on; s.plane is the second
+	// once the cluster moved.
+	first *devplane.Plane
+	// firstDown is set once the first plane went through devplane.Down.
+	firstDown bool
+	// moved is set once clusterctl moved the cluster; later phases skip
+	// without it.
+	moved bool
+}
+
+// moveScenario is `make test-e2e-move`'s: bootstrap and pivot. A kubeadm
+// cluster (one control plane, no worker) is created on the first plane
+// and moved with the real clusterctl to a second plane on the same host;
+// nothing in libvirt may change. The first plane is taken down (it must
+// leave the moved cluster alone), the second scales the workers, then the
+// host loses power: every VM is killed at once and libvirtd restarted, and
+// the cluster must come back as it was. The second plane deletes it last.
+func (s *suite) moveScenario(t *testing.T) {
+	s.createKubeadm(t, 0)
+	t.Run("kubeadm nodes ready", s.kubeadmReady)
+	if !s.k8s.ready {
+		return
+	}
+	t.Run("clusterctl move to a second plane", s.clusterctlMove)
+	if !s.move.moved {
+		return
+	}
+	t.Run("down of the first plane", s.downFirstPlane)
+	t.Run("scale workers from the second plane", s.scaleAfterMove)
+	t.Run("host restart", s.hostRestart)
+}
+
+// identities are what a move and a restart must keep: each machine's
+// providerID, domain UUID, MAC and addresses, the endpoint VM's, and the
+// DHCP reservations of the cluster's network. Rendered as sorted lines so
+// that a difference reads as one.
+type identities []string
+
+// readIdentities reads the identities from the current plane's objects
+// and from libvirt, once every machine reports its domain and addresses.
+func (s *suite) readIdentities(t *testing.T) identities {
+	t.Helper()
+	var out identities
+	s.waitFor(t, "every LibvirtMachine and the LibvirtCluster provisioned with addresses", adoptTimeout, func() (bool, string) {
+		out = nil
+		lms, err := s.clusterMachines(kubeadmName)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, lm := range lms {
+			if extraMachine(lm.Name) {
+				continue
+			}
+			if !isTrue(&lm, infrav1.DomainReadyCondition) || len(lm.Status.Addresses) == 0 {
+				st, reason, msg := condition(&lm, infrav1.DomainReadyCondition)
+				return false, fmt.Sprintf("%s: DomainReady %s %s: %s, addresses %v", lm.Name, st, reason, msg, lm.Status.Addresses)
+			}
+			info, err := s.host.DomainInfo(s.ctx, scope.DomainName(lm.Namespace, lm.Name))
+			if err != nil {
+				return false, err.Error()
+			}
+			out = append(out, fmt.Sprintf("machine %s: providerID %s, domain %s, MAC %s, addresses %v",
+				lm.Name, lm.Spec.ProviderID, strings.ToLower(info.UUID), info.MAC, lm.Status.Addresses))
+		}
+		lc := &infrav1.LibvirtCluster{}
+		if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: kubeadmName}, lc); err != nil {
+			return false, err.Error()
+		}
+		if !isTrue(lc, infrav1.LoadBalancerReadyCondition) || lc.Status.LoadBalancer == nil || lc.Status.Network == nil {
+			st, reason, msg := condition(lc, infrav1.LoadBalancerReadyCondition)
+			return false, fmt.Sprintf("LoadBalancerReady %s %s: %s", st, reason, msg)
+		}
+		info, err := s.host.DomainInfo(s.ctx, scope.LoadBalancerDomainName(namespace, kubeadmName))
+		if err != nil {
+			return false, err.Error()
+		}
+		out = append(out, fmt.Sprintf("endpoint %s:%d: VM %s, MAC %s, address %s", lc.Spec.ControlPlaneEndpoint.Host,
+			lc.Spec.ControlPlaneEndpoint.Port, strings.ToLower(info.UUID), info.MAC, lc.Status.LoadBalancer.Address))
+		hosts, err := dhcpReservations(s.uri, lc.Status.Network.Name)
+		if err != nil {
+			return false, err.Error()
+		}
+		out = append(out, hosts...)
+		return true, ""
+	})
+	slices.Sort(out)
+	return out
+}
+
+// compareIdentities reports every line of before missing after.
+func compareIdentities(t *testing.T, what string, before, after identities) {
+	t.Helper()
+	for _, l := range before {
+		if !slices.Contains(after, l) {
+			t.Errorf("%s: %q is gone; now:\n%s", what, l, strings.Join(after, "\n"))
+		}
+	}
+}
+
+// dhcpReservations lists a network's DHCP host entries, "reservation MAC
+// IP name".
+func dhcpReservations(uri, network string) ([]string, error) {
+	conn, err := libvirt.NewConnect(uri)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	net, err := conn.LookupNetworkByName(network)
+	if err != nil {
+		return nil, err
+	}
+	defer net.Free()
+	desc, err := net.GetXMLDesc(0)
+	if err != nil {
+		return nil, err
+	}
+	var x libvirtxml.Network
+	if err := x.Unmarshal(desc); err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, ip := range x.IPs {
+		if ip.DHCP == nil {
+			continue
+		}
+		for _, h := range ip.DHCP.Hosts {
+			out = append(out, fmt.Sprintf("reservation %s %s %s", h.MAC, h.IP, h.Name))
+		}
+	}
+	return out, nil
+}
+
+// domainRuns maps the cluster's running domains to their libvirt IDs: a
+// domain that was stopped or started again has another ID.
+func (s *suite) domainRuns(t *testing.T) map[string]uint {
+	t.Helper()
+	conn, err := libvirt.NewConnect(s.uri)
+	must(t, err)
+	defer conn.Close()
+	doms, err := conn.ListAllDomains(libvirt.CONNECT_LIST_DOMAINS_ACTIVE)
+	must(t, err)
+	out := map[string]uint{}
+	prefix := scope.DomainName(namespace, kubeadmName)
+	for _, d := range doms {
+		name, err := d.GetName()
+		if err == nil && strings.HasPrefix(name, prefix) {
+			if id, err := d.GetID(); err == nil {
+				out[name] = id
+			}
+		}
+		_ = d.Free()
+	}
+	return out
+}
+
+// clusterctlMove starts a second plane and runs `clusterctl move` of the
+// namespace to it. The second plane must adopt everything: no domain is
+// stopped, redefined or added, every providerID, MAC, address and
+// reservation stays, and the first plane keeps no object of the namespace.
+func (s *suite) clusterctlMove(t *testing.T) {
+	s.needReady(t)
+	before := s.readIdentities(t)
+	runs := s.domainRuns(t)
+	t.Logf("before the move:\n%s", strings.Join(before, "\n"))
+
+	stop := s.rep.phase("move: start a second management plane")
+	second, state := s.startSecondPlane(t)
+	stop()
+
+	stop = s.rep.phase("move: clusterctl move (the real binary) to the second plane")
+	cmd := exec.CommandContext(s.ctx, filepath.Join(s.bin, "clusterctl"), "move", "--namespace="+namespace,
+		"--kubeconfig="+s.plane.Kubeconfig, "--to-kubeconfig="+second.Kubeconfig, "-v=3")
+	cmd.Env = append(os.Environ(), "CLUSTERCTL_DISABLE_VERSIONCHECK=true", "XDG_CONFIG_HOME="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	stop()
+	_ = os.WriteFile(filepath.Join(s.arts, "e2e-clusterctl-move.log"), out, 0o644)
+	if err != nil {
+		t.Fatalf("clusterctl move: %v\n%s", err, out)
+	}
+	s.move.first = s.plane
+	s.plane, s.c, s.state = second, second.Client, state
+	s.move.moved = true
+
+	moved := time.Now()
+	after := s.readIdentities(t)
+	s.rep.phaseSince("move: the second plane reports every moved object provisioned (from libvirt)", moved)()
+	compareIdentities(t, "after clusterctl move", before, after)
+	if got := s.domainRuns(t); fmt.Sprint(got) != fmt.Sprint(runs) {
+		t.Errorf("running domains (name → libvirt ID) were %v before the move, %v after: a domain was stopped or added", runs, got)
+	}
+	s.waitFor(t, "the moved Cluster unpaused and its Machines with nodes", adoptTimeout, func() (bool, string) {
+		cl := &clusterv1.Cluster{}
+		if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: kubeadmName}, cl); err != nil {
+			return false, err.Error()
+		}
+		machines := &clusterv1.MachineList{}
+		if err := s.c.List(s.ctx, machines, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: kubeadmName}); err != nil {
+			return false, err.Error()
+		}
+		for _, m := range machines.Items {
+			if !m.Status.NodeRef.IsDefined() {
+				return false, fmt.Sprintf("Machine %s has no nodeRef yet", m.Name)
+			}
+		}
+		return !ptr.Deref(cl.Spec.Paused, false) && len(machines.Items) > 0, fmt.Sprintf("paused %v, %d machines", cl.Spec.Paused, len(machines.Items))
+	})
+	for _, list := range []client.ObjectList{&clusterv1.ClusterList{}, &clusterv1.MachineList{}, &infrav1.LibvirtClusterList{}, &infrav1.LibvirtMachineList{}} {
+		must(t, s.move.first.Client.List(s.ctx, list, client.InNamespace(namespace)))
+		if left := items(list); len(left) > 0 {
+			t.Errorf("the first plane still holds %d %T after the move", len(left), list)
+		}
+	}
+	s.rep.note("clusterctl move of a kubeadm cluster (1 control plane, HAProxy VM) between two planes on this host: "+
+		"%d identities (providerIDs, domain UUIDs, MACs, addresses, DHCP reservations) unchanged, no domain restarted", len(before))
+}
+
+// startSecondPlane starts another plane on the host, with the first's
+// manager flags, in a state directory of its own.
+func (s *suite) startSecondPlane(t *testing.T) (*devplane.Plane, string) {
+	t.Helper()
+	state, err := os.MkdirTemp("", statePrefix)
+	must(t, err)
+	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Minute)
+	defer cancel()
+	p, err := devplane.Start(ctx, s.planeOptions(state), filepath.Join(s.bin, "capl-dev"))
+	// Until the cluster moved, the suite's teardown knows only the first
+	// plane.
+	s.t.Cleanup(func() {
+		if !s.move.moved {
+			dctx, dcancel := context.WithTimeout(context.Background(), 15*time.Minute)
+			defer dcancel()
+			_, _ = devplane.Down(dctx, devplane.Options{StateDir: state, LibvirtURI: s.uri})
+		}
+	})
+	if err != nil {
+		t.Fatalf("starting the second plane: %v", err)
+	}
+	t.Logf("second management plane in %s", state)
+	return p, state
+}
+
+// downFirstPlane runs devplane.Down on the plane the cluster left, as
+// `make down` would: it must remove nothing of the moved cluster.
+func (s *suite) downFirstPlane(t *testing.T) {
+	runs := s.domainRuns(t)
+	objs, err := s.hostObjects()
+	must(t, err)
+	before := names(objs)
+	s.saveLogs(s.move.first.StateDir, "e2e-first-plane-")
+	stop := s.rep.phase("move: devplane down of the first plane")
+	ctx, cancel := context.WithTimeout(s.ctx, 15*time.Minute)
+	defer cancel()
+	rep, err := devplane.Down(ctx, devplane.Options{StateDir: s.move.first.StateDir, LibvirtURI: s.uri, Log: t.Logf})
+	stop()
+	s.move.firstDown = true
+	must(t, err)
+	if !rep.Empty() {
+		t.Errorf("down of the first plane removed domains %v, networks %v, volumes %v, pools %v", rep.Domains, rep.Networks, rep.Volumes, rep.Pools)
+	}
+	objs, err = s.hostObjects()
+	must(t, err)
+	if after := names(objs); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("libvirt held %v before the first plane's down, %v after", before, after)
+	}
+	if got := s.domainRuns(t); fmt.Sprint(got) != fmt.Sprint(runs) {
+		t.Errorf("running domains were %v before the first plane's down, %v after", runs, got)
+	}
+}
+
+// scaleAfterMove adds a worker from the second plane: it joins Ready.
+func (s *suite) scaleAfterMove(t *testing.T) {
+	defer s.rep.phase("move: scale workers 0 → 1 from the second plane, node Ready")()
+	s.setWorkers(t, 1)
+	s.waitFor(t, "a worker Machine", 5*time.Minute, func() (bool, string) {
+		n := len(s.mdMachines(t))
+		return n == 1, fmt.Sprintf("%d worker machines", n)
+	})
+	s.waitNodes(t, kubeadmJoinTimeout)
+}
+
+// hostRestart cuts the power: libvirtd stops, every QEMU of the cluster
+// is killed at once, libvirtd starts again and finds them all off. The
+// provider must boot them again with the same identities, and the cluster
+// must come back with every node Ready and no Machine replaced.
+func (s *suite) hostRestart(t *testing.T) {
+	s.needReady(t)
+	before := s.readIdentities(t)
+	machines := s.machineNames(t)
+	runs := s.domainRuns(t)
+
+	start := time.Now()
+	pid, err := testlibvirt.StopLibvirtd(time.Minute)
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted {
+			_ = testlibvirt.StartLibvirtd()
+		}
+	})
+	must(t, err)
+	for name := range runs {
+		if err := killQEMU(name); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Logf("libvirtd %d stopped, QEMU of %d domains killed", pid, len(runs))
+	must(t, testlibvirt.StartLibvirtd())
+	restarted = true
+	must(t, testlibvirt.WaitLibvirtd(s.uri, time.Minute))
+
+	s.waitFor(t, "every domain of the cluster running again", restartTimeout, func() (bool, string) {
+		got := s.domainRuns(t)
+		return len(got) == len(runs), fmt.Sprintf("%d of %d running", len(got), len(runs))
+	})
+	s.rep.phaseSince("host restart: power cut → every domain running again", start)()
+	s.waitNodes(t, restartTimeout)
+	s.rep.phaseSince("host restart: power cut → every node Ready", start)()
+	after := s.readIdentities(t)
+	compareIdentities(t, "after the host restart", before, after)
+	if got := s.machineNames(t); fmt.Sprint(got) != fmt.Sprint(machines) {
+		t.Errorf("Machines were %v before the restart, %v after: a machine was replaced", machines, got)
+	}
+	for name, id := range s.domainRuns(t) {
+		if runs[name] == id {
+			t.Errorf("domain %s kept libvirt ID %d across the restart: it was not killed", name, id)
+		}
+	}
+	s.rep.note("host restart (every QEMU of the cluster killed at once, libvirtd restarted): every node Ready again %s later, "+
+		"same providerIDs, MACs, addresses and reservations, no Machine replaced", time.Since(start).Round(time.Second))
+}
+
+// machineNames lists the cluster's Machines with their providerIDs.
+func (s *suite) machineNames(t *testing.T) []string {
+	t.Helper()
+	machines := &clusterv1.MachineList{}
+	must(t, s.c.List(s.ctx, machines, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: kubeadmName}))
+	var out []string
+	for _, m := range machines.Items {
+		if m.DeletionTimestamp.IsZero() {
+			out = append(out, m.Name+" "+m.Spec.ProviderID)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// killQEMU kills a running domain's QEMU with SIGKILL, as a power cut
+// stops it: no shutdown, nothing written back.
+func killQEMU(domain string) error {
+	b, err := os.ReadFile(filepath.Join(qemuPIDDir, domain+".pid"))
+	if err != nil {
+		return fmt.Errorf("QEMU pid of %s: %w", domain, err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("QEMU pid of %s: %w", domain, err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("killing QEMU %d of %s: %w", pid, domain, err)
+	}
+	return nil
+}
+
+// firstPlaneDown takes the first plane down after a failed move scenario.
+func (s *suite) firstPlaneDown() {
+	if s.move.first == nil || s.move.firstDown {
+		return
+	}
+	s.move.firstDown = true
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	if _, err := devplane.Down(ctx, devplane.Options{StateDir: s.move.first.StateDir, LibvirtURI: s.uri}); err != nil {
+		s.t.Errorf("down of the first plane: %v", err)
+	}
+}
