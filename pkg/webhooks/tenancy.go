@@ -8,6 +8,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
+
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
@@ -140,8 +142,15 @@ func (r references) annotations(namespace string, annotations map[string]string,
 // or identity annotation the provider recorded: deletion looks for the
 // object's volumes, network and reservation where they say, so an edit
 // before a delete would leave the root disk, the seed with its bootstrap
-// data or a DHCP entry behind.
+// data or a DHCP entry behind. An object `clusterctl move` is taking away
+// is exempt: clusterctl replaces all its annotations with the
+// delete-for-move marker (a JSON patch adding /metadata/annotations) before
+// it deletes it, and the provider then only releases it (nothing looks for
+// its placement; the libvirt objects are the target cluster's).
 func placementUnchanged(oldA, newA map[string]string) field.ErrorList {
+	if _, moving := newA[clusterctlv1.DeleteForMoveAnnotation]; moving {
+		return nil
+	}
 	var errs field.ErrorList
 	for _, key := range []string{scope.PoolAnnotation, scope.NetworkAnnotation, scope.MACAnnotation,
 		scope.LoadBalancerUUIDAnnotation, scope.LoadBalancerMACAnnotation} {
