@@ -153,6 +153,20 @@ func (h *Host) UploadVolume(_ context.Context, pool, name string, data []byte) (
 	return v, nil
 }
 
+// ReadVolume returns up to limit bytes of the stored data.
+func (h *Host) ReadVolume(_ context.Context, pool, name string, limit int64) ([]byte, error) {
+	if err := h.call("ReadVolume"); err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	data, ok := h.Data[pool+"/"+name]
+	if !ok {
+		return nil, notFound("volume " + pool + "/" + name)
+	}
+	return append([]byte(nil), data[:min(int64(len(data)), limit)]...), nil
+}
+
 // DeleteVolume removes a volume; missing is success.
 func (h *Host) DeleteVolume(_ context.Context, pool, name string) error {
 	if err := h.call("DeleteVolume"); err != nil {

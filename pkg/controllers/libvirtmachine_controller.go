@@ -198,7 +198,7 @@ func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
 		{Service: guest.NewAddresses(s, r.events), Condition: infrav1.AddressAssignedCondition},
 		{Service: loadBalancerMembership{s: s, lb: r.LoadBalancer}, Condition: infrav1.DomainReadyCondition},
 		{Service: provisioned{s}},
-		{Service: guest.NewBootstrap(s), Condition: infrav1.BootstrapSucceededCondition},
+		{Service: guest.NewBootstrap(s, func(ctx context.Context) (bool, error) { return seed.Emptied(ctx, s) }), Condition: infrav1.BootstrapSucceededCondition},
 		{Service: seed.NewRemoval(s)},
 	}
 }

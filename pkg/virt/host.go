@@ -30,6 +30,9 @@ type Host interface {
 	DeleteVolume(ctx context.Context, pool, name string) error
 	// VolumeInfo describes a volume; IsNotFound(err) when it does not exist.
 	VolumeInfo(ctx context.Context, pool, name string) (VolumeInfo, error)
+	// ReadVolume returns up to the first limit bytes of a volume (a seed);
+	// IsNotFound(err) when it does not exist.
+	ReadVolume(ctx context.Context, pool, name string, limit int64) ([]byte, error)
 	// EnsureLogVolume returns the 0600 volume a console log goes to,
 	// created empty when missing; DeleteLogVolume removes it with the
 	// files virtlogd rotated out of it.

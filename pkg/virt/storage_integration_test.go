@@ -1,6 +1,7 @@
 package virt_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -531,5 +532,29 @@ func TestLogVolume(t *testing.T) {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s outlived DeleteLogVolume: %v", p, err)
 		}
+	}
+}
+
+// TestReadVolume reads a volume's first bytes back through a libvirt
+// stream: all of a short one, the asked prefix of a longer one.
+func TestReadVolume(t *testing.T) {
+	e := newStorageEnv(t)
+	ctx := testCtx(t)
+	vol := e.volName(t, "read")
+	data := bytes.Repeat([]byte("0123456789abcdef"), 8<<10) // 128 KiB, more than one stream chunk
+	if _, err := e.c.UploadVolume(ctx, e.pool, vol, data); err != nil {
+		t.Fatal(err)
+	}
+	for _, limit := range []int64{1, 4096, int64(len(data)), int64(len(data)) + 100} {
+		got, err := e.c.ReadVolume(ctx, e.pool, vol, limit)
+		if err != nil {
+			t.Fatalf("limit %d: %v", limit, err)
+		}
+		if want := data[:min(limit, int64(len(data)))]; !bytes.Equal(got, want) {
+			t.Errorf("limit %d: read %d bytes, want the volume's first %d", limit, len(got), len(want))
+		}
+	}
+	if _, err := e.c.ReadVolume(ctx, e.pool, e.volName(t, "missing"), 10); !virt.IsNotFound(err) {
+		t.Errorf("missing volume: %v, want not found", err)
 	}
 }

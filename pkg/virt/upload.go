@@ -37,6 +37,25 @@ func (c *Client) UploadVolume(ctx context.Context, pool, name string, data []byt
 	return info, err
 }
 
+// ReadVolume returns up to the first limit bytes of a volume, read through
+// libvirt (so also over a remote connection); IsNotFound(err) when the
+// volume does not exist.
+func (c *Client) ReadVolume(ctx context.Context, pool, name string, limit int64) ([]byte, error) {
+	var data []byte
+	err := c.withConn(ctx, "ReadVolume", func(conn *libvirt.Connect) error {
+		return withPool(conn, pool, func(p *libvirt.StoragePool) error {
+			vol, err := p.LookupStorageVolByName(name)
+			if err != nil {
+				return err
+			}
+			defer vol.Free()
+			data, err = volumeHead(ctx, conn, vol, limit)
+			return err
+		})
+	})
+	return data, err
+}
+
 // ensureRawVolume returns a raw volume of exactly size bytes and the given
 // mode, replacing an existing one that differs.
 func ensureRawVolume(p *libvirt.StoragePool, name string, size uint64, mode string) (*libvirt.StorageVol, error) {

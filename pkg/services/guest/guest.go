@@ -118,12 +118,23 @@ func (svc *Addresses) Reconcile(ctx context.Context) (services.Result, error) {
 
 // Bootstrap reads whether the guest's bootstrap succeeded; its outcome is
 // BootstrapSucceeded's. It creates nothing, so its Delete does nothing.
-type Bootstrap struct{ scope Scope }
+type Bootstrap struct {
+	scope         Scope
+	succeededOnce SucceededOnce
+}
+
+// SucceededOnce tells whether the machine's bootstrap succeeded at some
+// earlier boot, from what the host keeps (seed.Emptied): after a reboot the
+// sentinel is gone and cloud-init has finished without writing it again.
+type SucceededOnce func(ctx context.Context) (bool, error)
 
 var _ services.Service = (*Bootstrap)(nil)
 
-// NewBootstrap returns the bootstrap check of s.
-func NewBootstrap(s Scope) *Bootstrap { return &Bootstrap{scope: s} }
+// NewBootstrap returns the bootstrap check of s; succeededOnce is asked
+// when cloud-init finished without the sentinel.
+func NewBootstrap(s Scope, succeededOnce SucceededOnce) *Bootstrap {
+	return &Bootstrap{scope: s, succeededOnce: succeededOnce}
+}
 
 // Name labels the service in logs.
 func (*Bootstrap) Name() string { return "bootstrap" }
@@ -143,6 +154,11 @@ func (svc *Bootstrap) Reconcile(ctx context.Context) (services.Result, error) {
 		return services.Done(infrav1.ReadyReason, ""), nil
 	case virt.IsNotFound(err):
 		if errs, done := svc.cloudInitResult(ctx); done {
+			if once, err := svc.succeededOnce(ctx); err != nil {
+				return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, err, "Reading the seed: %v", err)
+			} else if once {
+				return services.Done(infrav1.ReadyReason, "The bootstrap succeeded at an earlier boot: the seed no longer holds the bootstrap data"), nil
+			}
 			return services.Result{}, services.Fail(infrav1.BootstrapFailedReason, services.Requeue(maxBackoff, "bootstrap failed"),
 				"cloud-init finished (%d errors) without writing %s; see /var/log/cloud-init-output.log in the guest", errs, SentinelPath)
 		}

@@ -1,6 +1,7 @@
 package guest_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -50,7 +51,7 @@ func TestGuestAddressesNeedALease(t *testing.T) {
 func TestGuestBootstrapSentinel(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	s := f.Scope()
-	g := guest.NewBootstrap(s)
+	g := guest.NewBootstrap(s, neverBefore)
 	err := servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, g)
 	if rq, ok := services.AsRequeue(err); !ok || rq.After < 10*time.Second {
 		t.Fatalf("err = %v, want a requeue with backoff", err)
@@ -74,5 +75,33 @@ func TestGuestBootstrapSentinel(t *testing.T) {
 	f.Host.Errs["GuestReadFile"] = errors.New("must not be called again")
 	if err := servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, g); err != nil {
 		t.Errorf("sentinel re-read after success: %v", err)
+	}
+}
+
+// neverBefore is a machine whose bootstrap never succeeded before.
+func neverBefore(context.Context) (bool, error) { return false, nil }
+
+// TestGuestBootstrapAfterReboot: a guest rebooted after its bootstrap has
+// no sentinel (it lives in /run) and a finished cloud-init; whether that is
+// a failure depends on whether the bootstrap succeeded at an earlier boot,
+// which the status may no longer say (clusterctl move, a restore).
+func TestGuestBootstrapAfterReboot(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		once   guest.SucceededOnce
+		status metav1.ConditionStatus
+		reason string
+	}{
+		{"succeeded before", func(context.Context) (bool, error) { return true, nil }, metav1.ConditionTrue, infrav1.ReadyReason},
+		{"never succeeded", neverBefore, metav1.ConditionFalse, infrav1.BootstrapFailedReason},
+		{"seed unreadable", func(context.Context) (bool, error) { return false, errors.New("libvirtd gone") }, metav1.ConditionFalse, infrav1.LibvirtErrorReason},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := servicetest.NewFixture(t)
+			s := f.Scope()
+			f.Host.Files[s.DomainName()+":/run/cloud-init/result.json"] = []byte(`{"v1": {"errors": []}}`)
+			_ = servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, guest.NewBootstrap(s, tc.once))
+			servicetest.WantCondition(t, f.LM, infrav1.BootstrapSucceededCondition, tc.status, tc.reason)
+		})
 	}
 }

@@ -4,6 +4,7 @@
 package seed
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -151,9 +152,9 @@ func (r *Removal) Reconcile(ctx context.Context) (services.Result, error) {
 	if !s.BootstrapSucceeded() || s.BootstrapDataRemoved() {
 		return services.Result{}, nil
 	}
-	iso, err := cloudinit.BuildISO(cloudinit.Seed{InstanceID: s.DomainUUID(), LocalHostname: s.Hostname()})
+	iso, err := emptySeed(s)
 	if err != nil {
-		return services.Result{}, fmt.Errorf("building the seed without bootstrap data: %w", err)
+		return services.Result{}, err
 	}
 	// Padded to the volume's size (ISO 9660 readers stop at the volume's
 	// end), the volume is overwritten in place rather than replaced: the
@@ -173,6 +174,37 @@ func (r *Removal) Reconcile(ctx context.Context) (services.Result, error) {
 
 // Delete does nothing: the seed step removes the volume.
 func (*Removal) Delete(context.Context) error { return nil }
+
+// emptySeed is the seed Removal writes: the machine's instance-id and
+// hostname, no user-data. BuildISO is deterministic, so it is also what
+// the volume starts with once the data was removed.
+func emptySeed(s RemovalScope) ([]byte, error) {
+	iso, err := cloudinit.BuildISO(cloudinit.Seed{InstanceID: s.DomainUUID(), LocalHostname: s.Hostname()})
+	if err != nil {
+		return nil, fmt.Errorf("building the seed without bootstrap data: %w", err)
+	}
+	return iso, nil
+}
+
+// Emptied tells whether the machine's seed volume holds the seed Removal
+// writes, which it does only after the bootstrap succeeded. That fact is
+// in libvirt, where nothing loses it: the sentinel the bootstrap leaves is
+// in the guest's /run (gone after a reboot) and BootstrapSucceeded in
+// status (gone after clusterctl move or a restore).
+func Emptied(ctx context.Context, s RemovalScope) (bool, error) {
+	iso, err := emptySeed(s)
+	if err != nil {
+		return false, err
+	}
+	data, err := s.LibvirtHost().ReadVolume(ctx, s.Pool().Name, s.SeedVolume(), int64(len(iso)))
+	if virt.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return bytes.Equal(data, iso), nil
+}
 
 // bootstrapData reads value and format from the Machine's bootstrap Secret.
 func bootstrapData(ctx context.Context, s *scope.MachineScope) ([]byte, error) {

@@ -2,6 +2,7 @@ package seed_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -120,4 +121,37 @@ func TestRemovalTakesBootstrapDataOffTheHost(t *testing.T) {
 		t.Errorf("after the removal: err %v, libvirt calls %v", err, f.Host.Calls)
 	}
 	f.NoLeaks()
+}
+
+// TestEmptiedTellsAnEarlierBootstrap: only a seed Removal rewrote counts as
+// proof that the bootstrap succeeded once; a missing seed or one still
+// holding the bootstrap data does not.
+func TestEmptiedTellsAnEarlierBootstrap(t *testing.T) {
+	f := servicetest.NewFixture(t)
+	s := f.Scope()
+	ctx := context.Background()
+	emptied := func(when string, want bool) {
+		t.Helper()
+		got, err := seed.Emptied(ctx, s)
+		if err != nil || got != want {
+			t.Errorf("%s: Emptied = %v, %v; want %v", when, got, err, want)
+		}
+	}
+	emptied("no seed volume", false)
+	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s)); err != nil {
+		t.Fatal(err)
+	}
+	emptied("seed with the bootstrap data", false)
+	s.MarkTrue(infrav1.BootstrapSucceededCondition, infrav1.ReadyReason, "")
+	if _, err := seed.NewRemoval(s).Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	emptied("seed rewritten without the bootstrap data", true)
+	// The status is lost (clusterctl move, a restore): the volume still says it.
+	f.LM.Status = infrav1.LibvirtMachineStatus{}
+	emptied("after the status was lost", true)
+	f.Host.Errs["ReadVolume"] = errors.New("libvirtd gone")
+	if _, err := seed.Emptied(ctx, s); err == nil {
+		t.Error("a failed read was taken for an answer")
+	}
 }
