@@ -15,6 +15,7 @@ import (
 	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 )
@@ -131,17 +132,14 @@ func (h *clusterHarness) libvirtIdentity(cluster, machine, network string) moved
 }
 
 // deleteForMove deletes the object of kind obj named name as clusterctl
-// move deletes it from the source: annotated delete-for-move, finalizers
-// left to the provider, which must let go of it.
+// move deletes it from the source: its annotations replaced by the
+// delete-for-move marker (clusterctl's own patch), finalizers left to the
+// provider, which must let go of it.
 func (h *clusterHarness) deleteForMove(obj client.Object, name string) {
 	h.t.Helper()
 	key := client.ObjectKey{Namespace: h.ns, Name: name}
 	must(h.t, h.c.Get(h.ctx, key, obj))
-	patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
-	a := obj.GetAnnotations()
-	a[clusterctlv1.DeleteForMoveAnnotation] = ""
-	obj.SetAnnotations(a)
-	must(h.t, h.c.Patch(h.ctx, obj, patch))
+	must(h.t, h.c.Patch(h.ctx, obj, testenv.DeleteForMovePatch()))
 	must(h.t, h.c.Delete(h.ctx, obj))
 	h.waitFor(name+" released by the provider", time.Minute, func() (bool, string) {
 		err := h.c.Get(h.ctx, key, obj.DeepCopyObject().(client.Object))

@@ -105,6 +105,10 @@ type Client struct {
 	leasesOnce sync.Once
 	leases     *leaseWatcher // created on the first WatchLease; stops with ctx
 
+	// lost is signalled when libvirtd drops the connection (see
+	// reconnectWhenLost).
+	lost chan struct{}
+
 	ctx    context.Context // canceled by Close; background work stops with it
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -142,10 +146,12 @@ func Dial(ctx context.Context, uri string, opts ...Option) (*Client, error) {
 		events:    newBroker(o.eventBuffer),
 		poolLocks: map[string]chan struct{}{},
 		owners:    map[string]*Owner{},
+		lost:      make(chan struct{}, 1),
 		ctx:       bg,
 		cancel:    cancel,
 	}
 	c.startDomainEvents()
+	c.background(c.reconnectWhenLost)
 	if _, err := c.liveConn(ctx); err != nil {
 		cancel()
 		c.wg.Wait()
@@ -233,6 +239,36 @@ func (c *Client) withConn(ctx context.Context, op string, fn func(*libvirt.Conne
 	return fn(st.conn)
 }
 
+// reconnectRetry is how long reconnectWhenLost waits after a reconnect
+// budget ran out before it tries again.
+const reconnectRetry = 5 * time.Second
+
+// reconnectWhenLost reconnects as soon as libvirtd drops the connection
+// rather than at the next call: a manager at rest makes no call, and the
+// EventReconnected a reconnect publishes is what makes it look at every
+// object again, such as the domains a restarted libvirtd found dead (a
+// power cut, a host reboot). It keeps trying until libvirtd is back or the
+// Client is closed.
+func (c *Client) reconnectWhenLost(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.lost:
+		}
+		for {
+			if _, err := c.liveConn(ctx); err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(reconnectRetry):
+			}
+		}
+	}
+}
+
 // liveConn returns the current connection, (re)connecting with bounded
 // exponential backoff when there is none or it was declared dead.
 func (c *Client) liveConn(ctx context.Context) (*connState, error) {
@@ -286,8 +322,13 @@ func (c *Client) connectLocked() error {
 	}
 	st := &connState{conn: conn, gen: c.gen + 1}
 	if err := conn.RegisterCloseCallback(func(_ *libvirt.Connect, _ libvirt.ConnectCloseReason) {
-		// Runs on the event loop under libvirt's lock: only flip the flag.
+		// Runs on the event loop under libvirt's lock: only flip the flag
+		// and wake reconnectWhenLost.
 		st.dead.Store(true)
+		select {
+		case c.lost <- struct{}{}:
+		default:
+		}
 	}); err != nil {
 		conn.Close()
 		return fmt.Errorf("registering close callback: %w", err)

@@ -10,7 +10,9 @@ import (
 )
 
 // TestReconnectAfterLibvirtdRestart kills libvirtd under a live Client and
-// starts it again; the next call on the same Client must succeed and event
+// starts it again; the Client must reconnect by itself, without a call
+// (a manager at rest makes none, and the reconnect event is what makes it
+// look at its objects again), the next call must succeed and event
 // callbacks must be registered again. It lives in the file that sorts last
 // so the outage, which other users of this libvirtd notice, comes after
 // every other test, and it keeps the outage to the restart itself.
@@ -23,12 +25,13 @@ func TestReconnectAfterLibvirtdRestart(t *testing.T) {
 	restartLibvirtd(t)
 
 	begin := time.Now()
+	waitEvent(t, events, virt.EventReconnected, "")
+	t.Logf("reconnected without a call %v after the restart", time.Since(begin).Round(time.Millisecond))
 	info, err := e.c.VolumeInfo(ctx, e.pool, e.pool+"-disk")
 	if err != nil {
 		t.Fatalf("first call after the restart: %v", err)
 	}
-	t.Logf("first call after restart succeeded in %v (%s)", time.Since(begin).Round(time.Millisecond), info.Name)
-	waitEvent(t, events, virt.EventReconnected, "")
+	t.Logf("first call after the reconnect succeeded (%s)", info.Name)
 
 	// Lifecycle callbacks were registered again on the new connection.
 	if _, err := e.c.EnsureDomain(ctx, spec); err != nil {

@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -23,6 +22,7 @@ import (
 	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -687,10 +687,8 @@ func TestPlacementIsFixed(t *testing.T) {
 	// this patch (cmd/clusterctl/client/cluster/mover.go), which replaces
 	// every annotation, the placement included: it must pass, or the move
 	// fails half way with the objects on both sides.
-	deleteForMove := client.RawPatch(types.JSONPatchType, []byte(fmt.Sprintf(
-		`[{"op": "add", "path":"/metadata/annotations", "value":{%q:""}}]`, clusterctlv1.DeleteForMoveAnnotation)))
 	cur := obj.DeepCopy()
-	if err := c.Patch(ctx(t), cur, deleteForMove); err != nil {
+	if err := c.Patch(ctx(t), cur, testenv.DeleteForMovePatch()); err != nil {
 		t.Fatalf("clusterctl move's delete-for-move patch: %v", err)
 	}
 	if _, ok := cur.Annotations[clusterctlv1.DeleteForMoveAnnotation]; !ok || len(cur.Annotations) != 1 {
