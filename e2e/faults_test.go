@@ -129,19 +129,10 @@ func (s *suite) restartLibvirtd(t *testing.T) {
 	objs := s.createExtraMachine(t, name, nil)
 	time.Sleep(delay)
 	t.Logf("stopping libvirtd %.1fs after creating %s", delay.Seconds(), name)
-	pid, err := testlibvirt.StopLibvirtd(time.Minute)
-	// Whatever happens below, libvirtd must run again: the host is shared.
-	restarted := false
-	t.Cleanup(func() {
-		if !restarted {
-			_ = testlibvirt.StartLibvirtd()
-		}
-	})
-	must(t, err)
+	pid, startAgain := stopLibvirtd(t)
 	t.Logf("libvirtd %d stopped", pid)
 	time.Sleep(2 * time.Second) // a reconcile meets the daemon gone
-	must(t, testlibvirt.StartLibvirtd())
-	restarted = true
+	startAgain()
 	s.waitFor(t, "libvirtd answering", time.Minute, func() (bool, string) {
 		ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
 		defer cancel()
@@ -152,6 +143,26 @@ func (s *suite) restartLibvirtd(t *testing.T) {
 	s.deleteAndWait(t, objs.machine, deleteTimeout, objs.lm)
 	if l := s.machineLeftovers(name, macSeed(lm), network); len(l) > 0 {
 		t.Errorf("%s left in libvirt after a libvirtd restart: %s", name, strings.Join(l, ", "))
+	}
+}
+
+// stopLibvirtd stops libvirtd and returns its pid and the function that
+// starts it again. Whatever happens in the test, libvirtd runs again when
+// it ends: the host is shared.
+func stopLibvirtd(t *testing.T) (pid int, startAgain func()) {
+	t.Helper()
+	pid, err := testlibvirt.StopLibvirtd(time.Minute)
+	restarted := false
+	t.Cleanup(func() {
+		if !restarted {
+			_ = testlibvirt.StartLibvirtd()
+		}
+	})
+	must(t, err)
+	return pid, func() {
+		t.Helper()
+		must(t, testlibvirt.StartLibvirtd())
+		restarted = true
 	}
 }
 

@@ -49,6 +49,9 @@ type kubeadmState struct {
 	wc client.Client
 	// ready is set once every node was Ready; later phases skip without it.
 	ready bool
+	// durableEtcd keeps etcd's fsync that TCGTuning turns off, so that the
+	// control plane survives its VM being killed.
+	durableEtcd bool
 }
 
 // createKubeadm renders the template and the CNI's ClusterResourceSet as
@@ -68,6 +71,9 @@ func (s *suite) createKubeadm(t *testing.T, workers int32) {
 		DomainType:        string(infrav1.DomainTypeQEMU),
 		StoragePool:       e2ePool,
 	}.TCGTuning()
+	if s.k8s.durableEtcd {
+		s.k8s.opts.EtcdUnsafeNoFsync = "false"
+	}
 	if filepath.Dir(s.image) != s.k8s.opts.ImageDir {
 		t.Fatalf("the node image %s and the HAProxy image must share a directory (%s)", nodeImage, filepath.Dir(s.image))
 	}
