@@ -125,16 +125,16 @@ func machineObjects(objs []testlibvirt.Object, name string) (domains, volumes []
 	return domains, volumes
 }
 
-// machineLeftovers lists the libvirt objects the LibvirtMachine name may
-// still have: its domain, its volumes and files, and the DHCP host entries
-// of any of the MACs derived from seed (macSeed) in the cluster network's
-// definition.
 // macSeed is what a LibvirtMachine's candidate MACs derive from: the
 // domain UUID of its providerID.
 func macSeed(lm *infrav1.LibvirtMachine) string {
 	return strings.TrimPrefix(lm.Spec.ProviderID, infrav1.ProviderIDPrefix)
 }
 
+// machineLeftovers lists the libvirt objects the LibvirtMachine name may
+// still have: its domain, its volumes and files, and the DHCP host entries
+// of any of the MACs derived from seed (macSeed) in the cluster network's
+// definition.
 func (s *suite) machineLeftovers(name, seed, network string) []string {
 	objs, err := s.hostObjects()
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
@@ -50,17 +49,7 @@ const (
 // annotation, deletes it and strips its finalizers in one go, so only a
 // watch sees it (a poll would miss it); the watch's final state of a
 // deleted object carries the annotation.
-func watchMoves(ctx context.Context, cfg *rest.Config, dir string) {
-	scheme, err := Scheme()
-	if err != nil {
-		log.Printf("watching for clusterctl move: %v", err)
-		return
-	}
-	c, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
-	if err != nil {
-		log.Printf("watching for clusterctl move: %v", err)
-		return
-	}
+func watchMoves(ctx context.Context, c client.WithWatch, dir string) {
 	go watchMovesOf(ctx, c, &infrav1.LibvirtClusterList{}, kindLibvirtCluster, dir)
 	watchMovesOf(ctx, c, &infrav1.LibvirtMachineList{}, kindLibvirtMachine, dir)
 }

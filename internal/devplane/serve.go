@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
@@ -118,7 +119,11 @@ func Serve(ctx context.Context, o Options) error {
 			log.Printf("stopping kube-apiserver and etcd: %v", err)
 		}
 	}()
-	if err := recordInventory(ctx, env); err != nil {
+	pc, err := planeClient(env.Config)
+	if err != nil {
+		return err
+	}
+	if err := recordInventory(ctx, pc); err != nil {
 		return err
 	}
 	if err := copyFile(env.Kubeconfig, filepath.Join(dir, kubeconfigName)); err != nil {
@@ -205,7 +210,7 @@ func Serve(ctx context.Context, o Options) error {
 	scopeCtx, stopScope := context.WithCancel(context.Background())
 	defer stopScope()
 	go recordScopeEvery(scopeCtx, env, dir, scopeRecordInterval)
-	go watchMoves(scopeCtx, env.Config, dir)
+	go watchMoves(scopeCtx, pc, dir)
 
 	if err := writeJSON(filepath.Join(dir, endpointsFileName), Endpoints{
 		ManagerMetricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort),
@@ -335,20 +340,22 @@ func copyFile(from, to string) error {
 	return writeFileAtomic(to, data)
 }
 
+// planeClient is the serve process's own client of the plane, knowing
+// Scheme's kinds, for the clusterctl inventory and the watch for moves.
+func planeClient(cfg *rest.Config) (client.WithWatch, error) {
+	scheme, err := Scheme()
+	if err != nil {
+		return nil, err
+	}
+	return client.NewWithWatch(cfg, client.Options{Scheme: scheme})
+}
+
 // recordInventory installs the clusterctl inventory of the providers the
 // plane runs (installInventory).
-func recordInventory(ctx context.Context, env *testenv.Environment) error {
+func recordInventory(ctx context.Context, c client.Client) error {
 	version, err := clusterAPIVersion()
 	if err != nil {
 		return fmt.Errorf("recording the clusterctl inventory: %w", err)
-	}
-	scheme, err := Scheme()
-	if err != nil {
-		return err
-	}
-	c, err := client.New(env.Config, client.Options{Scheme: scheme})
-	if err != nil {
-		return err
 	}
 	ictx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()

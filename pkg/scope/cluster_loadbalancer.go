@@ -205,9 +205,6 @@ func (s *LoadBalancerScope) PatchObject(ctx context.Context) error { return s.c.
 // SetDomainState records libvirt's state of the VM.
 func (s *LoadBalancerScope) SetDomainState(state string) { s.domainStatus().State = state }
 
-// SetProviderID does nothing: the VM is no Machine.
-func (s *LoadBalancerScope) SetProviderID() {}
-
 // IsProvisioned is false: the HAProxy VM holds no state of its own (the
 // controller pushes its configuration), so a vanished or stopped VM is
 // recreated or restarted rather than given up on.

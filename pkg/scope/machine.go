@@ -351,10 +351,6 @@ func annotateOnce(obj metav1.Object, key, value string) {
 // SetDomainState records libvirt's state of the domain.
 func (s *MachineScope) SetDomainState(state string) { s.domainStatus().State = state }
 
-// SetProviderID does nothing for a machine: the identity step set
-// spec.providerID when it chose the UUID.
-func (s *MachineScope) SetProviderID() {}
-
 // SetAddresses replaces status.addresses: the InternalIPs, then the Hostname.
 func (s *MachineScope) SetAddresses(ips []string) {
 	out := make([]clusterv1.MachineAddress, 0, len(ips)+1)

@@ -23,12 +23,6 @@ const (
 	TestNamePrefix = "capltest-"
 )
 
-// IsObject tells whether o names the same Kubernetes object as other:
-// kind, namespace and name, which survive a move; the UID does not.
-func (o *Owner) IsObject(other Owner) bool {
-	return o != nil && o.Kind == other.Kind && o.Namespace == other.Namespace && o.Name == other.Name
-}
-
 // Owner identifies the Kubernetes object that owns a libvirt object.
 type Owner struct {
 	// Kind of the owning object, e.g. LibvirtMachine or LibvirtCluster.
@@ -43,6 +37,12 @@ type Owner struct {
 	UID string
 	// Cluster is the name of the CAPI Cluster the object belongs to.
 	Cluster string
+}
+
+// IsObject tells whether o names the same Kubernetes object as other:
+// kind, namespace and name, which survive a move; the UID does not.
+func (o *Owner) IsObject(other Owner) bool {
+	return o != nil && o.Kind == other.Kind && o.Namespace == other.Namespace && o.Name == other.Name
 }
 
 // ownerXML is the wire form of Owner. The element lives in OwnerNamespace;

@@ -43,10 +43,8 @@ type Scope interface {
 	// Pool and ConsoleLogVolume place the serial console's log.
 	Pool() virt.PoolSpec
 	ConsoleLogVolume() string
-	// SetDomainState records libvirt's state of the domain; SetProviderID
-	// the provider ID, where the object has one.
+	// SetDomainState records libvirt's state of the domain.
 	SetDomainState(state string)
-	SetProviderID()
 	// IsProvisioned tells whether a vanished or dead domain is a terminal
 	// failure (a bootstrapped machine) rather than something to recreate.
 	IsProvisioned() bool
@@ -102,7 +100,6 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	if !strings.EqualFold(info.UUID, s.DomainUUID()) {
 		return services.Result{}, svc.replaced(&virt.DomainReplacedError{Name: s.DomainName(), ExpectedUUID: s.DomainUUID(), ActualUUID: info.UUID})
 	}
-	s.SetProviderID()
 	s.SetDomainState(info.State)
 	switch info.State {
 	case "running":

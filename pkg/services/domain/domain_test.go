@@ -52,7 +52,6 @@ func (v *vm) Hardware() infrav1.VirtualHardware {
 }
 func (v *vm) MAC() string                             { return "52:54:00:00:00:01" }
 func (v *vm) SetDomainState(state string)             { v.state = state }
-func (v *vm) SetProviderID()                          {}
 func (v *vm) IsProvisioned() bool                     { return false }
 func (v *vm) Event(eventType, reason, message string) {}
 func (v *vm) RootDisk() (virt.VolumeInfo, bool) {

@@ -62,18 +62,12 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		return services.Result{}, nil
 	}
 	info, err := s.LibvirtHost().DomainInfo(ctx, s.DomainName())
-	switch {
-	case virt.IsNotFound(err):
-		if s.DomainUUID() == "" {
-			s.SetDomainUUID(uuid.NewString())
-			s.ForgetSeed()
-		}
-		return services.Result{}, nil
-	case err != nil:
+	if err != nil && !virt.IsNotFound(err) {
 		return services.Result{}, services.FailOn(infrav1.DomainReadyCondition, infrav1.LibvirtErrorReason, err, "Looking up domain %s: %v", s.DomainName(), err)
-	case !info.Owner.IsObject(s.Owner()):
-		// Not this VM's: the domain step reports it; a UUID of our own
-		// keeps it apart.
+	}
+	// No domain, or one that is not this VM's (the domain step reports
+	// that; a UUID of our own keeps it apart): choose a UUID, once.
+	if err != nil || !info.Owner.IsObject(s.Owner()) {
 		if s.DomainUUID() == "" {
 			s.SetDomainUUID(uuid.NewString())
 			s.ForgetSeed()
