@@ -170,9 +170,9 @@ func stopLibvirtd(t *testing.T) (pid int, startAgain func()) {
 // Cluster while the new machines are being created; every object and
 // every libvirt object of the cluster must go.
 func (s *suite) deleteClusterWhileCreating(t *testing.T) {
-	phase := "delete the cluster while machines are being created"
+	phase, deletion := "delete the cluster while machines are being created", "cluster deleted → every object and libvirt object gone"
 	if !*standIn {
-		phase = kubeadmPhasePrefix + "delete the cluster (while 2 more workers are being created)"
+		phase, deletion = kubeadmPhasePrefix+"scale workers to 3 and delete the cluster while 2 are being created", kubeadmPhasePrefix+deletion
 	}
 	defer s.rep.phase(phase)()
 	before := s.workerMachines(t)
@@ -203,6 +203,7 @@ func (s *suite) deleteClusterWhileCreating(t *testing.T) {
 	cl := &clusterv1.Cluster{}
 	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: s.cut.name}, cl))
 	must(t, s.c.Delete(s.ctx, cl))
+	defer s.rep.phase(deletion)()
 	s.waitClusterGone(t)
 }
 

@@ -33,7 +33,8 @@ import (
 
 var (
 	killRounds = flag.Int("e2e.kill-rounds", 3, "rounds of killing the manager during a machine's creation and deletion")
-	standIn    = flag.Bool("e2e.stand-in", true, "run the checks and faults against the stand-in cluster of devplane.Demo (CI: `make test-e2e`); false runs them against a kubeadm cluster from the template (`make test-e2e-kubeadm`)")
+	standIn    = flag.Bool("e2e.stand-in", false, "run the checks and faults against the stand-in cluster of devplane.Demo, whose guests run no Kubernetes (`make test-soak`), instead of a kubeadm cluster from the template (CI: `make test-e2e`)")
+	lifecycle  = flag.Bool("e2e.lifecycle", false, "add MachineHealthCheck remediation and worker scaling 1 → 2 → 1 to the kubeadm scenario (`make test-e2e-kubeadm`)")
 	soak       = flag.Bool("e2e.soak", false, "size the stand-in cluster 3 + 2 and add worker scaling with batch figures (`make test-soak`)")
 	moveFlag   = flag.Bool("e2e.move", false, "bootstrap and pivot instead: a kubeadm cluster moved by the real clusterctl to a second plane, the first plane taken down, workers scaled from the second, a host power cut (`make test-e2e-move`)")
 	seedFlag   = flag.Uint64("e2e.seed", 0, "seed of the random fault timings; 0 picks one from the clock (the log prints it)")

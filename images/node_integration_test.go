@@ -62,6 +62,7 @@ func TestNodeImageReadyForKubeadm(t *testing.T) {
 	if testing.Short() {
 		t.Skip("boots a VM")
 	}
+	testlibvirt.SoakOnly(t, "the kubeadm cluster boots this image on every machine, runs kubeadm init and join with no registry to pull from, and checks every node Ready with its providerID and the CNI running")
 	uri := testlibvirt.URI(t)
 	img := testlibvirt.NodeImage(t)
 	c := testlibvirt.Client(t, uri)

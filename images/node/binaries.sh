@@ -4,9 +4,9 @@
 # machines. Versions are pinned by the tools modules:
 #   hack/tools/envtest          k8s.io/kubernetes (kubelet, kubeadm, kubectl,
 #                               kube-apiserver, kube-controller-manager,
-#                               kube-scheduler, kube-proxy, pause) and etcd;
-#                               shared with hack/envtest.sh, so the two share
-#                               one Go build cache
+#                               kube-scheduler, kube-proxy, pause) and etcd,
+#                               built by hack/kubernetes.sh in the cache
+#                               hack/envtest.sh takes its binaries from
 #   hack/tools/node/containerd  containerd, containerd-shim-runc-v2, ctr
 #   hack/tools/node/runc        runc (cgo, static, libseccomp)
 #   hack/tools/node/cri-tools   crictl
@@ -54,7 +54,7 @@ kube_version=${KUBERNETES_VERSION:-$pinned}
 key=$({
   echo "kubernetes $kube_version"
   go version
-  cat "${BASH_SOURCE[0]}"
+  cat "${BASH_SOURCE[0]}" "$root/hack/kubernetes.sh"
   for f in "$kube_module"/go.mod "$kube_module"/go.sum "$node_modules"/*/go.mod "$node_modules"/*/go.sum; do
     echo "file ${f#"$root"/}"
     cat "$f"
@@ -82,26 +82,6 @@ rm -rf "$image_dir/node-bin"/.tmp.* # leftovers of an interrupted build; we hold
 tmp=$(mktemp -d "$image_dir/node-bin/.tmp.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
-# Another Kubernetes release than the pinned one: the same module with
-# k8s.io/kubernetes and its staging modules (v0.MINOR.PATCH) at that release.
-# etcd, coredns and pause stay pinned; containers.sh fails if kubeadm of that
-# release asks for other versions.
-if [[ $kube_version != "$pinned" ]]; then
-  log "Kubernetes $kube_version instead of the pinned $pinned"
-  mkdir -p "$tmp/kube-module"
-  cp "$kube_module"/{go.mod,go.sum,tools.go} "$tmp/kube-module/"
-  kube_module=$tmp/kube-module
-  staging=v0.${kube_version#v1.}
-  (
-    cd "$kube_module"
-    edits=(-require="k8s.io/kubernetes@$kube_version")
-    for m in $(awk '$2 == "=>" && $1 ~ /^k8s\.io\// {print $1}' go.mod); do
-      edits+=(-replace="$m=$m@$staging")
-    done
-    go mod edit "${edits[@]}"
-    go mod tidy
-  ) || die "no module graph for Kubernetes $kube_version"
-fi
 mkdir -p "$tmp/bin" "$tmp/cni"
 start=$SECONDS
 
@@ -156,18 +136,13 @@ build "$m" CGO_ENABLED=1 -- -tags netgo,osusergo \
   -ldflags "-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$v -extldflags -static" \
   -o "$tmp/bin/flanneld" github.com/flannel-io/flannel
 
-# Kubernetes: the flags of hack/envtest.sh, so compiled packages are shared.
-kv=${kube_version#v}
-pkg=k8s.io/component-base/version
-kube_ldflags="-s -w -X $pkg.gitVersion=$kube_version -X $pkg.gitMajor=${kv%%.*} -X $pkg.gitMinor=$(cut -d. -f2 <<<"$kv") -X $pkg.gitTreeState=clean"
-# kubelet first: it compiles most of the packages the others share.
-for cmd in kubelet kubeadm kubectl kube-proxy kube-scheduler kube-controller-manager kube-apiserver; do
-  build "$kube_module" CGO_ENABLED=0 -- -ldflags "$kube_ldflags" -o "$tmp/bin/$cmd" "k8s.io/kubernetes/cmd/$cmd"
-done
-build "$kube_module" CGO_ENABLED=0 -- -ldflags "-s -w" -o "$tmp/bin/etcd" go.etcd.io/etcd/server/v3
+# Kubernetes and etcd: from the cache hack/envtest.sh shares, built there
+# once per release.
+kube_bin=$(KUBERNETES_VERSION=$kube_version "$root/hack/kubernetes.sh" kubelet kubeadm kubectl kube-proxy kube-scheduler kube-controller-manager kube-apiserver etcd)
+cp "$kube_bin"/{kubelet,kubeadm,kubectl,kube-proxy,kube-scheduler,kube-controller-manager,kube-apiserver,etcd} "$tmp/bin/"
 
 # pause: the C program of kubernetes' build/pause, as its Makefile builds it.
-kube_dir=$(cd "$kube_module" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+kube_dir=$(cd "$kube_module" && go mod download -json "k8s.io/kubernetes@$kube_version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
 pause_version=$(sed -n 's/^TAG ?= *//p' "$kube_dir/build/pause/Makefile")
 [[ -n $pause_version ]] || die "no TAG in $kube_dir/build/pause/Makefile"
 gcc -Os -Wall -Werror -static -DVERSION="v$pause_version" -o "$tmp/bin/pause" "$kube_dir/build/pause/linux/pause.c"
@@ -181,7 +156,6 @@ strip "$tmp/bin/pause"
     awk '$1 == "require" && $2 != "(" {print $2, $3; exit}' "$d/go.mod"
   done
 } >"$tmp/VERSIONS"
-rm -rf "$tmp/kube-module"
 touch "$tmp/.complete"
 chmod 0755 "$tmp"
 mv "$tmp" "$out"

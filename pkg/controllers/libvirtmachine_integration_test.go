@@ -54,7 +54,13 @@ func TestLibvirtMachine(t *testing.T) {
 		testLibvirtdRestart(h, clusterA)
 	})
 	t.Run("StuckImageServers", func(t *testing.T) { h.t = t; testStuckImageServers(h, clusterA) })
-	t.Run("BootedMachines", func(t *testing.T) { h.t = t; testBootedMachines(h, clusterA) })
+	t.Run("DomainDestroyedBehindOurBack", func(t *testing.T) { h.t = t; testDestroyedBehindOurBack(h, clusterA) })
+	t.Run("BootedMachines", func(t *testing.T) {
+		testlibvirt.SoakOnly(t, "every machine of the e2e's kubeadm cluster boots through its reservation to an address, "+
+			"BootstrapSucceeded, a Node with its providerID and the domain's UUID, and the report gives the latencies")
+		h.t = t
+		testBootedMachines(h, clusterA)
+	})
 	h.t = t
 	h.cleanupMachines() // leftovers of a failed scenario, so the checks below judge the rest
 
@@ -331,13 +337,44 @@ func testLibvirtdRestart(h *harness, cluster string) {
 	h.startProvider(nil)
 }
 
-// testBootedMachines boots three small VMs at once: it measures the
-// controller's latencies, runs the full happy path on one (bootstrap
-// sentinel and Node identity from the real guest), and destroys another
-// behind the provider's back. (Three, not more: the e2e suite boots its
-// cluster's machines together; here the batch only has to be concurrent.)
-func testBootedMachines(h *harness, cluster string) {
+// testDestroyedBehindOurBack boots one machine until it is provisioned
+// (its guest took an address), then destroys and undefines its domain
+// outside the provider: a vanished domain of a provisioned machine is a
+// terminal failure the Machine carries, and provisioned stays true.
+func testDestroyedBehindOurBack(h *harness, cluster string) {
 	h.booted = true
+	h.createMachine("d0", machineOpts{cluster: cluster, userData: bootUserData()})
+	h.setBootstrapData("d0")
+	var lm *infrav1.LibvirtMachine
+	h.waitFor("d0 provisioned", 6*time.Minute, func() (bool, string) {
+		lm = h.lm("d0")
+		return lm.Status.Initialization.IsProvisioned(), fmt.Sprintf("addresses %v", lm.Status.Addresses)
+	})
+	mac := lm.Status.Domain.MAC
+	h.destroyBehindOurBack(lm.Status.Domain.Name)
+	h.waitFor("terminal failure of d0", 2*time.Minute, func() (bool, string) {
+		lm := h.lm("d0")
+		return ptr.Deref(lm.Status.FailureReason, "") == scope.FailureReasonUpdate, fmt.Sprint(lm.Status.FailureReason)
+	})
+	h.waitCondition("d0", infrav1.DomainReadyCondition, metav1.ConditionFalse, infrav1.DomainMissingReason, time.Minute)
+	h.waitFor("Machine d0 to carry the failure", time.Minute, func() (bool, string) {
+		m := h.machine("d0")
+		d := m.Status.Deprecated
+		return d != nil && d.V1Beta1 != nil && d.V1Beta1.FailureReason != nil, "not yet"
+	})
+	if lm := h.lm("d0"); !lm.Status.Initialization.IsProvisioned() {
+		h.t.Error("provisioned went back to false")
+	}
+	h.deleteMachine("d0", 3*time.Minute)
+	h.assertClean("d0", mac)
+}
+
+// testBootedMachines boots three small VMs at once: it measures the
+// controller's latencies and runs the full happy path on one (bootstrap
+// sentinel and Node identity from the real guest). (Three, not more: the
+// e2e suite boots its cluster's machines together; here the batch only
+// has to be concurrent.)
+func testBootedMachines(h *harness, cluster string) {
 	names := []string{"b0", "b1", "b2"}
 	// The figures are the controller's overhead, not a one-off 150 MiB
 	// import: make sure the base image is in the pool (a no-op after the
@@ -415,23 +452,6 @@ func testBootedMachines(h *harness, cluster string) {
 	}
 	report("eligible-to-started", toStart)
 	report("lease-to-address", toAddress)
-
-	// b1: destroyed and undefined outside the provider → terminal failure.
-	lm1 := h.lm("b1")
-	h.destroyBehindOurBack(lm1.Status.Domain.Name)
-	h.waitFor("terminal failure of b1", 2*time.Minute, func() (bool, string) {
-		lm := h.lm("b1")
-		return ptr.Deref(lm.Status.FailureReason, "") == scope.FailureReasonUpdate, fmt.Sprint(lm.Status.FailureReason)
-	})
-	h.waitCondition("b1", infrav1.DomainReadyCondition, metav1.ConditionFalse, infrav1.DomainMissingReason, time.Minute)
-	h.waitFor("Machine b1 to carry the failure", time.Minute, func() (bool, string) {
-		m := h.machine("b1")
-		d := m.Status.Deprecated
-		return d != nil && d.V1Beta1 != nil && d.V1Beta1.FailureReason != nil, "not yet"
-	})
-	if lm := h.lm("b1"); !lm.Status.Initialization.IsProvisioned() {
-		h.t.Error("provisioned went back to false")
-	}
 
 	// Free the CPU for b0's cloud-init: delete the others at once.
 	macs := map[string]string{}

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Builds Kubernetes binaries of one release from the Go module proxy, once for
+# everything that needs them: envtest and the management plane (hack/envtest.sh)
+# and the node image (images/node/binaries.sh) take theirs from the same cache,
+# so no release is compiled or linked twice.
+#
+# Usage: hack/kubernetes.sh BINARY...
+#   BINARY: kube-apiserver kube-controller-manager kube-scheduler kube-proxy
+#           kubelet kubeadm kubectl etcd
+#   KUBERNETES_VERSION: the release (default: hack/tools/envtest's pin); etcd
+#           stays at the pin's version whatever the release
+# Prints the directory holding the binaries on stdout. Binaries already there
+# are not built again.
+#
+# The directory is $CAPL_KUBERNETES_CACHE/<version>-<key> (default cache
+# /var/cache/capi-libvirt/kubernetes), where <key> hashes this script, the
+# envtest tools module and the Go version. Each binary is linked to a
+# temporary name and renamed, so an interrupted build is never mistaken for a
+# finished one; a lock lets concurrent callers share one build.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+exec 3>&1 1>&2 # stdout is for the output directory only
+
+log() { printf '%s kubernetes: %s\n' "$(date +%T)" "$*" >&2; }
+die() {
+  log "error: $*"
+  exit 1
+}
+
+(($# > 0)) || die "usage: $0 BINARY..."
+for b in "$@"; do
+  case $b in
+  kube-apiserver | kube-controller-manager | kube-scheduler | kube-proxy | kubelet | kubeadm | kubectl | etcd) ;;
+  *) die "unknown binary $b" ;;
+  esac
+done
+
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+command -v go >/dev/null || die "no go on PATH (Go 1.26 at /usr/local/go/bin)"
+
+module=$root/hack/tools/envtest
+pinned=$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' "$module/go.mod")
+version=${KUBERNETES_VERSION:-$pinned}
+[[ $version =~ ^v1\.[0-9]+\.[0-9]+$ ]] || die "KUBERNETES_VERSION $version is not v1.MINOR.PATCH"
+
+key=$({
+  echo "kubernetes $version"
+  go version
+  cat "${BASH_SOURCE[0]}" "$module/go.mod" "$module/go.sum"
+} | sha256sum | cut -c1-16)
+cache=${CAPL_KUBERNETES_CACHE:-/var/cache/capi-libvirt/kubernetes}
+out=$cache/$version-$key
+
+missing() {
+  local b
+  for b in "$@"; do [[ -x $out/$b ]] || echo "$b"; done
+}
+if [[ -z $(missing "$@") ]]; then
+  echo "$out" >&3
+  exit 0
+fi
+
+mkdir -p "$out"
+exec 9>"$out/.build.lock"
+flock 9
+mapfile -t todo < <(missing "$@") # another build may have finished some while we waited
+if ((${#todo[@]} == 0)); then
+  echo "$out" >&3
+  exit 0
+fi
+rm -f "$out"/*.tmp # leftovers of an interrupted build; we hold the lock
+
+# Another release than the pinned one: the same module with k8s.io/kubernetes
+# and its staging modules (v0.MINOR.PATCH) at that release.
+if [[ $version != "$pinned" ]]; then
+  log "Kubernetes $version instead of the pinned $pinned"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  cp "$module"/{go.mod,go.sum,tools.go} "$tmp/"
+  module=$tmp
+  staging=v0.${version#v1.}
+  (
+    cd "$module"
+    edits=(-require="k8s.io/kubernetes@$version")
+    for m in $(awk '$2 == "=>" && $1 ~ /^k8s\.io\// {print $1}' go.mod); do
+      edits+=(-replace="$m=$m@$staging")
+    done
+    go mod edit "${edits[@]}"
+    go mod tidy
+  ) || die "no module graph for Kubernetes $version"
+fi
+
+v=${version#v}
+pkg=k8s.io/component-base/version
+ldflags="-s -w -X $pkg.gitVersion=$version -X $pkg.gitMajor=${v%%.*} -X $pkg.gitMinor=$(cut -d. -f2 <<<"$v") -X $pkg.gitTreeState=clean"
+cd "$module"
+start=$SECONDS
+# kubelet first when asked for: it compiles most of the packages the others share.
+for b in kubelet kubeadm kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl etcd; do
+  [[ " ${todo[*]} " == *" $b "* ]] || continue
+  t=$SECONDS
+  if [[ $b == etcd ]]; then
+    go build -trimpath -ldflags "-s -w" -o "$out/$b.tmp" go.etcd.io/etcd/server/v3
+  else
+    go build -trimpath -ldflags "$ldflags" -o "$out/$b.tmp" "k8s.io/kubernetes/cmd/$b"
+  fi
+  mv "$out/$b.tmp" "$out/$b"
+  log "built $b $version in $((SECONDS - t)) s"
+done
+log "built ${todo[*]} in $((SECONDS - start)) s: $out"
+echo "$out" >&3
