@@ -27,6 +27,7 @@ LIBVIRT_URI ?= qemu:///system
 # Tests run against the real libvirtd and the test image; a test that needs
 # them skips only when these are unset, which the Makefile never leaves them.
 TEST_ENV = KUBEBUILDER_ASSETS="$$(hack/envtest.sh)" \
+	CAPL_TEST_DIST=$(DIST_DIR) \
 	CAPL_TEST_LIBVIRT_URI=$(LIBVIRT_URI) \
 	CAPL_TEST_IMAGE=$(TEST_IMAGE) \
 	CAPL_TEST_NODE_IMAGE=$(NODE_IMAGE)
@@ -53,6 +54,15 @@ build: ## Build the manager and capl-dev (the one-host management plane) into bi
 	go build -o $(BIN)/manager ./cmd/manager
 	go build -o $(BIN)/capl-dev ./cmd/capl-dev
 
+# Where `make dist` writes the one-host plane's release directory.
+DIST_DIR ?= $(ROOT)/dist/capl-dev-linux-amd64
+.PHONY: dist
+dist: envtest build ## The one-host plane as a directory that runs anywhere on this kind of host: capl-dev, manager, kube-apiserver, etcd, kube-controller-manager, kubectl and the templates ($(DIST_DIR)).
+	rm -rf $(DIST_DIR) && mkdir -p $(DIST_DIR)/templates
+	cp $(BIN)/capl-dev $(BIN)/manager $(DIST_DIR)/
+	assets="$$(hack/envtest.sh)" && for b in kube-apiserver etcd kube-controller-manager kubectl; do cp -L "$$assets/$$b" $(DIST_DIR)/; done
+	cp templates/*.yaml $(DIST_DIR)/templates/
+
 # Where `make up` keeps the management plane's etcd data, kubeconfig and logs.
 STATE_DIR ?= /var/lib/capi-libvirt/devplane
 # Extra flags for `capl-dev up`, e.g. UP_ARGS="--control-plane=3 --workers=2",
@@ -75,7 +85,7 @@ down: ## Delete the cluster, stop the management plane and remove every VM, volu
 ##@ Test
 
 .PHONY: test
-test: envtest images clusterctl ## Unit and integration tests (envtest + real libvirtd); those that boot guests the e2e boots the same way run in test-soak.
+test: envtest images clusterctl dist ## Unit and integration tests (envtest + real libvirtd); those that boot guests the e2e boots the same way run in test-soak.
 	$(TEST_ENV) go test $(GO_TEST_FLAGS) ./...
 	cd images/node/oci && go test -count=1 ./...
 
@@ -133,16 +143,17 @@ node-image: ## Build the Kubernetes node image $(NODE_IMAGE) offline (KUBERNETES
 ##@ Generate and verify
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Generate deepcopy code, CRDs, RBAC and webhook configurations.
+generate: $(CONTROLLER_GEN) ## Generate deepcopy code, CRDs, RBAC and webhook configurations, and the plane's embedded copy of them and of Cluster API's.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	$(CONTROLLER_GEN) rbac:roleName=manager-role paths=./pkg/controllers/... output:rbac:artifacts:config=config/rbac
 	$(CONTROLLER_GEN) webhook paths=./pkg/webhooks/... output:webhook:artifacts:config=config/webhook
+	hack/plane-manifests.sh
 
 .PHONY: verify
 verify: generate $(KUSTOMIZE) ## Fail when generated files are stale, code is not gofmt'ed, go vet complains or config/ does not build.
-	@git diff --exit-code -- api config || { echo "generated files are stale: run make generate and commit" >&2; exit 1; }
-	@test -z "$$(git status --porcelain -- api config)" || { git status --porcelain -- api config; echo "untracked generated files: run make generate and commit" >&2; exit 1; }
+	@git diff --exit-code -- api config internal/plane/manifests || { echo "generated files are stale: run make generate and commit" >&2; exit 1; }
+	@test -z "$$(git status --porcelain -- api config internal/plane/manifests)" || { git status --porcelain -- api config internal/plane/manifests; echo "untracked generated files: run make generate and commit" >&2; exit 1; }
 	@out=$$(gofmt -l $$(git ls-files '*.go')); test -z "$$out" || { echo "not gofmt'ed: $$out" >&2; exit 1; }
 	go vet ./...
 	go vet -tags e2e ./e2e/...

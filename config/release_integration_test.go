@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/contract"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 )
 
@@ -92,7 +93,7 @@ func components(t *testing.T) []*unstructured.Unstructured {
 			releaseErr = err
 			return
 		}
-		released, releaseErr = testenv.DecodeYAML(data)
+		released, releaseErr = plane.DecodeYAML(data)
 		if releaseErr == nil {
 			releaseErr = checkVariables(data)
 		}

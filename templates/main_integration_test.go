@@ -24,6 +24,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 )
 
@@ -55,13 +56,13 @@ func run(m *testing.M) int {
 		fmt.Fprintf(logFile, "%s %s %s\n", time.Now().Format("15:04:05.000"), prefix, args)
 	}, funcr.Options{Verbosity: 2}))
 	fmt.Printf("controller logs: %s\n", logFile.Name())
-	if env, err = testenv.Start(testenv.WithProviderWebhooks(), testenv.WithClusterAPIWebhooks()); err != nil {
+	if env, err = testenv.Start(plane.WithProviderWebhooks(), plane.WithClusterAPIWebhooks()); err != nil {
 		fmt.Println(err)
 		return 1
 	}
 	defer func() { _ = env.Stop() }()
 	start := time.Now()
-	mgr, err := env.StartManager(testenv.ProviderWebhooks(nil), testenv.ClusterAPIWebhooks, testenv.ClusterAPITopology)
+	mgr, err := env.StartManager(plane.ProviderWebhooks(nil), plane.ClusterAPIWebhooks, plane.ClusterAPITopology)
 	if err != nil {
 		fmt.Println(err)
 		return 1
@@ -180,7 +181,7 @@ func generate(t *testing.T, flavor, name, namespace string, vars map[string]stri
 	if i := bytes.Index(out, []byte("${")); i >= 0 {
 		t.Fatalf("unsubstituted variable in the output: %q", out[i:min(len(out), i+60)])
 	}
-	objs, err := testenv.DecodeYAML(out)
+	objs, err := plane.DecodeYAML(out)
 	if err != nil {
 		t.Fatal(err)
 	}

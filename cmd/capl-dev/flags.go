@@ -2,6 +2,8 @@ package main
 
 import (
 	"flag"
+	"os"
+	"path/filepath"
 	"strings"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
@@ -24,7 +26,8 @@ func planeFlags(fs *flag.FlagSet, o *devplane.Options) {
 }
 
 func managerFlags(fs *flag.FlagSet, o *devplane.Options) {
-	fs.StringVar(&o.ManagerBinary, "manager", "bin/manager", "the provider's manager binary (make build)")
+	fs.StringVar(&o.ManagerBinary, "manager", "", "the provider's manager binary (make build); default: manager next to capl-dev")
+	fs.StringVar(&o.Assets, "assets", "", "directory of kube-apiserver, etcd, kube-controller-manager and kubectl; default: next to capl-dev, then its k8s/<version>-linux-amd64 (bin/ of make envtest), $KUBEBUILDER_ASSETS first when set")
 	fs.Var((*stringList)(&o.ManagerArgs), "manager-arg", "extra flag for the manager, e.g. --manager-arg=--v=4 (repeatable)")
 }
 
@@ -53,8 +56,8 @@ func (f *clusterFlags) bind(fs *flag.FlagSet) {
 	fs.IntVar(&f.controlPlane, "control-plane", 1, "control-plane machines")
 	fs.IntVar(&f.workers, "workers", 1, "worker machines (MachineDeployment replicas)")
 	fs.StringVar(&f.kubernetesVersion, "kubernetes-version", "v1.36.3", "Kubernetes version of the node image (make node-image)")
-	fs.StringVar(&f.template, "template", "templates/cluster-template.yaml", "cluster template, rendered by clusterctl's variable rules")
-	fs.StringVar(&f.cni, "cni", "templates/cni-flannel.yaml", "CNI manifest a ClusterResourceSet applies to the cluster")
+	fs.StringVar(&f.template, "template", shipped("templates/cluster-template.yaml"), "cluster template, rendered by clusterctl's variable rules")
+	fs.StringVar(&f.cni, "cni", shipped("templates/cni-flannel.yaml"), "CNI manifest a ClusterResourceSet applies to the cluster")
 	fs.StringVar(&f.kubeconfigOut, "kubeconfig-out", "", "where to write the workload cluster's kubeconfig (default <state-dir>/<name>.kubeconfig)")
 	fs.BoolVar(&f.standIn, "stand-in", false, "make the stand-in demo instead: VMs running a stand-in API server, no Kubernetes (fast, for the provider's own tests)")
 }
@@ -86,4 +89,19 @@ func (f *clusterFlags) clusterOptions(c devplane.DomainChoice) devplane.ClusterO
 		o = o.TCGTuning()
 	}
 	return o
+}
+
+// shipped is rel in the directory of the capl-dev binary when it is there
+// (a `make dist` directory), else rel itself (a checkout's working
+// directory).
+func shipped(rel string) string {
+	exe, err := os.Executable()
+	if err != nil {
+		return rel
+	}
+	p := filepath.Join(filepath.Dir(exe), rel)
+	if _, err := os.Stat(p); err != nil {
+		return rel
+	}
+	return p
 }

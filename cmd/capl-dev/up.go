@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -38,6 +39,9 @@ func up(ctx context.Context, args []string) error {
 		return err
 	}
 	logf("management plane ready in %s: API %s, manager %s", time.Since(start).Round(time.Second), p.Config.Host, p.Endpoints.ManagerHealthURL)
+	if assets, err := plane.FindAssets(o.Assets); err == nil {
+		kubectlPath = filepath.Join(assets, "kubectl")
+	}
 	if *noCluster {
 		printPlaneSteps(p)
 		return nil
@@ -150,13 +154,11 @@ Control-plane endpoint (HAProxy VM in front of the stand-in API servers):
 	return nil
 }
 
-// kubectl is the kubectl of hack/envtest.sh when make runs us, else the one on PATH.
-func kubectl() string {
-	if assets := os.Getenv("KUBEBUILDER_ASSETS"); assets != "" {
-		return filepath.Join(assets, "kubectl")
-	}
-	return "kubectl"
-}
+// kubectlPath is the kubectl next to the plane's kube-apiserver, which the
+// printed next steps name.
+var kubectlPath = "kubectl"
+
+func kubectl() string { return kubectlPath }
 
 func printClusterSteps(p *devplane.Plane, co devplane.ClusterOptions, kubeconfig string) {
 	fmt.Printf("\nWorkload cluster %s/%s (kubeconfig %s):\n\n", co.Namespace, co.Name, kubeconfig)

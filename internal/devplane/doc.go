@@ -7,7 +7,7 @@
 // provider's real manager binary as supervised child processes, restarted
 // when they die like a kubelet restarts a pod; and Cluster API's core,
 // kubeadm bootstrap and kubeadm control-plane managers with all their
-// webhooks in process (testenv.StartClusterAPI; Serve says why in process).
+// webhooks in process (plane.StartClusterAPI; Serve says why in process).
 //
 // Everything lives in a state directory (default DefaultStateDir):
 //

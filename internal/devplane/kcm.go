@@ -14,8 +14,8 @@ import (
 )
 
 // KubeControllerManagerEnv names a kube-controller-manager binary that
-// replaces $KUBEBUILDER_ASSETS/kube-controller-manager (hack/envtest.sh
-// builds it there, next to kube-apiserver and of the same version).
+// replaces the one of the assets directory (hack/envtest.sh and `make
+// dist` put it next to kube-apiserver, of the same version).
 const KubeControllerManagerEnv = "CAPL_KUBE_CONTROLLER_MANAGER"
 
 // serviceAccountIssuer is the issuer of the plane's service-account tokens.
@@ -57,14 +57,10 @@ var kubeControllerManagerControllers = []string{
 }
 
 // kubeControllerManagerBinary finds kube-controller-manager: the
-// KubeControllerManagerEnv override, else the envtest assets directory.
-func kubeControllerManagerBinary() (string, error) {
+// KubeControllerManagerEnv override, else the one of the assets directory.
+func kubeControllerManagerBinary(assets string) (string, error) {
 	path := os.Getenv(KubeControllerManagerEnv)
 	if path == "" {
-		assets := os.Getenv("KUBEBUILDER_ASSETS")
-		if assets == "" {
-			return "", errors.New("KUBEBUILDER_ASSETS is unset: point it at the output of hack/envtest.sh")
-		}
 		path = filepath.Join(assets, "kube-controller-manager")
 	}
 	if _, err := os.Stat(path); err != nil {

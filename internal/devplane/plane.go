@@ -72,7 +72,12 @@ func Start(ctx context.Context, o Options, serveBinary string) (*Plane, error) {
 	if pid := servePID(dir); pid != 0 {
 		o.Log("management plane already running (pid %d), reusing it", pid)
 	} else {
+		// Resolved here, so that what is missing is said before the plane
+		// starts, and the plane runs what this process found.
 		var err error
+		if o.ManagerBinary, o.Assets, err = o.binaries(); err != nil {
+			return nil, err
+		}
 		if exited, err = spawnServe(o, serveBinary); err != nil {
 			return nil, err
 		}
@@ -102,7 +107,8 @@ func spawnServe(o Options, serveBinary string) (chan error, error) {
 	if serveBinary == "" {
 		return nil, errors.New("no capl-dev binary to run `serve` with")
 	}
-	args := []string{"serve", "--state-dir=" + o.StateDir, "--libvirt-uri=" + o.LibvirtURI, "--manager=" + o.ManagerBinary, "--image-dir=" + o.ImageDir}
+	args := []string{"serve", "--state-dir=" + o.StateDir, "--libvirt-uri=" + o.LibvirtURI, "--manager=" + o.ManagerBinary,
+		"--assets=" + o.Assets, "--image-dir=" + o.ImageDir}
 	for _, a := range o.ManagerArgs {
 		args = append(args, "--manager-arg="+a)
 	}

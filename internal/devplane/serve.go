@@ -2,7 +2,6 @@ package devplane
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log"
 	"net"
@@ -18,7 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 )
 
 const (
@@ -45,7 +44,7 @@ const (
 //
 // Cluster API runs in process, built from the pinned module's exported
 // reconcilers and webhooks exactly as its three main.go's wire them (see
-// testenv.CAPI), rather than as its manager binaries built from the module
+// plane.CAPI), rather than as its manager binaries built from the module
 // proxy: that is the same code without three more binaries to build (each
 // a minute or more of linking on a small host), supervise, give ports,
 // certificates and kubeconfigs; it costs one process's memory instead of
@@ -59,17 +58,11 @@ const (
 // removes serve.pid and endpoints.json, and returns nil.
 func Serve(ctx context.Context, o Options) error {
 	o = o.withDefaults()
-	if o.ManagerBinary == "" {
-		return errors.New("no manager binary: build it with `make build` and pass --manager")
-	}
-	manager, err := filepath.Abs(o.ManagerBinary)
+	manager, assets, err := o.binaries()
 	if err != nil {
 		return err
 	}
-	if _, err := os.Stat(manager); err != nil {
-		return fmt.Errorf("manager binary: %w (build it with `make build`)", err)
-	}
-	kcm, err := kubeControllerManagerBinary()
+	kcm, err := kubeControllerManagerBinary(assets)
 	if err != nil {
 		return err
 	}
@@ -103,12 +96,12 @@ func Serve(ctx context.Context, o Options) error {
 	webhookPort, healthPort, metricsPort, capiWebhookPort := reserved.ports[0], reserved.ports[1], reserved.ports[2], reserved.ports[3]
 
 	log.Printf("starting etcd (data in %s) and kube-apiserver", filepath.Join(dir, etcdDirName))
-	env, err := testenv.Start(
-		testenv.WithEtcdDataDir(filepath.Join(dir, etcdDirName)),
-		testenv.WithAPIServerFlags(apiServerFlags(dir)),
-		testenv.WithProviderWebhooks(),
-		testenv.WithClusterAPIWebhooks(),
-		testenv.WithWebhookServing("127.0.0.1", webhookPort),
+	env, err := plane.StartEnvironment(assets,
+		plane.WithEtcdDataDir(filepath.Join(dir, etcdDirName)),
+		plane.WithAPIServerFlags(apiServerFlags(dir)),
+		plane.WithProviderWebhooks(),
+		plane.WithClusterAPIWebhooks(),
+		plane.WithWebhookServing("127.0.0.1", webhookPort),
 	)
 	if err != nil {
 		return err
@@ -163,7 +156,7 @@ func Serve(ctx context.Context, o Options) error {
 	if err := env.RouteWebhooks(ctx, clusterAPIWebhookPrefix, "127.0.0.1", capiWebhookPort); err != nil {
 		return fmt.Errorf("routing Cluster API's webhooks: %w", err)
 	}
-	capi, err := env.StartClusterAPI(testenv.ClusterAPIOptions{
+	capi, err := env.StartClusterAPI(plane.ClusterAPIOptions{
 		Kubeadm: true, WebhookHost: "127.0.0.1", WebhookPort: capiWebhookPort, WebhookCertDir: env.WebhookCertDir(),
 	})
 	if err != nil {
@@ -228,7 +221,7 @@ func Serve(ctx context.Context, o Options) error {
 }
 
 // clusterAPIWebhookPrefix starts the names of Cluster API's webhook
-// configurations (testenv.WithClusterAPIWebhooks).
+// configurations (plane.WithClusterAPIWebhooks).
 const clusterAPIWebhookPrefix = "capi-"
 
 // supervisor runs a binary (the manager, kube-controller-manager) and
@@ -366,7 +359,7 @@ func recordInventory(ctx context.Context, c client.Client) error {
 }
 
 // recordScopeEvery records the plane's scope every interval until ctx ends.
-func recordScopeEvery(ctx context.Context, env *testenv.Environment, dir string, interval time.Duration) {
+func recordScopeEvery(ctx context.Context, env *plane.Environment, dir string, interval time.Duration) {
 	for {
 		if err := recordLiveScope(ctx, env.Client, dir); err != nil && ctx.Err() == nil {
 			log.Printf("recording the plane's namespaces in %s: %v", scopeFileName, err)

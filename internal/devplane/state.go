@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 )
 
 // DefaultStateDir is where `make up` keeps the plane's state.
@@ -27,8 +29,14 @@ type Options struct {
 	StateDir string
 	// LibvirtURI is the libvirt host the manager drives (qemu:///system).
 	LibvirtURI string
-	// ManagerBinary is the provider's manager (bin/manager of `make build`).
+	// ManagerBinary is the provider's manager (bin/manager of `make build`);
+	// empty means the manager next to the running binary (a `make dist`
+	// directory, or bin/).
 	ManagerBinary string
+	// Assets is the directory of kube-apiserver, etcd,
+	// kube-controller-manager and kubectl; empty means plane.FindAssets's
+	// search (next to the running binary, then bin/k8s/).
+	Assets string
 	// ManagerArgs are appended to the flags the supervisor gives the manager.
 	ManagerArgs []string
 	// ImageDir is the directory whose files the manager may import as
@@ -265,4 +273,30 @@ func servePID(dir string) int {
 		return 0
 	}
 	return pid
+}
+
+// binaries resolves the manager binary and the assets directory: the
+// options' own, else those next to the running binary (see Options).
+func (o Options) binaries() (manager, assets string, err error) {
+	manager = o.ManagerBinary
+	if manager == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return "", "", err
+		}
+		manager = filepath.Join(filepath.Dir(exe), "manager")
+	}
+	if manager, err = filepath.Abs(manager); err != nil {
+		return "", "", err
+	}
+	if _, err := os.Stat(manager); err != nil {
+		return "", "", fmt.Errorf("manager binary: %w (build it with `make build`, or name it with --manager)", err)
+	}
+	if assets, err = plane.FindAssets(o.Assets); err != nil {
+		return "", "", err
+	}
+	if assets, err = filepath.Abs(assets); err != nil {
+		return "", "", err
+	}
+	return manager, assets, nil
 }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -44,7 +45,7 @@ func TestMain(m *testing.M) {
 
 func run(m *testing.M) int {
 	var err error
-	if env, err = testenv.Start(testenv.WithProviderWebhooks()); err != nil {
+	if env, err = testenv.Start(plane.WithProviderWebhooks()); err != nil {
 		fmt.Println(err)
 		return 1
 	}
@@ -62,7 +63,7 @@ func run(m *testing.M) int {
 		volumes = host
 	}
 	start := time.Now()
-	mgr, err := env.StartManager(testenv.ProviderWebhooks(volumes))
+	mgr, err := env.StartManager(plane.ProviderWebhooks(volumes))
 	if err != nil {
 		fmt.Println(err)
 		return 1

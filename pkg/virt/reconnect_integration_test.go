@@ -13,9 +13,9 @@ import (
 // starts it again; the Client must reconnect by itself, without a call
 // (a manager at rest makes none, and the reconnect event is what makes it
 // look at its objects again), the next call must succeed and event
-// callbacks must be registered again. It lives in the file that sorts last
-// so the outage, which other users of this libvirtd notice, comes after
-// every other test, and it keeps the outage to the restart itself.
+// callbacks must be registered again. The outage lasts only the restart
+// itself, and the test returns once libvirtd answers again, so the tests
+// that run after it (a package's tests run one at a time) find it serving.
 func TestReconnectAfterLibvirtdRestart(t *testing.T) {
 	e := newStorageEnv(t)
 	ctx := testCtx(t)

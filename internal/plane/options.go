@@ -1,16 +1,12 @@
-package testenv
+package plane
 
 import (
 	"fmt"
-	"maps"
 	"os"
-	"path/filepath"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	"sigs.k8s.io/yaml"
 )
 
 // Option changes the environment before its API server starts.
@@ -22,7 +18,7 @@ type Option func(*envtest.Environment) error
 // ProviderWebhooks; until then the API server refuses our kinds.
 func WithProviderWebhooks() Option {
 	return func(env *envtest.Environment) error {
-		return addWebhookConfigurations(env, "capl-", filepath.Join(moduleRoot(), "config", "webhook", "manifests.yaml"))
+		return addWebhookConfigurations(env, "capl-", providerManifests)
 	}
 }
 
@@ -58,16 +54,12 @@ func WithClusterAPIWebhooks() Option {
 		if err := WithKubeadmCRDs()(env); err != nil {
 			return err
 		}
-		for prefix, rel := range map[string]string{
-			"capi-":                   "core/config/webhook/manifests.yaml",
-			"capi-kubeadm-control-":   "controlplane/kubeadm/config/webhook/manifests.yaml",
-			"capi-kubeadm-bootstrap-": "bootstrap/kubeadm/config/webhook/manifests.yaml",
+		for prefix, dir := range map[string]string{
+			"capi-":                   clusterAPICoreManifests,
+			"capi-kubeadm-control-":   kubeadmControlPlaneManifests,
+			"capi-kubeadm-bootstrap-": kubeadmBootstrapManifests,
 		} {
-			path, err := clusterAPIPath(rel)
-			if err != nil {
-				return err
-			}
-			if err := addWebhookConfigurations(env, prefix, path); err != nil {
+			if err := addWebhookConfigurations(env, prefix, dir); err != nil {
 				return err
 			}
 		}
@@ -81,11 +73,7 @@ func WithClusterAPIWebhooks() Option {
 // kustomization adds (the topology controller looks the labels up).
 func WithKubeadmCRDs() Option {
 	return func(env *envtest.Environment) error {
-		for _, rel := range []string{"controlplane/kubeadm/config/crd", "bootstrap/kubeadm/config/crd"} {
-			dir, err := clusterAPIPath(rel)
-			if err != nil {
-				return err
-			}
+		for _, dir := range []string{kubeadmControlPlaneManifests, kubeadmBootstrapManifests} {
 			crds, err := labelledCRDs(dir)
 			if err != nil {
 				return err
@@ -96,63 +84,14 @@ func WithKubeadmCRDs() Option {
 	}
 }
 
-// labelledCRDs reads the CRDs a kustomization in dir lists as resources and
-// adds the labels of its labels[].pairs, as kustomize would.
-func labelledCRDs(dir string) ([]*apiextensionsv1.CustomResourceDefinition, error) {
-	data, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
-	if err != nil {
-		return nil, err
-	}
-	var k struct {
-		Labels    []struct{ Pairs map[string]string }
-		Resources []string
-	}
-	if err := yaml.Unmarshal(data, &k); err != nil {
-		return nil, fmt.Errorf("reading %s: %w", dir, err)
-	}
-	var crds []*apiextensionsv1.CustomResourceDefinition
-	for _, r := range k.Resources {
-		data, err := os.ReadFile(filepath.Join(dir, r))
-		if err != nil {
-			return nil, err
-		}
-		crd := &apiextensionsv1.CustomResourceDefinition{}
-		if err := yaml.Unmarshal(data, crd); err != nil {
-			return nil, fmt.Errorf("reading %s: %w", r, err)
-		}
-		if crd.Labels == nil {
-			crd.Labels = map[string]string{}
-		}
-		for _, l := range k.Labels {
-			maps.Copy(crd.Labels, l.Pairs)
-		}
-		crds = append(crds, crd)
-	}
-	return crds, nil
-}
-
-// clusterAPIPath is rel inside the sigs.k8s.io/cluster-api module.
-func clusterAPIPath(rel string) (string, error) {
-	crds, err := clusterAPICRDDir(moduleRoot())
-	if err != nil {
-		return "", err
-	}
-	// clusterAPICRDDir is <module>/core/config/crd/bases.
-	return filepath.Join(crds, "..", "..", "..", "..", rel), nil
-}
-
-// addWebhookConfigurations adds the webhook configurations in file to env,
+// addWebhookConfigurations adds the webhook configurations of dir to env,
 // their names prefixed: every provider calls its configurations
 // mutating-webhook-configuration and validating-webhook-configuration, and
 // kustomize's namePrefix tells them apart in a real installation.
-func addWebhookConfigurations(env *envtest.Environment, prefix, file string) error {
-	data, err := os.ReadFile(file)
+func addWebhookConfigurations(env *envtest.Environment, prefix, dir string) error {
+	objs, err := webhookConfigurationsIn(dir)
 	if err != nil {
 		return err
-	}
-	objs, err := DecodeYAML(data)
-	if err != nil {
-		return fmt.Errorf("reading %s: %w", file, err)
 	}
 	opts := &env.WebhookInstallOptions
 	for _, u := range objs {
@@ -168,7 +107,7 @@ func addWebhookConfigurations(env *envtest.Environment, prefix, file string) err
 			opts.ValidatingWebhooks = append(opts.ValidatingWebhooks, c)
 		}
 		if err != nil {
-			return fmt.Errorf("reading %s: %w", file, err)
+			return fmt.Errorf("reading %s's webhook configurations: %w", dir, err)
 		}
 	}
 	return nil

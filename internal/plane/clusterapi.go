@@ -1,4 +1,4 @@
-package testenv
+package plane
 
 import (
 	"context"
@@ -44,7 +44,7 @@ import (
 
 // capiControllerName is the user agent and informer name of the in-process
 // Cluster API controllers.
-const capiControllerName = "capi-testenv"
+const capiControllerName = "capi-plane"
 
 // capiStarts counts the Cluster API managers started in this process.
 var capiStarts atomic.Int64
