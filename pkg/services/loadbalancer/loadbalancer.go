@@ -91,7 +91,7 @@ func (svc *Service) plan(haproxy bool) services.Plan {
 		{Service: haproxyVM{seed.NewWithUserData(svc.vm, []byte(userData)), svc.vm}, Condition: ready, Setup: true},
 		{Service: haproxyVM{domain.New(svc.vm, domain.Options{ShutdownTimeout: shutdownTimeout, TrafficFilter: svc.trafficFilter}), svc.vm}, Condition: ready},
 		{Service: provisioned{svc}, Condition: ready},
-		{Service: config{svc}, Condition: ready},
+		{Service: configSync{svc}, Condition: ready},
 	}
 }
 

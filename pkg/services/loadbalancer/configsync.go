@@ -20,15 +20,15 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
-// config keeps HAProxy's configuration in step with the cluster's
+// configSync keeps HAProxy's configuration in step with the cluster's
 // control-plane machines and reports whether the endpoint serves.
-type config struct{ lb *Service }
+type configSync struct{ lb *Service }
 
 // Name labels the step in logs.
-func (config) Name() string { return "configuration" }
+func (configSync) Name() string { return "configuration" }
 
 // Delete does nothing: the configuration goes with the VM.
-func (config) Delete(context.Context) error { return nil }
+func (configSync) Delete(context.Context) error { return nil }
 
 // Reconcile renders the configuration for the current backends and
 // applies it when it differs from the one last applied; then it checks
@@ -36,7 +36,7 @@ func (config) Delete(context.Context) error { return nil }
 // is only read back when the endpoint does not answer (e.g. the VM was
 // recreated), so an unchanged backend set costs no guest-agent call and
 // never reloads HAProxy.
-func (c config) Reconcile(ctx context.Context) (services.Result, error) {
+func (c configSync) Reconcile(ctx context.Context) (services.Result, error) {
 	svc := c.lb
 	s := svc.scope
 	backends, err := DesiredBackends(ctx, s)
@@ -79,7 +79,7 @@ func (c config) Reconcile(ctx context.Context) (services.Result, error) {
 // notServing reports LoadBalancerReady False while HAProxy does not serve:
 // WaitingForLoadBalancer, or LoadBalancerNotServing once that has lasted
 // longer than servingBound.
-func (c config) notServing(message string, wait error) error {
+func (c configSync) notServing(message string, wait error) error {
 	s := c.lb.scope
 	var since time.Time
 	if cond := conditions.Get(s.LibvirtCluster, infrav1.LoadBalancerReadyCondition); cond != nil && cond.Status == metav1.ConditionFalse {
@@ -103,7 +103,7 @@ func notServingReason(since, now time.Time, bound time.Duration) string {
 }
 
 // apply loads cfg into HAProxy and records it.
-func (c config) apply(ctx context.Context, cfg []byte, id string, backends []infrav1.LoadBalancerBackend) error {
+func (c configSync) apply(ctx context.Context, cfg []byte, id string, backends []infrav1.LoadBalancerBackend) error {
 	s := c.lb.scope
 	start := time.Now()
 	err := Apply(ctx, s.Host, c.lb.vm.DomainName(), cfg, id)
@@ -131,7 +131,7 @@ func (c config) apply(ctx context.Context, cfg []byte, id string, backends []inf
 
 // serving dials the endpoint from the manager's host; once it accepts
 // connections, LoadBalancerReady is True.
-func (c config) serving() (services.Result, error) {
+func (c configSync) serving() (services.Result, error) {
 	s := c.lb.scope
 	ep := s.LibvirtCluster.Spec.ControlPlaneEndpoint
 	addr := net.JoinHostPort(ep.Host, strconv.Itoa(int(ep.Port)))
