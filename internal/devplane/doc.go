@@ -23,11 +23,11 @@
 //	endpoints.json         Endpoints: manager metrics and health URLs, webhook port
 //	scope.json             Scope: the namespaces and storage pools the plane used
 //
-// Differences from the brief the e2e suite was written against:
+// What Down removes:
 //
-//   - Down does not sweep every provider-owned object on the host by
-//     default: on a host shared with other management clusters (or other
-//     test runs) that would delete their VMs. It removes the domains,
+//   - Not every provider-owned object on the host by default: on a host
+//     shared with other management clusters (or other test runs) that
+//     would delete their VMs. It removes the domains,
 //     networks and volumes of the namespaces recorded in scope.json (every
 //     namespace holding a Cluster, LibvirtCluster or LibvirtMachine of the
 //     plane: serve records them every 5 s, Down and `capl-dev up` too),

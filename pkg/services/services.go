@@ -59,7 +59,8 @@ type ConditionError struct {
 	Err       error
 }
 
-// Error is Err's text: logs and the reconcile's error read as before.
+// Error is Err's text, so that logs and the reconcile's error show the
+// step's own error; the condition carries Reason and Message.
 func (e *ConditionError) Error() string { return e.Err.Error() }
 
 // Unwrap exposes Err to errors.Is and errors.As.
