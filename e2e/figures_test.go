@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"libvirt.org/go/libvirt"
 
@@ -22,120 +21,6 @@ import (
 
 // The report's arithmetic is pure; these table tests pin it down without
 // any VM.
-
-func TestSummarize(t *testing.T) {
-	s := time.Second
-	tests := []struct {
-		name string
-		in   []time.Duration
-		want stats
-	}{
-		{"none", nil, stats{}},
-		{"one", []time.Duration{3 * s}, stats{N: 1, Median: 3, Min: 3, Max: 3}},
-		{"odd, unsorted", []time.Duration{9 * s, 1 * s, 4 * s}, stats{N: 3, Median: 4, Min: 1, Max: 9}},
-		{"even: mean of the middle two", []time.Duration{4 * s, 1 * s, 2 * s, 10 * s}, stats{N: 4, Median: 3, Min: 1, Max: 10}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := summarize(tt.in); got != tt.want {
-				t.Errorf("summarize(%v) = %+v, want %+v", tt.in, got, tt.want)
-			}
-		})
-	}
-}
-
-func TestEligible(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	at := func(sec int) time.Time { return t0.Add(time.Duration(sec) * time.Second) }
-	tests := []struct {
-		name        string
-		tl          timeline
-		provisioned time.Time
-		want        time.Time
-	}{
-		{"created last", timeline{created: at(10), secret: at(5)}, at(3), at(10)},
-		{"cluster provisioned last", timeline{created: at(1), secret: at(2)}, at(30), at(30)},
-		{"secret named last", timeline{created: at(1), secret: at(40)}, at(30), at(40)},
-		{"cluster never provisioned", timeline{created: at(1), secret: at(2)}, time.Time{}, time.Time{}},
-		{"secret never named", timeline{created: at(1)}, at(2), time.Time{}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := tt.tl.eligible(tt.provisioned); !got.Equal(tt.want) {
-				t.Errorf("eligible = %v, want %v", got, tt.want)
-			}
-		})
-	}
-}
-
-func TestBatch(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	at := func(sec int) time.Time { return t0.Add(time.Duration(sec) * time.Second) }
-	tls := []timeline{
-		{name: "b", created: at(0), secret: at(0), domainReady: at(12), lease: at(80), address: at(81), bootstrap: at(200)},
-		{name: "a", created: at(0), secret: at(0), domainReady: at(10), lease: at(70), address: at(73), bootstrap: at(150)},
-		// Still booting: counts for the first phase only.
-		{name: "c", created: at(0), secret: at(0), domainReady: at(14)},
-	}
-	b := batch("test", tls, at(5))
-	if got, want := b.Machines, []string{"a", "b", "c"}; len(got) != 3 || got[0] != want[0] || got[2] != want[2] {
-		t.Errorf("machines %v, want %v", got, want)
-	}
-	if want := (stats{N: 3, Median: 7, Min: 5, Max: 9}); b.EligibleToStarted != want {
-		t.Errorf("eligible → started %+v, want %+v", b.EligibleToStarted, want)
-	}
-	if want := (stats{N: 2, Median: 2, Min: 1, Max: 3}); b.LeaseToAddress != want {
-		t.Errorf("lease → address %+v, want %+v", b.LeaseToAddress, want)
-	}
-	if want := (stats{N: 2, Median: 164, Min: 140, Max: 188}); b.StartToSentinel != want {
-		t.Errorf("start → sentinel %+v, want %+v", b.StartToSentinel, want)
-	}
-}
-
-func TestParseMetrics(t *testing.T) {
-	text := `# HELP capl_libvirt_calls_total Engine operations.
-# TYPE capl_libvirt_calls_total counter
-capl_libvirt_calls_total{operation="DomainInfo"} 22
-capl_libvirt_calls_total{operation="VolumeInfo"} 4.4e+01
-controller_runtime_reconcile_total{controller="libvirtmachine",result="success"} 15
-controller_runtime_reconcile_total{controller="libvirtmachine",result="requeue"} 3
-controller_runtime_reconcile_total{controller="libvirtcluster",result="success"} 7
-controller_runtime_reconcile_time_seconds_count{controller="libvirtmachine"} 99
-process_resident_memory_bytes 1.2e+08
-`
-	tests := []struct {
-		name   string
-		metric string
-		labels map[string]string
-		want   float64
-	}{
-		{"calls of all operations", metricLibvirtCalls, nil, 66},
-		{"one operation", metricLibvirtCalls, map[string]string{"operation": "VolumeInfo"}, 44},
-		{"machine reconciles of every result", metricReconciles, map[string]string{"controller": "libvirtmachine"}, 18},
-		{"cluster reconciles", metricReconciles, map[string]string{"controller": "libvirtcluster"}, 7},
-	}
-	got := parseMetrics(text, metricLibvirtCalls, metricReconciles)
-	if len(got) != 2 {
-		t.Fatalf("parsed families %v, want only the two asked for", got)
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			sum := 0.0
-			for _, smp := range got[tt.metric] {
-				match := true
-				for k, v := range tt.labels {
-					match = match && smp.labels[k] == v
-				}
-				if match {
-					sum += smp.value
-				}
-			}
-			if sum != tt.want {
-				t.Errorf("%s%v = %v, want %v", tt.metric, tt.labels, sum, tt.want)
-			}
-		})
-	}
-}
 
 // The suite's checks are pure functions too where they can be; these pin
 // them down without a plane.
@@ -183,29 +68,6 @@ func TestGuestAddresses(t *testing.T) {
 	}
 	if _, err := guestIPv4([]byte("not json"), "52:54:00:ab:cd:ef"); err == nil {
 		t.Error("unparsable output accepted")
-	}
-}
-
-func TestGuestsLine(t *testing.T) {
-	r := newReport()
-	tcg := infrav1.VirtualHardware{CPUs: 1, MemoryMiB: 512, DomainType: infrav1.DomainTypeQEMU, CPUMode: infrav1.CPUModeMaximum, TCGTranslationCacheMiB: 64}
-	for range 5 {
-		r.addGuest(guestSize("machine", tcg))
-	}
-	r.addGuest(guestSize("machine", infrav1.VirtualHardware{CPUs: 2, MemoryMiB: 2048, DomainType: infrav1.DomainTypeKVM, CPUMode: infrav1.CPUModeHostPassthrough}))
-	r.addGuest(guestSize("load balancer", infrav1.VirtualHardware{CPUs: 1, MemoryMiB: 512, DomainType: infrav1.DomainTypeQEMU, CPUMode: infrav1.CPUModeMaximum}))
-	r.HostCores = 8
-	want := "Guests (from the LibvirtMachine and LibvirtCluster specs): 1 × load balancer: qemu (TCG), cpuMode maximum, 1 vCPU, 512 MiB; " +
-		"1 × machine: kvm, cpuMode host-passthrough, 2 vCPU, 2048 MiB; 5 × machine: qemu (TCG), cpuMode maximum, 1 vCPU, 512 MiB, TCG cache 64 MiB; " +
-		"on a shared 8-core host (libvirt's node info)."
-	if got := guestsLine(r.Guests, r.HostCores); got != want {
-		t.Errorf("guestsLine =\n%s\nwant\n%s", got, want)
-	}
-	if md := r.markdown(); !strings.Contains(md, want) {
-		t.Errorf("the report does not carry the guests line:\n%s", md)
-	}
-	if got := guestsLine(nil, 0); !strings.Contains(got, "none observed") || !strings.Contains(got, "unknown size") {
-		t.Errorf("guestsLine of nothing = %q", got)
 	}
 }
 
@@ -318,5 +180,15 @@ func TestTeardownSweepsOnItsOwnConnection(t *testing.T) {
 	want := []string{"sweep network " + name, "left ", "close"}
 	if !slices.Equal(order, want) {
 		t.Errorf("teardown did %q, want %q", order, want)
+	}
+}
+
+// TestReportCarriesGuestsLine: the report's markdown names the guests it counted.
+func TestReportCarriesGuestsLine(t *testing.T) {
+	r := newReport()
+	r.addGuest(guestSize("machine", infrav1.VirtualHardware{CPUs: 1, MemoryMiB: 512, DomainType: infrav1.DomainTypeQEMU, CPUMode: infrav1.CPUModeMaximum}))
+	r.HostCores = 2
+	if md, want := r.markdown(), guestsLine(r.Guests, r.HostCores); !strings.Contains(md, want) {
+		t.Errorf("the report does not carry the guests line %q:\n%s", want, md)
 	}
 }

@@ -20,35 +20,6 @@ import (
 // libvirt's DHCP leases: the report's timings are exact to about this.
 const observeInterval = 200 * time.Millisecond
 
-// timeline is when the recorder first saw each step of one LibvirtMachine.
-type timeline struct {
-	name        string
-	created     time.Time // first seen (or creationTimestamp, if earlier)
-	secret      time.Time // its Machine's bootstrap dataSecretName first seen
-	domainReady time.Time // DomainReady True first seen
-	lease       time.Time // a DHCP lease of its MAC first seen in libvirt
-	address     time.Time // an InternalIP in status.addresses first seen
-	bootstrap   time.Time // BootstrapSucceeded True first seen
-	mac         string
-	network     string
-}
-
-// eligible is when the machine could start: the later of its creation,
-// the cluster's infrastructure being provisioned and its bootstrap data
-// being named.
-func (tl timeline) eligible(clusterProvisioned time.Time) time.Time {
-	e := tl.created
-	for _, t := range []time.Time{clusterProvisioned, tl.secret} {
-		if t.IsZero() {
-			return time.Time{}
-		}
-		if t.After(e) {
-			e = t
-		}
-	}
-	return e
-}
-
 // recorder polls the namespace's machines and libvirt's leases and keeps
 // the first time each step was seen.
 type recorder struct {

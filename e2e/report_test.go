@@ -13,8 +13,6 @@ import (
 	"time"
 
 	"libvirt.org/go/libvirt"
-
-	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 )
 
 // report is what the run measured; it is written as e2e-report.md and
@@ -58,28 +56,6 @@ type phaseTiming struct {
 	Start    time.Time     `json:"start"`
 	Duration time.Duration `json:"durationNs"`
 	Seconds  float64       `json:"seconds"`
-}
-
-// stats summarises one phase over the machines of a batch, in seconds.
-type stats struct {
-	N      int     `json:"n"`
-	Median float64 `json:"median"`
-	Min    float64 `json:"min"`
-	Max    float64 `json:"max"`
-}
-
-type batchReport struct {
-	Name     string   `json:"name"`
-	Machines []string `json:"machines"`
-	// EligibleToStarted: eligible (the later of LibvirtMachine created,
-	// Cluster infrastructure provisioned, bootstrap dataSecretName set) →
-	// DomainReady True first observed.
-	EligibleToStarted stats `json:"eligibleToDomainStarted"`
-	// LeaseToAddress: a DHCP lease of the machine's MAC first seen in
-	// libvirt → an InternalIP in status.addresses first observed.
-	LeaseToAddress stats `json:"leaseToAddress"`
-	// StartToSentinel: DomainReady True → BootstrapSucceeded True.
-	StartToSentinel stats `json:"domainStartedToBootstrapSucceeded"`
 }
 
 type steadyState struct {
@@ -141,56 +117,10 @@ func (r *report) note(format string, args ...any) {
 	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
 }
 
-// summarize computes n, median, min and max of the durations.
-func summarize(ds []time.Duration) stats {
-	if len(ds) == 0 {
-		return stats{}
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	mid := s[len(s)/2]
-	if len(s)%2 == 0 {
-		mid = (s[len(s)/2-1] + s[len(s)/2]) / 2
-	}
-	return stats{N: len(s), Median: mid.Seconds(), Min: s[0].Seconds(), Max: s[len(s)-1].Seconds()}
-}
-
-// batch computes the figures of a batch from the recorder's timelines.
-// A machine missing a step is left out of that phase (n says how many
-// counted).
-func batch(name string, tls []timeline, provisioned time.Time) batchReport {
-	b := batchReport{Name: name}
-	var started, address, sentinel []time.Duration
-	for _, tl := range tls {
-		b.Machines = append(b.Machines, tl.name)
-		if e := tl.eligible(provisioned); !e.IsZero() && !tl.domainReady.IsZero() {
-			started = append(started, max(0, tl.domainReady.Sub(e)))
-		}
-		if !tl.lease.IsZero() && !tl.address.IsZero() {
-			address = append(address, tl.address.Sub(tl.lease))
-		}
-		if !tl.domainReady.IsZero() && !tl.bootstrap.IsZero() {
-			sentinel = append(sentinel, tl.bootstrap.Sub(tl.domainReady))
-		}
-	}
-	slices.Sort(b.Machines)
-	b.EligibleToStarted = summarize(started)
-	b.LeaseToAddress = summarize(address)
-	b.StartToSentinel = summarize(sentinel)
-	return b
-}
-
 func (r *report) addBatch(b batchReport) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.Batches = append(r.Batches, b)
-}
-
-func (st stats) String() string {
-	if st.N == 0 {
-		return "n=0 (not observed)"
-	}
-	return fmt.Sprintf("median %.1f s (n=%d, min %.1f, max %.1f)", st.Median, st.N, st.Min, st.Max)
 }
 
 // markdown renders the report.
@@ -276,20 +206,6 @@ func (r *report) kubeadmPhases() []phaseTiming {
 	return out
 }
 
-// guestSize describes the virtual hardware of one VM, e.g. "machine:
-// qemu (TCG), cpuMode maximum, 1 vCPU, 512 MiB, TCG cache 64 MiB".
-func guestSize(role string, hw infrav1.VirtualHardware) string {
-	kind := string(hw.DomainType)
-	if hw.DomainType == infrav1.DomainTypeQEMU {
-		kind += " (TCG)"
-	}
-	out := fmt.Sprintf("%s: %s, cpuMode %s, %d vCPU, %d MiB", role, kind, hw.CPUMode, hw.CPUs, hw.MemoryMiB)
-	if hw.TCGTranslationCacheMiB > 0 {
-		out += fmt.Sprintf(", TCG cache %d MiB", hw.TCGTranslationCacheMiB)
-	}
-	return out
-}
-
 // addGuest counts one VM of the run under its size.
 func (r *report) addGuest(size string) {
 	r.mu.Lock()
@@ -298,24 +214,6 @@ func (r *report) addGuest(size string) {
 		r.Guests = map[string]int{}
 	}
 	r.Guests[size]++
-}
-
-// guestsLine is the report's sentence about the guests and the host.
-func guestsLine(guests map[string]int, cores uint) string {
-	sizes := make([]string, 0, len(guests))
-	for size, n := range guests {
-		sizes = append(sizes, fmt.Sprintf("%d × %s", n, size))
-	}
-	slices.Sort(sizes)
-	what := "none observed"
-	if len(sizes) > 0 {
-		what = strings.Join(sizes, "; ")
-	}
-	host := "a host of unknown size"
-	if cores > 0 {
-		host = fmt.Sprintf("a shared %d-core host", cores)
-	}
-	return fmt.Sprintf("Guests (from the LibvirtMachine and LibvirtCluster specs): %s; on %s (libvirt's node info).", what, host)
 }
 
 // hostCores is the CPU count of the libvirt host at uri, read on a
@@ -332,8 +230,6 @@ func hostCores(uri string) (uint, error) {
 	}
 	return info.Cpus, nil
 }
-
-func mib(b uint64) float64 { return float64(b) / (1 << 20) }
 
 // writeReport writes and prints the report.
 func (s *suite) writeReport() {

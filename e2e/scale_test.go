@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"maps"
@@ -22,64 +21,6 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
-
-// Metrics the steady-state figure is computed from.
-const (
-	metricLibvirtCalls = "capl_libvirt_calls_total"
-	metricReconciles   = "controller_runtime_reconcile_total"
-)
-
-// sample is one Prometheus sample: its labels and value.
-type sample struct {
-	labels map[string]string
-	value  float64
-}
-
-// parseMetrics reads the samples of the named metric families from
-// Prometheus' text format.
-func parseMetrics(text string, names ...string) map[string][]sample {
-	out := map[string][]sample{}
-	sc := bufio.NewScanner(strings.NewReader(text))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		name, rest := line, ""
-		if i := strings.IndexAny(line, "{ "); i >= 0 {
-			name, rest = line[:i], line[i:]
-		}
-		if !slices.Contains(names, name) {
-			continue
-		}
-		smp := sample{labels: map[string]string{}}
-		if strings.HasPrefix(rest, "{") {
-			end := strings.LastIndex(rest, "}")
-			if end < 0 {
-				continue
-			}
-			for _, kv := range strings.Split(rest[1:end], ",") {
-				k, v, ok := strings.Cut(kv, "=")
-				if ok {
-					smp.labels[strings.TrimSpace(k)] = strings.Trim(strings.TrimSpace(v), `"`)
-				}
-			}
-			rest = rest[end+1:]
-		}
-		fields := strings.Fields(rest)
-		if len(fields) == 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(fields[0], 64)
-		if err != nil {
-			continue
-		}
-		smp.value = v
-		out[name] = append(out[name], smp)
-	}
-	return out
-}
 
 // counters are the figures of one metrics scrape.
 type counters struct {
