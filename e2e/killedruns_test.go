@@ -8,7 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 )
 
@@ -25,7 +25,7 @@ const statePrefix = "capl-e2e-plane-"
 
 // claimHost takes hostLockPath for the run (it fails while another suite
 // holds it) and clears what killed runs left: their planes go through
-// devplane.Down, as `capl-dev down --state-dir` would take them down (the
+// plane.Down, as `capl-dev down --state-dir` would take them down (the
 // processes still running are stopped, their namespaces swept), then the
 // libvirt objects of namespace still there are removed, the run's pool
 // with them. It returns what it removed, one line each.
@@ -46,7 +46,7 @@ func (s *suite) claimHost(ctx context.Context) ([]string, error) {
 		return nil, err
 	}
 	for _, dir := range dirs {
-		rep, err := devplane.Down(ctx, devplane.Options{
+		rep, err := plane.Down(ctx, plane.Options{
 			StateDir:      dir,
 			LibvirtURI:    s.uri,
 			ManagerBinary: filepath.Join(s.bin, "manager"),

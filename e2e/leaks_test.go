@@ -43,7 +43,7 @@ type leakScope int
 const (
 	// whileClusters: the run's pool, its directory and the complete base
 	// images in it are expected, since base images outlive clusters until
-	// devplane.Down; everything else of the run counts, import markers
+	// plane.Down; everything else of the run counts, import markers
 	// included.
 	whileClusters leakScope = iota
 	// afterDown: everything of the run counts, the pool and its directory
@@ -210,7 +210,7 @@ func (s *suite) networkExists(t *testing.T, name string) bool {
 // connection of its own and returns what it removed. It never touches
 // objects of other namespaces, nor base images outside the run's pool (the
 // host is shared: the final check reports those instead). The pool itself
-// and its directory are devplane.Down's to remove, unless withPool: a
+// and its directory are plane.Down's to remove, unless withPool: a
 // killed run's plane may never have recorded them.
 func (s *suite) sweepOurs(ctx context.Context, withPool bool) ([]string, error) {
 	objs, err := s.hostObjects()

@@ -23,7 +23,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 )
@@ -42,8 +42,8 @@ const (
 type moveState struct {
 	// first is the plane the cluster was created on; s.plane is the second
 	// once the cluster moved.
-	first *devplane.Plane
-	// firstDown is set once the first plane went through devplane.Down.
+	first *plane.Plane
+	// firstDown is set once the first plane went through plane.Down.
 	firstDown bool
 	// moved is set once clusterctl moved the cluster; later phases skip
 	// without it.
@@ -252,20 +252,20 @@ func (s *suite) clusterctlMove(t *testing.T) {
 
 // startSecondPlane starts another plane on the host, with the first's
 // manager flags, in a state directory of its own.
-func (s *suite) startSecondPlane(t *testing.T) (*devplane.Plane, string) {
+func (s *suite) startSecondPlane(t *testing.T) (*plane.Plane, string) {
 	t.Helper()
 	state, err := os.MkdirTemp("", statePrefix)
 	must(t, err)
 	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Minute)
 	defer cancel()
-	p, err := devplane.Start(ctx, s.planeOptions(state), filepath.Join(s.bin, "capl-dev"))
+	p, err := plane.Start(ctx, s.planeOptions(state), filepath.Join(s.bin, "capl-dev"))
 	// Until the cluster moved, the suite's teardown knows only the first
 	// plane.
 	s.t.Cleanup(func() {
 		if !s.move.moved {
 			dctx, dcancel := context.WithTimeout(context.Background(), 15*time.Minute)
 			defer dcancel()
-			_, _ = devplane.Down(dctx, devplane.Options{StateDir: state, LibvirtURI: s.uri})
+			_, _ = plane.Down(dctx, plane.Options{StateDir: state, LibvirtURI: s.uri})
 		}
 	})
 	if err != nil {
@@ -275,7 +275,7 @@ func (s *suite) startSecondPlane(t *testing.T) (*devplane.Plane, string) {
 	return p, state
 }
 
-// downFirstPlane runs devplane.Down on the plane the cluster left, as
+// downFirstPlane runs plane.Down on the plane the cluster left, as
 // `make down` would: it must remove nothing of the moved cluster.
 func (s *suite) downFirstPlane(t *testing.T) {
 	runs := s.domainRuns(t)
@@ -284,7 +284,7 @@ func (s *suite) downFirstPlane(t *testing.T) {
 	stop := s.rep.phase("move: devplane down of the first plane")
 	ctx, cancel := context.WithTimeout(s.ctx, 15*time.Minute)
 	defer cancel()
-	rep, err := devplane.Down(ctx, devplane.Options{StateDir: s.move.first.StateDir, LibvirtURI: s.uri, Log: t.Logf})
+	rep, err := plane.Down(ctx, plane.Options{StateDir: s.move.first.StateDir, LibvirtURI: s.uri, Log: t.Logf})
 	stop()
 	s.move.firstDown = true
 	must(t, err)
@@ -403,7 +403,7 @@ func (s *suite) firstPlaneDown() {
 	s.move.firstDown = true
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	if _, err := devplane.Down(ctx, devplane.Options{StateDir: s.move.first.StateDir, LibvirtURI: s.uri}); err != nil {
+	if _, err := plane.Down(ctx, plane.Options{StateDir: s.move.first.StateDir, LibvirtURI: s.uri}); err != nil {
 		s.t.Errorf("down of the first plane: %v", err)
 	}
 }

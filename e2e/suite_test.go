@@ -26,7 +26,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -67,7 +67,7 @@ const (
 type suite struct {
 	t     *testing.T
 	ctx   context.Context
-	plane *devplane.Plane
+	plane *plane.Plane
 	c     client.Client
 	host  *virt.Client
 	uri   string
@@ -207,7 +207,7 @@ func newSuite(t *testing.T) *suite {
 	stop := s.rep.phase("start management plane")
 	startCtx, startCancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer startCancel()
-	s.plane, err = devplane.Start(startCtx, s.planeOptions(s.state), filepath.Join(s.bin, "capl-dev"))
+	s.plane, err = plane.Start(startCtx, s.planeOptions(s.state), filepath.Join(s.bin, "capl-dev"))
 	stop()
 	if err != nil {
 		t.Fatalf("starting the management plane: %v", err)
@@ -221,8 +221,8 @@ func newSuite(t *testing.T) *suite {
 }
 
 // planeOptions are the options of the run's planes.
-func (s *suite) planeOptions(state string) devplane.Options {
-	return devplane.Options{
+func (s *suite) planeOptions(state string) plane.Options {
+	return plane.Options{
 		StateDir:      state,
 		LibvirtURI:    s.uri,
 		ManagerBinary: filepath.Join(s.bin, "manager"),
@@ -249,7 +249,7 @@ func (s *suite) isDown() bool {
 }
 
 // down deletes every Cluster and stray machine of the namespace, stops the
-// plane through devplane.Down and sweeps what is left of the run. With
+// plane through plane.Down and sweeps what is left of the run. With
 // strict it fails the test for anything the provider itself left behind
 // (the sweep is then only the safety net for CI); without, it is the
 // cleanup of a failed run and reports what it had to remove.
@@ -283,20 +283,20 @@ func (s *suite) down(strict bool) {
 	}
 	s.saveLogs(s.state, "e2e-")
 	stop := s.rep.phase("devplane down")
-	rep, err := devplane.Down(ctx, devplane.Options{StateDir: s.state, LibvirtURI: s.uri, ManagerBinary: filepath.Join(s.bin, "manager")})
+	rep, err := plane.Down(ctx, plane.Options{StateDir: s.state, LibvirtURI: s.uri, ManagerBinary: filepath.Join(s.bin, "manager")})
 	stop()
 	if err != nil {
-		t.Errorf("devplane.Down: %v", err)
+		t.Errorf("plane.Down: %v", err)
 	}
-	t.Logf("devplane.Down removed domains %v, networks %v, volumes %v, pools %v; kept %v", rep.Domains, rep.Networks, rep.Volumes, rep.Pools, rep.Kept)
-	s.rep.note("devplane.Down removed %d domains, %d networks, %d volumes (%v), %d pools; kept: %v",
+	t.Logf("plane.Down removed domains %v, networks %v, volumes %v, pools %v; kept %v", rep.Domains, rep.Networks, rep.Volumes, rep.Pools, rep.Kept)
+	s.rep.note("plane.Down removed %d domains, %d networks, %d volumes (%v), %d pools; kept: %v",
 		len(rep.Domains), len(rep.Networks), len(rep.Volumes), rep.Volumes, len(rep.Pools), rep.Kept)
 	// Whatever Down did, nothing of this run may outlive it; on a failed
 	// run this removes what is left. Both look at the host on connections
 	// of their own.
 	swept, err := s.sweepOurs(ctx, false)
 	for _, o := range swept {
-		t.Errorf("swept after devplane.Down: %s", o)
+		t.Errorf("swept after plane.Down: %s", o)
 	}
 	if err != nil {
 		t.Error(err)

@@ -8,6 +8,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 )
 
@@ -20,12 +21,12 @@ func (s *stringList) String() string { return strings.Join(*s, " ") }
 // Set adds one value: the flag may be repeated.
 func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
-func planeFlags(fs *flag.FlagSet, o *devplane.Options) {
-	fs.StringVar(&o.StateDir, "state-dir", devplane.DefaultStateDir, "directory of the plane's etcd data, kubeconfig, pid files and logs")
+func planeFlags(fs *flag.FlagSet, o *plane.Options) {
+	fs.StringVar(&o.StateDir, "state-dir", plane.DefaultStateDir, "directory of the plane's etcd data, kubeconfig, pid files and logs")
 	fs.StringVar(&o.LibvirtURI, "libvirt-uri", manager.DefaultLibvirtURI, "libvirt host the manager drives")
 }
 
-func managerFlags(fs *flag.FlagSet, o *devplane.Options) {
+func managerFlags(fs *flag.FlagSet, o *plane.Options) {
 	fs.StringVar(&o.ManagerBinary, "manager", "", "the provider's manager binary (make build); default: manager next to capl-dev")
 	fs.StringVar(&o.Assets, "assets", "", "directory of kube-apiserver, etcd, kube-controller-manager and kubectl; default: next to capl-dev, then its k8s/<version>-linux-amd64 (bin/ of make envtest), $KUBEBUILDER_ASSETS first when set")
 	fs.Var((*stringList)(&o.ManagerArgs), "manager-arg", "extra flag for the manager, e.g. --manager-arg=--v=4 (repeatable)")
@@ -48,7 +49,7 @@ type clusterFlags struct {
 func (f *clusterFlags) bind(fs *flag.FlagSet) {
 	fs.StringVar(&f.namespace, "namespace", "default", "namespace of the cluster")
 	fs.StringVar(&f.name, "name", "demo", "name of the cluster")
-	fs.StringVar(&f.imageDir, "image-dir", devplane.DefaultImageDir,
+	fs.StringVar(&f.imageDir, "image-dir", plane.DefaultImageDir,
 		"directory of `make images node-image`, holding the node image, "+devplane.HAProxyImageFile+" and (stand-in) "+devplane.NodeImageFile)
 	fs.StringVar(&f.domainType, "domain-type", "auto", "auto, kvm or qemu (TCG)")
 	fs.StringVar(&f.cpuMode, "cpu-mode", "", "libvirt CPU mode; default host-passthrough for kvm, maximum for qemu")

@@ -19,7 +19,7 @@ import (
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 )
 
 const usage = `capl-dev: the one-host management plane of cluster-api-provider-libvirt.
@@ -67,12 +67,12 @@ func logf(format string, args ...any) {
 
 func down(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("down", flag.ExitOnError)
-	o := devplane.Options{Log: logf}
+	o := plane.Options{Log: logf}
 	planeFlags(fs, &o)
 	fs.BoolVar(&o.SweepAll, "all", false, "remove every provider-owned domain, network and volume on the host, not only the plane's")
 	_ = fs.Parse(args)
 	start := time.Now()
-	rep, err := devplane.Down(ctx, o)
+	rep, err := plane.Down(ctx, o)
 	for _, l := range []struct {
 		what  string
 		names []string
@@ -96,13 +96,13 @@ func down(ctx context.Context, args []string) error {
 
 func serve(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ExitOnError)
-	var o devplane.Options
+	var o plane.Options
 	planeFlags(fs, &o)
 	managerFlags(fs, &o)
-	fs.StringVar(&o.ImageDir, "image-dir", devplane.DefaultImageDir, "directory the manager may import file:// images from")
+	fs.StringVar(&o.ImageDir, "image-dir", plane.DefaultImageDir, "directory the manager may import file:// images from")
 	_ = fs.Parse(args)
 	// controller-runtime logs of the in-process Cluster API controllers go
 	// to serve.log.
 	ctrl.SetLogger(klog.Background())
-	return devplane.Serve(ctx, o)
+	return plane.Serve(ctx, o)
 }

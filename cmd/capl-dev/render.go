@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 )
 
 func render(args []string) error {
@@ -52,7 +53,7 @@ func render(args []string) error {
 			objs = append(objs, o)
 		}
 	}
-	scheme, err := devplane.Scheme()
+	scheme, err := plane.Scheme()
 	if err != nil {
 		return err
 	}

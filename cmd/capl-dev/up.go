@@ -16,7 +16,7 @@ import (
 
 func up(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("up", flag.ExitOnError)
-	o := devplane.Options{Log: logf}
+	o := plane.Options{Log: logf}
 	var cf clusterFlags
 	planeFlags(fs, &o)
 	managerFlags(fs, &o)
@@ -34,7 +34,7 @@ func up(ctx context.Context, args []string) error {
 		return err
 	}
 	start := time.Now()
-	p, err := devplane.Start(ctx, o, self)
+	p, err := plane.Start(ctx, o, self)
 	if err != nil {
 		return err
 	}
@@ -57,7 +57,7 @@ func up(ctx context.Context, args []string) error {
 
 // upCluster makes a Kubernetes cluster from the template and waits until
 // every node is Ready.
-func upCluster(ctx context.Context, p *devplane.Plane, o devplane.Options, cf clusterFlags, co devplane.ClusterOptions, start time.Time) error {
+func upCluster(ctx context.Context, p *plane.Plane, o plane.Options, cf clusterFlags, co devplane.ClusterOptions, start time.Time) error {
 	if err := devplane.RecordClusterScope(p.StateDir, co); err != nil {
 		return err
 	}
@@ -107,7 +107,7 @@ func upCluster(ctx context.Context, p *devplane.Plane, o devplane.Options, cf cl
 	logf("all %d nodes Ready %s after apply (%s since up started)", len(nodes.Joined), time.Since(applied).Round(time.Second), time.Since(start).Round(time.Second))
 	out := cf.kubeconfigOut
 	if out == "" {
-		out = devplane.WorkloadKubeconfig(p.StateDir, co.Name)
+		out = plane.WorkloadKubeconfig(p.StateDir, co.Name)
 	}
 	if err := os.WriteFile(out, kubeconfig, 0o600); err != nil {
 		return err
@@ -118,7 +118,7 @@ func upCluster(ctx context.Context, p *devplane.Plane, o devplane.Options, cf cl
 
 // upStandIn makes the stand-in demo: VMs whose cloud-init runs a stand-in
 // API server behind the HAProxy endpoint, without Kubernetes.
-func upStandIn(ctx context.Context, p *devplane.Plane, d devplane.DemoOptions, start time.Time) error {
+func upStandIn(ctx context.Context, p *plane.Plane, d devplane.DemoOptions, start time.Time) error {
 	objs, err := devplane.Demo(d)
 	if err != nil {
 		return err
@@ -160,7 +160,7 @@ var kubectlPath = "kubectl"
 
 func kubectl() string { return kubectlPath }
 
-func printClusterSteps(p *devplane.Plane, co devplane.ClusterOptions, kubeconfig string) {
+func printClusterSteps(p *plane.Plane, co devplane.ClusterOptions, kubeconfig string) {
 	fmt.Printf("\nWorkload cluster %s/%s (kubeconfig %s):\n\n", co.Namespace, co.Name, kubeconfig)
 	cmd := exec.Command(kubectl(), "--kubeconfig", kubeconfig, "get", "nodes", "-o", "wide")
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
@@ -174,7 +174,7 @@ func printClusterSteps(p *devplane.Plane, co devplane.ClusterOptions, kubeconfig
 	printDownStep(p)
 }
 
-func printPlaneSteps(p *devplane.Plane) {
+func printPlaneSteps(p *plane.Plane) {
 	fmt.Printf(`
 The management plane runs in the background (state in %[1]s, logs serve.log and manager.log).
 
@@ -184,7 +184,7 @@ The management plane runs in the background (state in %[1]s, logs serve.log and 
 `, p.StateDir, p.Kubeconfig, kubectl())
 }
 
-func printDownStep(p *devplane.Plane) {
+func printDownStep(p *plane.Plane) {
 	fmt.Printf(`
 Tear it all down (clusters, plane, every VM, volume and network it made):
 
@@ -193,7 +193,7 @@ Tear it all down (clusters, plane, every VM, volume and network it made):
 }
 
 func stateDirArg(dir string) string {
-	if dir == devplane.DefaultStateDir {
+	if dir == plane.DefaultStateDir {
 		return ""
 	}
 	return " STATE_DIR=" + dir

@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/cluster-api/cmd/clusterctl/client/yamlprocessor"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -360,5 +361,5 @@ func ScaleWorkers(ctx context.Context, c client.Client, o ClusterOptions, replic
 // the plane is no longer running.
 func RecordClusterScope(stateDir string, o ClusterOptions) error {
 	pool, _ := o.pool()
-	return addScope(stateDir, Scope{Namespaces: []string{o.Namespace}, Pools: []string{pool}})
+	return plane.RecordScope(stateDir, []string{o.Namespace}, []string{pool})
 }

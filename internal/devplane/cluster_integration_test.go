@@ -55,3 +55,10 @@ func TestSeedImages(t *testing.T) {
 	_, err = SeedImages(ctx, host, o)
 	must(t, err)
 }
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -18,6 +18,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/examples"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 )
 
 // Image files of `make images` the demo boots.
@@ -322,5 +323,5 @@ func RecordDemoScope(stateDir string, d DemoOptions) error {
 	if ns == "" {
 		ns = "default"
 	}
-	return addScope(stateDir, Scope{Namespaces: []string{ns}, Pools: []string{pool}})
+	return plane.RecordScope(stateDir, []string{ns}, []string{pool})
 }

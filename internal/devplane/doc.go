@@ -1,40 +1,10 @@
-// Package devplane is the one-host management plane behind `make up` and
-// `make down` (cmd/capl-dev) and the end-to-end suite (e2e/), a management
-// cluster without nodes: kube-apiserver and etcd from envtest with a
-// persistent etcd data directory and Secrets encrypted at rest;
-// kube-controller-manager (garbage collector, namespace, service-account,
-// resource-quota and role-aggregation controllers: kcm.go) and the
-// provider's real manager binary as supervised child processes, restarted
-// when they die like a kubelet restarts a pod; and Cluster API's core,
-// kubeadm bootstrap and kubeadm control-plane managers with all their
-// webhooks in process (plane.StartClusterAPI; Serve says why in process).
-//
-// Everything lives in a state directory (default DefaultStateDir):
-//
-//	etcd/                  etcd data, kept across restarts of the plane
-//	service-account.key    signing key of service-account tokens (0600, kept)
-//	encryption-config.yaml EncryptionConfiguration with the key Secrets are
-//	                       encrypted with in etcd (secretbox; 0600, kept)
-//	kubeconfig             admin kubeconfig (0600)
-//	serve.pid/.log         the plane process (`capl-dev serve`), Cluster API's logs
-//	manager.pid/.log       the manager child
-//	kube-controller-manager.pid/.log/.kubeconfig  the kube-controller-manager child
-//	webhook-certs/         the manager's webhook serving certificate
-//	endpoints.json         Endpoints: manager metrics and health URLs, webhook port
-//	scope.json             Scope: the namespaces and storage pools the plane used
-//
-// What Down removes:
-//
-//   - Not every provider-owned object on the host by default: on a host
-//     shared with other management clusters (or other test runs) that
-//     would delete their VMs. It removes the domains,
-//     networks and volumes of the namespaces recorded in scope.json (every
-//     namespace holding a Cluster, LibvirtCluster or LibvirtMachine of the
-//     plane: serve records them every 5 s, Down and `capl-dev up` too),
-//     base images in the plane's storage pools once
-//     no machine volume is left in them, and with Options.SweepAll (capl-dev
-//     down --all) everything ListOwned returns. Sweep itself keeps its
-//     meaning: everything ListOwned returns.
-//   - A storage pool is removed only when it is left empty (another
-//     cluster's volumes may share it); the report names a pool it kept.
+// Package devplane makes the clusters of the one-host management plane
+// (internal/plane): the stand-in demo of the provider's own tests (Demo)
+// and Kubernetes clusters rendered from templates/ by clusterctl's variable
+// rules (RenderCluster, ClusterVariables, CNIObjects), the base images
+// they boot imported into the pool (SeedImages), the guests' domain type
+// chosen for the host (ChooseDomainType), and the waits `make up` and the
+// e2e suite share: infrastructure provisioned, the endpoint answering,
+// every node Ready with its Machine's providerID (WaitControlPlaneNode,
+// ReadNodesStatus), the workload kubeconfig (WorkloadClient).
 package devplane

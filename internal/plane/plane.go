@@ -1,4 +1,4 @@
-package devplane
+package plane
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package devplane
+package plane
 
 import (
 	"bytes"
@@ -13,8 +13,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 )
 
 // DefaultStateDir is where `make up` keeps the plane's state.
@@ -34,7 +32,7 @@ type Options struct {
 	// directory, or bin/).
 	ManagerBinary string
 	// Assets is the directory of kube-apiserver, etcd,
-	// kube-controller-manager and kubectl; empty means plane.FindAssets's
+	// kube-controller-manager and kubectl; empty means FindAssets's
 	// search (next to the running binary, then bin/k8s/).
 	Assets string
 	// ManagerArgs are appended to the flags the supervisor gives the manager.
@@ -176,6 +174,13 @@ func recordScope(dir string, add Scope, live []MovedObject, listedAt time.Time) 
 // addScope merges add's namespaces and pools into dir's scope.json.
 func addScope(dir string, add Scope) error { return recordScope(dir, add, nil, time.Time{}) }
 
+// RecordScope adds namespaces and pools to the plane's scope.json before
+// anything exists in them, so that Down removes their libvirt objects
+// even when the plane dies half way.
+func RecordScope(dir string, namespaces, pools []string) error {
+	return addScope(dir, Scope{Namespaces: namespaces, Pools: pools})
+}
+
 // scopeMu serialises the plane's writers of scope.json (the scope
 // recorder and watchMoves).
 var scopeMu sync.Mutex
@@ -292,7 +297,7 @@ func (o Options) binaries() (manager, assets string, err error) {
 	if _, err := os.Stat(manager); err != nil {
 		return "", "", fmt.Errorf("manager binary: %w (build it with `make build`, or name it with --manager)", err)
 	}
-	if assets, err = plane.FindAssets(o.Assets); err != nil {
+	if assets, err = FindAssets(o.Assets); err != nil {
 		return "", "", err
 	}
 	if assets, err = filepath.Abs(assets); err != nil {

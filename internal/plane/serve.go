@@ -1,4 +1,4 @@
-package devplane
+package plane
 
 import (
 	"context"
@@ -16,8 +16,6 @@ import (
 
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 )
 
 const (
@@ -96,12 +94,12 @@ func Serve(ctx context.Context, o Options) error {
 	webhookPort, healthPort, metricsPort, capiWebhookPort := reserved.ports[0], reserved.ports[1], reserved.ports[2], reserved.ports[3]
 
 	log.Printf("starting etcd (data in %s) and kube-apiserver", filepath.Join(dir, etcdDirName))
-	env, err := plane.StartEnvironment(assets,
-		plane.WithEtcdDataDir(filepath.Join(dir, etcdDirName)),
-		plane.WithAPIServerFlags(apiServerFlags(dir)),
-		plane.WithProviderWebhooks(),
-		plane.WithClusterAPIWebhooks(),
-		plane.WithWebhookServing("127.0.0.1", webhookPort),
+	env, err := StartEnvironment(assets,
+		WithEtcdDataDir(filepath.Join(dir, etcdDirName)),
+		WithAPIServerFlags(apiServerFlags(dir)),
+		WithProviderWebhooks(),
+		WithClusterAPIWebhooks(),
+		WithWebhookServing("127.0.0.1", webhookPort),
 	)
 	if err != nil {
 		return err
@@ -156,7 +154,7 @@ func Serve(ctx context.Context, o Options) error {
 	if err := env.RouteWebhooks(ctx, clusterAPIWebhookPrefix, "127.0.0.1", capiWebhookPort); err != nil {
 		return fmt.Errorf("routing Cluster API's webhooks: %w", err)
 	}
-	capi, err := env.StartClusterAPI(plane.ClusterAPIOptions{
+	capi, err := env.StartClusterAPI(ClusterAPIOptions{
 		Kubeadm: true, WebhookHost: "127.0.0.1", WebhookPort: capiWebhookPort, WebhookCertDir: env.WebhookCertDir(),
 	})
 	if err != nil {
@@ -221,7 +219,7 @@ func Serve(ctx context.Context, o Options) error {
 }
 
 // clusterAPIWebhookPrefix starts the names of Cluster API's webhook
-// configurations (plane.WithClusterAPIWebhooks).
+// configurations (WithClusterAPIWebhooks).
 const clusterAPIWebhookPrefix = "capi-"
 
 // supervisor runs a binary (the manager, kube-controller-manager) and
@@ -359,7 +357,7 @@ func recordInventory(ctx context.Context, c client.Client) error {
 }
 
 // recordScopeEvery records the plane's scope every interval until ctx ends.
-func recordScopeEvery(ctx context.Context, env *plane.Environment, dir string, interval time.Duration) {
+func recordScopeEvery(ctx context.Context, env *Environment, dir string, interval time.Duration) {
 	for {
 		if err := recordLiveScope(ctx, env.Client, dir); err != nil && ctx.Err() == nil {
 			log.Printf("recording the plane's namespaces in %s: %v", scopeFileName, err)
