@@ -281,7 +281,7 @@ func (s *suite) downFirstPlane(t *testing.T) {
 	runs := s.domainRuns(t)
 	before := s.heldNames(t)
 	s.saveLogs(s.move.first.StateDir, "e2e-first-plane-")
-	stop := s.rep.phase("move: devplane down of the first plane")
+	stop := s.rep.phase("move: plane down of the first plane")
 	ctx, cancel := context.WithTimeout(s.ctx, 15*time.Minute)
 	defer cancel()
 	rep, err := plane.Down(ctx, plane.Options{StateDir: s.move.first.StateDir, LibvirtURI: s.uri, Log: t.Logf})

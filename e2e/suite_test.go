@@ -282,7 +282,7 @@ func (s *suite) down(strict bool) {
 		}
 	}
 	s.saveLogs(s.state, "e2e-")
-	stop := s.rep.phase("devplane down")
+	stop := s.rep.phase("plane down")
 	rep, err := plane.Down(ctx, plane.Options{StateDir: s.state, LibvirtURI: s.uri, ManagerBinary: filepath.Join(s.bin, "manager")})
 	stop()
 	if err != nil {
