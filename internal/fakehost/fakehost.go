@@ -350,7 +350,7 @@ func (h *Host) ReserveAddress(_ context.Context, network string, r virt.Reservat
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	h.Entries[network] = append(entries, virt.Reservation{MAC: netalloc.CanonicalMAC(r.MAC).String(), IP: ip})
+	h.Entries[network] = append(entries, virt.Reservation{MAC: strings.ToLower(r.MAC), IP: ip})
 	return ip, nil
 }
 
@@ -418,7 +418,7 @@ func (h *Host) WatchLease(_ context.Context, network, mac string) error {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.Watches = append(h.Watches, network+"/"+netalloc.CanonicalMAC(mac).String())
+	h.Watches = append(h.Watches, network+"/"+strings.ToLower(mac))
 	return nil
 }
 

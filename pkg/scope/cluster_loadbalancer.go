@@ -5,7 +5,6 @@ import (
 	"strings"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -182,7 +181,7 @@ func (s *LoadBalancerScope) MAC() string {
 // SetMAC records the chosen MAC in status.loadBalancer.domain and (once)
 // in its annotation.
 func (s *LoadBalancerScope) SetMAC(mac string) {
-	mac = netalloc.CanonicalMAC(mac).String()
+	mac = strings.ToLower(mac)
 	s.domainStatus().MAC = mac
 	annotateOnce(s.c.LibvirtCluster, LoadBalancerMACAnnotation, mac)
 }

@@ -9,8 +9,6 @@ import (
 
 	"libvirt.org/go/libvirt"
 	"libvirt.org/go/libvirtxml"
-
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 )
 
 // DomainSpec describes a VM.
@@ -182,7 +180,7 @@ func describeDomain(dom *libvirt.Domain) (DomainInfo, error) {
 		info.MemoryMiB = memoryMiB(d.Memory)
 	}
 	if d.Devices != nil && len(d.Devices.Interfaces) > 0 && d.Devices.Interfaces[0].MAC != nil {
-		info.MAC = netalloc.CanonicalMAC(d.Devices.Interfaces[0].MAC.Address).String()
+		info.MAC = strings.ToLower(d.Devices.Interfaces[0].MAC.Address)
 	}
 	if d.Metadata != nil {
 		o, err := ParseOwner(d.Metadata.XML)

@@ -8,8 +8,6 @@ import (
 
 	"github.com/google/uuid"
 	"libvirt.org/go/libvirtxml"
-
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 )
 
 // Domain types and CPU modes a DomainSpec may name.
@@ -208,7 +206,7 @@ func domainCPU(s DomainSpec) *libvirtxml.DomainCPU {
 // the spec names neither (used by lifecycle tests that need no network).
 func domainInterface(s DomainSpec) *libvirtxml.DomainInterface {
 	nic := &libvirtxml.DomainInterface{
-		MAC:   &libvirtxml.DomainInterfaceMAC{Address: netalloc.CanonicalMAC(s.MAC).String()},
+		MAC:   &libvirtxml.DomainInterfaceMAC{Address: strings.ToLower(s.MAC)},
 		Model: &libvirtxml.DomainInterfaceModel{Type: "virtio"},
 	}
 	switch {
