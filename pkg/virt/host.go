@@ -6,14 +6,29 @@ import (
 	"time"
 )
 
-// Host is everything the controllers may do to a libvirt host. It speaks
-// only this package's small structs, never libvirt types, and offers no raw
+// Host is everything the controllers may do to a libvirt host, as the
+// roles its callers use: a service depends on the role it needs
+// (StorageHost, NetworkHost, DomainHost, GuestHost). It speaks only this
+// package's small structs, never libvirt types, and offers no raw
 // connection, so controllers are unit-tested against fakes. *Client is the
 // real implementation.
 type Host interface {
-	// NetworkHost covers networks, DHCP reservations, leases and addresses.
+	StorageHost
 	NetworkHost
+	DomainHost
+	GuestHost
 
+	// ListOwned lists every domain and network carrying our ownership
+	// metadata and every volume whose name carries our prefix.
+	ListOwned(ctx context.Context) ([]OwnedObject, error)
+
+	// Subscribe streams host events until ctx ends.
+	Subscribe(ctx context.Context) <-chan Event
+}
+
+// StorageHost covers storage pools and volumes: base images, overlays,
+// seeds and console logs.
+type StorageHost interface {
 	// EnsurePool defines, builds, starts and autostarts a directory pool,
 	// then refreshes it. Idempotent.
 	EnsurePool(ctx context.Context, spec PoolSpec) error
@@ -38,7 +53,10 @@ type Host interface {
 	// files virtlogd rotated out of it.
 	EnsureLogVolume(ctx context.Context, pool, name string) (VolumeInfo, error)
 	DeleteLogVolume(ctx context.Context, pool, name string) error
+}
 
+// DomainHost covers domains and the host capacity they are checked against.
+type DomainHost interface {
 	// EnsureDomain defines the domain unless it exists with spec.UUID;
 	// ErrDomainReplaced when the name exists with another UUID.
 	EnsureDomain(ctx context.Context, spec DomainSpec) (DomainInfo, error)
@@ -51,7 +69,13 @@ type Host interface {
 	DeleteDomain(ctx context.Context, name string) error
 	// DomainInfo describes a domain; IsNotFound(err) when it does not exist.
 	DomainInfo(ctx context.Context, name string) (DomainInfo, error)
+	// HostMemory is the libvirt host's total physical memory in bytes, to
+	// refuse machines that could never run there.
+	HostMemory(ctx context.Context) (uint64, error)
+}
 
+// GuestHost covers what a running guest's agent answers.
+type GuestHost interface {
 	// GuestExec runs a program in the guest through the guest agent and
 	// waits for it to exit.
 	GuestExec(ctx context.Context, domain, path string, args []string, stdin []byte) (ExecResult, error)
@@ -62,17 +86,6 @@ type Host interface {
 	// GuestInterfaces lists the guest's interfaces and addresses as the
 	// guest agent reports them.
 	GuestInterfaces(ctx context.Context, domain string) ([]GuestInterface, error)
-
-	// HostMemory is the libvirt host's total physical memory in bytes, to
-	// refuse machines that could never run there.
-	HostMemory(ctx context.Context) (uint64, error)
-
-	// ListOwned lists every domain and network carrying our ownership
-	// metadata and every volume whose name carries our prefix.
-	ListOwned(ctx context.Context) ([]OwnedObject, error)
-
-	// Subscribe streams host events until ctx ends.
-	Subscribe(ctx context.Context) <-chan Event
 }
 
 var _ Host = (*Client)(nil)

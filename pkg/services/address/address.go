@@ -44,6 +44,7 @@ type Scope interface {
 // Service reserves the address; its outcome is AddressReserved's.
 type Service struct {
 	scope Scope
+	host  virt.NetworkHost
 	// reserved is the address Reconcile reserved; invalid when the
 	// network has none to give (a bridge, no libvirt DHCP).
 	reserved netip.Addr
@@ -52,7 +53,7 @@ type Service struct {
 var _ services.Service = (*Service)(nil)
 
 // New returns the address reservation service of s.
-func New(s Scope) *Service { return &Service{scope: s} }
+func New(s Scope) *Service { return &Service{scope: s, host: s.LibvirtHost()} }
 
 // Name labels the service in logs.
 func (*Service) Name() string { return "address" }
@@ -77,7 +78,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		return services.Done(infrav1.ReservationNotSupportedReason,
 			fmt.Sprintf("Host bridge %s: the address comes from the LAN's DHCP server", network.Bridge)), nil
 	}
-	ip, err := s.LibvirtHost().ReserveAddress(ctx, network.Name, virt.Reservation{MAC: s.MAC()})
+	ip, err := svc.host.ReserveAddress(ctx, network.Name, virt.Reservation{MAC: s.MAC()})
 	var conflict *virt.AddressConflictError
 	switch {
 	case err == nil:
@@ -111,7 +112,7 @@ func (svc *Service) ensureMAC(ctx context.Context, network scope.NetworkRef) err
 	var taken []virt.Reservation
 	if network.Name != "" {
 		var err error
-		taken, err = s.LibvirtHost().Reservations(ctx, network.Name)
+		taken, err = svc.host.Reservations(ctx, network.Name)
 		switch {
 		case errors.Is(err, virt.ErrNoDHCP):
 		case virt.IsNotFound(err):
@@ -157,7 +158,7 @@ func (svc *Service) Delete(ctx context.Context) error {
 	if s.MAC() == "" || network.Name == "" {
 		return nil
 	}
-	if err := s.LibvirtHost().ReleaseAddress(ctx, network.Name, s.MAC()); err != nil {
+	if err := svc.host.ReleaseAddress(ctx, network.Name, s.MAC()); err != nil {
 		return fmt.Errorf("releasing the address of %s: %w", s.MAC(), err)
 	}
 	return nil

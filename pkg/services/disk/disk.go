@@ -56,13 +56,16 @@ type Scope interface {
 // Service makes the root disk; its outcome is DiskReady's.
 type Service struct {
 	scope  Scope
+	host   virt.StorageHost
 	images Importer
 }
 
 var _ services.Service = (*Service)(nil)
 
 // New returns the disk service of s; images imports base images given by URL.
-func New(s Scope, images Importer) *Service { return &Service{scope: s, images: images} }
+func New(s Scope, images Importer) *Service {
+	return &Service{scope: s, host: s.LibvirtHost(), images: images}
+}
 
 // Name labels the service in logs.
 func (*Service) Name() string { return "disk" }
@@ -72,12 +75,12 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.scope
 	pool := s.Pool()
 	want := s.DiskSizeBytes()
-	if info, err := s.LibvirtHost().VolumeInfo(ctx, pool.Name, s.OverlayVolume()); err == nil && info.CapacityBytes >= want {
+	if info, err := svc.host.VolumeInfo(ctx, pool.Name, s.OverlayVolume()); err == nil && info.CapacityBytes >= want {
 		s.SetRootDisk(info)
 		return services.Done(infrav1.ReadyReason, ""), nil
 	}
 	if pool.Path != "" {
-		if err := s.LibvirtHost().EnsurePool(ctx, pool); err != nil {
+		if err := svc.host.EnsurePool(ctx, pool); err != nil {
 			return services.Result{}, fail(err, "Ensuring storage pool %s: %v", pool.Name, err)
 		}
 	}
@@ -85,7 +88,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	if err != nil {
 		return services.Result{}, err
 	}
-	info, err := s.LibvirtHost().EnsureOverlay(ctx, virt.OverlaySpec{
+	info, err := svc.host.EnsureOverlay(ctx, virt.OverlaySpec{
 		Pool: pool.Name, Name: s.OverlayVolume(),
 		BackingPool: basePool, BackingVolume: baseVolume,
 		CapacityBytes: want,
@@ -210,7 +213,7 @@ func (svc *Service) Delete(ctx context.Context) error {
 	if svc.images != nil {
 		svc.images.Release(svc.waiter())
 	}
-	if err := s.LibvirtHost().DeleteVolume(ctx, s.Pool().Name, s.OverlayVolume()); err != nil {
+	if err := svc.host.DeleteVolume(ctx, s.Pool().Name, s.OverlayVolume()); err != nil {
 		return fmt.Errorf("deleting the root disk: %w", err)
 	}
 	return nil

@@ -65,7 +65,10 @@ type Options struct {
 // Service runs the domain; its outcome is DomainReady's.
 type Service struct {
 	scope Scope
-	opts  Options
+	// domains defines, starts and stops the VM; volumes holds its console log.
+	domains virt.DomainHost
+	volumes virt.StorageHost
+	opts    Options
 }
 
 var _ services.Service = (*Service)(nil)
@@ -75,7 +78,8 @@ func New(s Scope, opts Options) *Service {
 	if opts.ShutdownTimeout <= 0 {
 		opts.ShutdownTimeout = DefaultShutdownTimeout
 	}
-	return &Service{scope: s, opts: opts}
+	h := s.LibvirtHost()
+	return &Service{scope: s, domains: h, volumes: h, opts: opts}
 }
 
 // Reconcile makes the domain exist with the provider-chosen UUID and run.
@@ -85,7 +89,7 @@ func New(s Scope, opts Options) *Service {
 // it would silently give the Machine a fresh, unbootstrapped disk.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.scope
-	info, err := s.LibvirtHost().DomainInfo(ctx, s.DomainName())
+	info, err := svc.domains.DomainInfo(ctx, s.DomainName())
 	switch {
 	case virt.IsNotFound(err) && s.IsProvisioned():
 		return services.Result{}, services.Terminal(scope.FailureReasonUpdate, infrav1.DomainMissingReason,
@@ -133,13 +137,13 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 	if !haveDisk || !haveSeed {
 		return virt.DomainInfo{}, fmt.Errorf("defining domain %s: %w", s.DomainName(), ErrVolumesUnknown)
 	}
-	consoleLog, err := s.LibvirtHost().EnsureLogVolume(ctx, s.Pool().Name, s.ConsoleLogVolume())
+	consoleLog, err := svc.volumes.EnsureLogVolume(ctx, s.Pool().Name, s.ConsoleLogVolume())
 	if err != nil {
 		return virt.DomainInfo{}, services.Fail(infrav1.LibvirtErrorReason, err, "Creating the console log volume: %v", err)
 	}
 	hw := s.Hardware()
 	network := s.Network()
-	info, err := s.LibvirtHost().EnsureDomain(ctx, virt.DomainSpec{
+	info, err := svc.domains.EnsureDomain(ctx, virt.DomainSpec{
 		Name: s.DomainName(), UUID: s.DomainUUID(), Owner: s.Owner(),
 		Type: string(hw.DomainType), CPUMode: string(hw.CPUMode),
 		VCPUs: uint(hw.CPUs), MemoryMiB: uint64(hw.MemoryMiB), CPUShares: uint(hw.CPUShares),
@@ -176,7 +180,7 @@ func (svc *Service) trafficFilter(network scope.NetworkRef) string {
 // the kernel overcommits, so only the impossible is refused.
 func (svc *Service) checkHostMemory(ctx context.Context) error {
 	s := svc.scope
-	total, err := s.LibvirtHost().HostMemory(ctx)
+	total, err := svc.domains.HostMemory(ctx)
 	if err != nil {
 		return services.Fail(infrav1.LibvirtErrorReason, err, "Reading the libvirt host's memory: %v", err)
 	}
@@ -192,7 +196,7 @@ func (svc *Service) checkHostMemory(ctx context.Context) error {
 // that cannot start again is a terminal failure.
 func (svc *Service) start(ctx context.Context, info virt.DomainInfo) error {
 	s := svc.scope
-	err := s.LibvirtHost().StartDomain(ctx, s.DomainName())
+	err := svc.domains.StartDomain(ctx, s.DomainName())
 	var startErr *virt.DomainStartError
 	switch {
 	case err == nil:
@@ -239,7 +243,7 @@ func (svc *Service) hardwareResult(info virt.DomainInfo) services.Result {
 // and is left alone, with the log of our name.
 func (svc *Service) Delete(ctx context.Context) error {
 	s := svc.scope
-	info, err := s.LibvirtHost().DomainInfo(ctx, s.DomainName())
+	info, err := svc.domains.DomainInfo(ctx, s.DomainName())
 	switch {
 	case virt.IsNotFound(err):
 		return svc.deleteConsoleLog(ctx)
@@ -249,10 +253,10 @@ func (svc *Service) Delete(ctx context.Context) error {
 		s.Event("Warning", "DomainNotOwned", fmt.Sprintf("Domain %s has UUID %s, not %s: leaving it alone", s.DomainName(), info.UUID, s.DomainUUID()))
 		return nil
 	}
-	if err := s.LibvirtHost().ShutdownDomain(ctx, s.DomainName(), svc.opts.ShutdownTimeout); err != nil {
+	if err := svc.domains.ShutdownDomain(ctx, s.DomainName(), svc.opts.ShutdownTimeout); err != nil {
 		return fmt.Errorf("shutting down domain %s: %w", s.DomainName(), err)
 	}
-	if err := s.LibvirtHost().DeleteDomain(ctx, s.DomainName()); err != nil {
+	if err := svc.domains.DeleteDomain(ctx, s.DomainName()); err != nil {
 		return fmt.Errorf("deleting domain %s: %w", s.DomainName(), err)
 	}
 	return svc.deleteConsoleLog(ctx)
@@ -271,7 +275,7 @@ func (svc *Service) owns(info virt.DomainInfo) bool {
 
 func (svc *Service) deleteConsoleLog(ctx context.Context) error {
 	s := svc.scope
-	if err := s.LibvirtHost().DeleteLogVolume(ctx, s.Pool().Name, s.ConsoleLogVolume()); err != nil {
+	if err := svc.volumes.DeleteLogVolume(ctx, s.Pool().Name, s.ConsoleLogVolume()); err != nil {
 		return fmt.Errorf("deleting the console log: %w", err)
 	}
 	return nil

@@ -62,6 +62,7 @@ type Scope interface {
 // It creates nothing, so its Delete does nothing.
 type Addresses struct {
 	scope  Scope
+	host   virt.NetworkHost
 	leases LeaseWatcher
 }
 
@@ -69,7 +70,7 @@ var _ services.Service = (*Addresses)(nil)
 
 // NewAddresses returns the address reader of s; leases may be nil.
 func NewAddresses(s Scope, leases LeaseWatcher) *Addresses {
-	return &Addresses{scope: s, leases: leases}
+	return &Addresses{scope: s, host: s.LibvirtHost(), leases: leases}
 }
 
 // Name labels the service in logs.
@@ -84,7 +85,7 @@ func (*Addresses) Delete(context.Context) error { return nil }
 func (svc *Addresses) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.scope
 	network := s.Network()
-	addrs, err := s.LibvirtHost().Addresses(ctx, virt.AddressQuery{Domain: s.DomainName(), Network: network.Name, MAC: s.MAC()})
+	addrs, err := svc.host.Addresses(ctx, virt.AddressQuery{Domain: s.DomainName(), Network: network.Name, MAC: s.MAC()})
 	switch {
 	case err == nil:
 	case network.Name == "" || errors.Is(err, virt.ErrAgentUnavailable):
@@ -120,6 +121,7 @@ func (svc *Addresses) Reconcile(ctx context.Context) (services.Result, error) {
 // BootstrapSucceeded's. It creates nothing, so its Delete does nothing.
 type Bootstrap struct {
 	scope         Scope
+	host          virt.GuestHost
 	succeededOnce SucceededOnce
 }
 
@@ -133,7 +135,7 @@ var _ services.Service = (*Bootstrap)(nil)
 // NewBootstrap returns the bootstrap check of s; succeededOnce is asked
 // when cloud-init finished without the sentinel.
 func NewBootstrap(s Scope, succeededOnce SucceededOnce) *Bootstrap {
-	return &Bootstrap{scope: s, succeededOnce: succeededOnce}
+	return &Bootstrap{scope: s, host: s.LibvirtHost(), succeededOnce: succeededOnce}
 }
 
 // Name labels the service in logs.
@@ -148,7 +150,7 @@ func (svc *Bootstrap) Reconcile(ctx context.Context) (services.Result, error) {
 	if s.IsTrue(infrav1.BootstrapSucceededCondition) {
 		return services.Result{}, nil
 	}
-	_, err := s.LibvirtHost().GuestReadFile(ctx, s.DomainName(), SentinelPath)
+	_, err := svc.host.GuestReadFile(ctx, s.DomainName(), SentinelPath)
 	switch {
 	case err == nil:
 		return services.Done(infrav1.ReadyReason, ""), nil
@@ -174,7 +176,7 @@ func (svc *Bootstrap) Reconcile(ctx context.Context) (services.Result, error) {
 // exists, errs how many errors it lists. Its error texts are not copied
 // anywhere: they may quote bootstrap data.
 func (svc *Bootstrap) cloudInitResult(ctx context.Context) (errs int, done bool) {
-	data, err := svc.scope.LibvirtHost().GuestReadFile(ctx, svc.scope.DomainName(), cloudInitResultPath)
+	data, err := svc.host.GuestReadFile(ctx, svc.scope.DomainName(), cloudInitResultPath)
 	if err != nil {
 		return 0, false
 	}

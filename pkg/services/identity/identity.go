@@ -41,12 +41,15 @@ type Scope interface {
 }
 
 // Service chooses or adopts the identity; it reports no condition.
-type Service struct{ scope Scope }
+type Service struct {
+	scope Scope
+	host  virt.DomainHost
+}
 
 var _ services.Service = (*Service)(nil)
 
 // New returns the identity step of s.
-func New(s Scope) *Service { return &Service{scope: s} }
+func New(s Scope) *Service { return &Service{scope: s, host: s.LibvirtHost()} }
 
 // Name labels the step in logs.
 func (*Service) Name() string { return "identity" }
@@ -61,7 +64,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	if s.DomainUUID() != "" && s.MAC() != "" && s.DomainSeen() {
 		return services.Result{}, nil
 	}
-	info, err := s.LibvirtHost().DomainInfo(ctx, s.DomainName())
+	info, err := svc.host.DomainInfo(ctx, s.DomainName())
 	if err != nil && !virt.IsNotFound(err) {
 		return services.Result{}, services.FailOn(infrav1.DomainReadyCondition, infrav1.LibvirtErrorReason, err, "Looking up domain %s: %v", s.DomainName(), err)
 	}

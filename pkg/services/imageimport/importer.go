@@ -150,7 +150,7 @@ func bytesIEC(n float64) string {
 // Importer runs the imports; it is a manager Runnable (Start cancels every
 // import when the manager stops).
 type Importer struct {
-	host virt.Host
+	host virt.StorageHost
 	opts Options
 	now  func() time.Time
 
@@ -182,7 +182,7 @@ type attempt struct {
 }
 
 // New returns an Importer into host's pools.
-func New(host virt.Host, opts Options) *Importer {
+func New(host virt.StorageHost, opts Options) *Importer {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Importer{
 		host: host, opts: opts.withDefaults(), now: time.Now, ctx: ctx, cancel: cancel,

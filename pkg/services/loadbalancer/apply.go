@@ -57,7 +57,7 @@ func (e *ReloadError) Error() string {
 
 // Stats sends a command ("show info", "show stat") to HAProxy's stats
 // socket in the VM through the guest agent and returns the answer.
-func Stats(ctx context.Context, host virt.Host, domain, command string) (string, error) {
+func Stats(ctx context.Context, host virt.GuestHost, domain, command string) (string, error) {
 	h, p, err := net.SplitHostPort(StatsAddress)
 	if err != nil {
 		return "", err
@@ -87,7 +87,7 @@ func ParseInfo(out string) map[string]string {
 // RunningConfigID returns the ID (see Config.Render) of the configuration
 // the running HAProxy loaded; "" when it runs one the provider did not
 // write, or none.
-func RunningConfigID(ctx context.Context, host virt.Host, domain string) (string, error) {
+func RunningConfigID(ctx context.Context, host virt.GuestHost, domain string) (string, error) {
 	out, err := Stats(ctx, host, domain, "show info")
 	if errors.Is(err, errNoStats) {
 		return "", nil
@@ -126,7 +126,7 @@ const (
 // servers; only a stopped service is started) and then waits until the
 // running HAProxy reports id. Everything goes through the guest agent: the
 // VM holds no credential and runs no SSH server.
-func Apply(ctx context.Context, host virt.Host, domain string, cfg []byte, id string) error {
+func Apply(ctx context.Context, host virt.GuestHost, domain string, cfg []byte, id string) error {
 	start := time.Now()
 	if err := host.GuestWriteFile(ctx, domain, stagedPath, cfg, 0o644); err != nil {
 		return fmt.Errorf("writing %s: %w", stagedPath, err)
@@ -150,7 +150,7 @@ func Apply(ctx context.Context, host virt.Host, domain string, cfg []byte, id st
 }
 
 // confirm waits until the running HAProxy reports id.
-func confirm(ctx context.Context, host virt.Host, domain, id string) error {
+func confirm(ctx context.Context, host virt.GuestHost, domain, id string) error {
 	deadline := time.Now().Add(confirmTimeout)
 	for {
 		running, err := RunningConfigID(ctx, host, domain)
@@ -172,7 +172,7 @@ func confirm(ctx context.Context, host virt.Host, domain, id string) error {
 }
 
 // journalTail is the end of HAProxy's log, for the condition message.
-func journalTail(ctx context.Context, host virt.Host, domain string) string {
+func journalTail(ctx context.Context, host virt.GuestHost, domain string) string {
 	res, err := host.GuestExec(ctx, domain, "journalctl", []string{"-u", "haproxy.service", "-n", "8", "--no-pager", "-o", "cat"}, nil)
 	if err != nil {
 		return err.Error()

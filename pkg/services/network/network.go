@@ -36,12 +36,15 @@ type Scope interface {
 }
 
 // Service gives the cluster its network; its outcome is NetworkReady's.
-type Service struct{ scope Scope }
+type Service struct {
+	scope Scope
+	host  virt.NetworkHost
+}
 
 var _ services.Service = (*Service)(nil)
 
 // New returns the network service of s.
-func New(s Scope) *Service { return &Service{scope: s} }
+func New(s Scope) *Service { return &Service{scope: s, host: s.LibvirtHost()} }
 
 // Name labels the service in logs.
 func (*Service) Name() string { return "network" }
@@ -58,10 +61,10 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	switch {
 	case spec.Name != "":
 		what = "network " + spec.Name
-		info, err = s.LibvirtHost().UseNetwork(ctx, spec.Name)
+		info, err = svc.host.UseNetwork(ctx, spec.Name)
 	case spec.Bridge != "":
 		what = "host bridge " + spec.Bridge
-		info, err = s.LibvirtHost().UseBridge(ctx, spec.Bridge)
+		info, err = svc.host.UseBridge(ctx, spec.Bridge)
 	default:
 		what = "network " + s.NetworkName()
 		want := virt.NetworkSpec{Name: s.NetworkName(), Owner: s.Owner()}
@@ -72,7 +75,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 					"spec.network.cidr %q: %v", spec.CIDR, err)
 			}
 		}
-		info, err = s.LibvirtHost().EnsureNetwork(ctx, want)
+		info, err = svc.host.EnsureNetwork(ctx, want)
 	}
 	if err != nil {
 		return services.Result{}, fail(what, err)
@@ -114,7 +117,7 @@ func (svc *Service) Delete(ctx context.Context) error {
 	if !s.OwnsNetworkName() {
 		return nil
 	}
-	err := s.LibvirtHost().DeleteNetwork(ctx, s.NetworkName())
+	err := svc.host.DeleteNetwork(ctx, s.NetworkName())
 	var inUse *virt.NetworkInUseError
 	switch {
 	case err == nil, errors.Is(err, virt.ErrNetworkNotOwned):

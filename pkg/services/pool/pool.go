@@ -22,12 +22,15 @@ type Scope interface {
 }
 
 // Service ensures the pool; its outcome is StoragePoolReady's.
-type Service struct{ scope Scope }
+type Service struct {
+	scope Scope
+	host  virt.StorageHost
+}
 
 var _ services.Service = (*Service)(nil)
 
 // New returns the storage pool service of s.
-func New(s Scope) *Service { return &Service{scope: s} }
+func New(s Scope) *Service { return &Service{scope: s, host: s.LibvirtHost()} }
 
 // Name labels the service in logs.
 func (*Service) Name() string { return "storage pool" }
@@ -46,7 +49,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	if s.PoolEnsured(spec) {
 		return services.Result{}, nil
 	}
-	if err := s.LibvirtHost().EnsurePool(ctx, spec); err != nil {
+	if err := svc.host.EnsurePool(ctx, spec); err != nil {
 		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, fmt.Errorf("ensuring storage pool %s: %w", spec.Name, err),
 			"Ensuring pool %s at %s: %v", spec.Name, spec.Path, err)
 	}

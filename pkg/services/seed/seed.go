@@ -50,6 +50,7 @@ type Scope interface {
 // Service writes the seed; its outcome is BootstrapDataReady's.
 type Service struct {
 	scope Scope
+	host  virt.StorageHost
 	// userData returns the seed's user-data: the machine's bootstrap
 	// Secret, or what the caller generated.
 	userData func(context.Context) ([]byte, error)
@@ -60,14 +61,14 @@ var _ services.Service = (*Service)(nil)
 // New returns the seed service of s, whose user-data is the Machine's
 // bootstrap data.
 func New(s *scope.MachineScope) *Service {
-	return &Service{scope: s, userData: func(ctx context.Context) ([]byte, error) { return bootstrapData(ctx, s) }}
+	return &Service{scope: s, host: s.LibvirtHost(), userData: func(ctx context.Context) ([]byte, error) { return bootstrapData(ctx, s) }}
 }
 
 // NewWithUserData returns the seed service of a VM whose user-data the
 // caller generates (the load balancer's). It must not be secret: it is not
 // read from a Secret and may be rebuilt at any time.
 func NewWithUserData(s Scope, userData []byte) *Service {
-	return &Service{scope: s, userData: func(context.Context) ([]byte, error) { return userData, nil }}
+	return &Service{scope: s, host: s.LibvirtHost(), userData: func(context.Context) ([]byte, error) { return userData, nil }}
 }
 
 // Name labels the service in logs.
@@ -81,7 +82,7 @@ func (*Service) Name() string { return "seed" }
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.scope
 	pool := s.Pool().Name
-	info, err := s.LibvirtHost().VolumeInfo(ctx, pool, s.SeedVolume())
+	info, err := svc.host.VolumeInfo(ctx, pool, s.SeedVolume())
 	switch {
 	case err == nil && s.SeedUploaded():
 		s.SetSeed(info)
@@ -102,7 +103,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		// Validation errors name the instance-id and hostname only.
 		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, services.Requeue(0, "invalid seed"), "Building the seed: %v", err)
 	}
-	info, err = s.LibvirtHost().UploadVolume(ctx, pool, s.SeedVolume(), iso)
+	info, err = svc.host.UploadVolume(ctx, pool, s.SeedVolume(), iso)
 	if err != nil {
 		reason := infrav1.LibvirtErrorReason
 		if errors.Is(err, virt.ErrPoolFull) {
@@ -135,12 +136,15 @@ type RemovalScope interface {
 // the same instance) nor finds a join token or certificate key, and the
 // host keeps neither for the machine's life. It runs after the bootstrap
 // check, also once the machine is provisioned.
-type Removal struct{ scope RemovalScope }
+type Removal struct {
+	scope RemovalScope
+	host  virt.StorageHost
+}
 
 var _ services.Service = (*Removal)(nil)
 
 // NewRemoval returns the bootstrap data removal of s.
-func NewRemoval(s RemovalScope) *Removal { return &Removal{scope: s} }
+func NewRemoval(s RemovalScope) *Removal { return &Removal{scope: s, host: s.LibvirtHost()} }
 
 // Name labels the service in logs.
 func (*Removal) Name() string { return "bootstrap data removal" }
@@ -161,10 +165,10 @@ func (r *Removal) Reconcile(ctx context.Context) (services.Result, error) {
 	// running QEMU, which keeps the file open, and the guest after a
 	// reboot see the new bytes, and no unlinked copy of the old ones stays
 	// on disk while the domain runs.
-	if info, err := s.LibvirtHost().VolumeInfo(ctx, s.Pool().Name, s.SeedVolume()); err == nil && info.CapacityBytes > uint64(len(iso)) {
+	if info, err := r.host.VolumeInfo(ctx, s.Pool().Name, s.SeedVolume()); err == nil && info.CapacityBytes > uint64(len(iso)) {
 		iso = append(iso, make([]byte, info.CapacityBytes-uint64(len(iso)))...)
 	}
-	if _, err := s.LibvirtHost().UploadVolume(ctx, s.Pool().Name, s.SeedVolume(), iso); err != nil {
+	if _, err := r.host.UploadVolume(ctx, s.Pool().Name, s.SeedVolume(), iso); err != nil {
 		return services.Result{}, fmt.Errorf("removing the bootstrap data from the seed: %w", err)
 	}
 	s.SetBootstrapDataRemoved()
@@ -240,7 +244,7 @@ func bootstrapData(ctx context.Context, s *scope.MachineScope) ([]byte, error) {
 // Delete removes the seed volume.
 func (svc *Service) Delete(ctx context.Context) error {
 	s := svc.scope
-	if err := s.LibvirtHost().DeleteVolume(ctx, s.Pool().Name, s.SeedVolume()); err != nil {
+	if err := svc.host.DeleteVolume(ctx, s.Pool().Name, s.SeedVolume()); err != nil {
 		return fmt.Errorf("deleting the seed: %w", err)
 	}
 	return nil

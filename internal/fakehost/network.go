@@ -1,0 +1,110 @@
+package fakehost
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// The fake of virt.NetworkHost: reservations, leases and addresses.
+var _ virt.NetworkHost = (*Host)(nil)
+
+// ReserveAddress reserves the next free address of 192.168.100.0/24.
+func (h *Host) ReserveAddress(_ context.Context, network string, r virt.Reservation) (netip.Addr, error) {
+	if err := h.call("ReserveAddress"); err != nil {
+		return netip.Addr{}, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.NoDHCP[network] {
+		return netip.Addr{}, virt.ErrNoDHCP
+	}
+	entries, ok := h.Entries[network]
+	if !ok {
+		return netip.Addr{}, notFound("network " + network)
+	}
+	used := []netip.Addr{}
+	for _, e := range entries {
+		if netalloc.SameMAC(e.MAC, r.MAC) {
+			return e.IP, nil
+		}
+		used = append(used, e.IP)
+	}
+	ip, err := netalloc.NextFreeAddress(netip.MustParsePrefix("192.168.100.0/24"), used)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	h.Entries[network] = append(entries, virt.Reservation{MAC: strings.ToLower(r.MAC), IP: ip})
+	return ip, nil
+}
+
+// ReleaseAddress removes mac's entry.
+func (h *Host) ReleaseAddress(_ context.Context, network, mac string) error {
+	if err := h.call("ReleaseAddress"); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var keep []virt.Reservation
+	for _, e := range h.Entries[network] {
+		if !netalloc.SameMAC(e.MAC, mac) {
+			keep = append(keep, e)
+		}
+	}
+	if _, ok := h.Entries[network]; ok {
+		h.Entries[network] = keep
+	}
+	return nil
+}
+
+// Reservations lists a network's entries.
+func (h *Host) Reservations(_ context.Context, network string) ([]virt.Reservation, error) {
+	if err := h.call("Reservations"); err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.NoDHCP[network] {
+		return nil, virt.ErrNoDHCP
+	}
+	entries, ok := h.Entries[network]
+	if !ok {
+		return nil, notFound("network " + network)
+	}
+	return append([]virt.Reservation(nil), entries...), nil
+}
+
+// Addresses reports leases first, then the reservation.
+func (h *Host) Addresses(_ context.Context, q virt.AddressQuery) ([]virt.Address, error) {
+	if err := h.call("Addresses"); err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []virt.Address
+	for mac, ip := range h.Leases[q.Network] {
+		if netalloc.SameMAC(mac, q.MAC) {
+			out = append(out, virt.Address{IP: ip, Source: virt.AddressSourceLease})
+		}
+	}
+	for _, e := range h.Entries[q.Network] {
+		if netalloc.SameMAC(e.MAC, q.MAC) && (len(out) == 0 || out[0].IP != e.IP) {
+			out = append(out, virt.Address{IP: e.IP, Source: virt.AddressSourceReservation})
+		}
+	}
+	return out, nil
+}
+
+// WatchLease records the call.
+func (h *Host) WatchLease(_ context.Context, network, mac string) error {
+	if err := h.call("WatchLease"); err != nil {
+		return err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.Watches = append(h.Watches, network+"/"+strings.ToLower(mac))
+	return nil
+}
