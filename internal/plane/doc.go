@@ -1,9 +1,9 @@
 // Package plane is the one-host management plane behind `make up` and
 // `make down` (cmd/capl-dev) and the end-to-end suite (e2e/), a management
-// cluster without nodes: kube-apiserver and etcd (controller-runtime's
-// envtest process control, the binaries from an assets directory:
-// FindAssets) with a persistent etcd data directory and Secrets encrypted
-// at rest, every CRD and webhook configuration of the provider and of
+// cluster without nodes: kube-apiserver and etcd (child processes with
+// certificates made at each start, controlplane.go; the binaries from an
+// assets directory: FindAssets) with a persistent etcd data directory and
+// Secrets encrypted at rest, every CRD and webhook configuration of the provider and of
 // Cluster API's core and kubeadm providers embedded at build time
 // (manifests.go);
 // kube-controller-manager (garbage collector, namespace, service-account,

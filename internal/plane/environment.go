@@ -2,12 +2,11 @@ package plane
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
@@ -15,7 +14,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 )
@@ -30,22 +28,37 @@ type Environment struct {
 	// Kubeconfig is the path of a kubeconfig file for Config, for kubectl.
 	Kubeconfig string
 
-	env *envtest.Environment
+	controlPlane   *controlPlane
+	webhookCertDir string
+	webhookHost    string
+	webhookPort    int
 }
 
 // StartEnvironment runs kube-apiserver and etcd of the assets directory
 // (FindAssets) and installs the CRDs, changed by opts. Stop it with Stop.
-func StartEnvironment(assets string, opts ...Option) (*Environment, error) {
+func StartEnvironment(assets string, opts ...Option) (e *Environment, err error) {
 	if err := checkAssets(assets); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoAssets, err)
 	}
-	var crds []*apiextensionsv1.CustomResourceDefinition
+	s := &settings{controlPlane: controlPlaneSpec{assets: assets}, webhookHost: "127.0.0.1"}
 	for _, dir := range []string{providerManifests, clusterAPICoreManifests} {
 		c, err := crdsIn(dir)
 		if err != nil {
 			return nil, err
 		}
-		crds = append(crds, c...)
+		s.crds = append(s.crds, c...)
+	}
+	for _, opt := range opts {
+		if err := opt(s); err != nil {
+			return nil, err
+		}
+	}
+	if s.webhookPort == 0 {
+		ports, err := freePorts(1)
+		if err != nil {
+			return nil, err
+		}
+		s.webhookPort = ports[0]
 	}
 	scheme, err := manager.NewScheme()
 	if err != nil {
@@ -55,85 +68,104 @@ func StartEnvironment(assets string, opts ...Option) (*Environment, error) {
 	if err := apiextensionsv1.AddToScheme(scheme); err != nil {
 		return nil, err
 	}
-	env := &envtest.Environment{
-		Scheme:                scheme,
-		BinaryAssetsDirectory: assets,
-		CRDInstallOptions:     envtest.CRDInstallOptions{CRDs: crds},
-	}
-	for _, opt := range opts {
-		if err := opt(env); err != nil {
-			return nil, err
-		}
-	}
-	// Explicit paths: envtest would otherwise prefer $KUBEBUILDER_ASSETS
-	// to the directory it was given.
-	env.ControlPlane.GetAPIServer().Path = filepath.Join(assets, "kube-apiserver")
-	if env.ControlPlane.Etcd == nil {
-		env.ControlPlane.Etcd = &envtest.Etcd{}
-	}
-	env.ControlPlane.Etcd.Path = filepath.Join(assets, "etcd")
-	env.ControlPlane.KubectlPath = filepath.Join(assets, "kubectl")
-	cfg, err := env.Start()
+
+	ctx := context.Background()
+	cp, err := startControlPlane(ctx, s.controlPlane)
 	if err != nil {
 		return nil, fmt.Errorf("starting kube-apiserver and etcd: %w", err)
 	}
-	e := &Environment{Config: cfg, env: env}
-	if e.Client, err = client.New(cfg, client.Options{Scheme: scheme}); err != nil {
-		_ = e.Stop()
+	e = &Environment{Config: cp.admin, controlPlane: cp, webhookHost: s.webhookHost, webhookPort: s.webhookPort}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, e.Stop())
+		}
+	}()
+	if e.Client, err = client.New(cp.admin, client.Options{Scheme: scheme}); err != nil {
 		return nil, err
 	}
-	if e.Kubeconfig, err = writeKubeconfig(env); err != nil {
-		_ = e.Stop()
+	if err := installCRDs(ctx, e.Client, cp.admin, s.crds); err != nil {
+		return nil, err
+	}
+	caBundle, err := e.writeWebhookCertificate(s.webhookHost)
+	if err != nil {
+		return nil, err
+	}
+	if err := installWebhookConfigurations(ctx, e.Client, s.webhooks, tcpAddress(s.webhookHost, s.webhookPort), caBundle); err != nil {
+		return nil, err
+	}
+	if e.Kubeconfig, err = e.writeKubeconfig(); err != nil {
 		return nil, err
 	}
 	return e, nil
 }
 
-// Stop stops the API server and etcd and removes the kubeconfig.
+// Stop stops the API server and etcd and removes the kubeconfig and the
+// certificates.
 func (e *Environment) Stop() error {
-	if e.Kubeconfig != "" {
-		_ = os.RemoveAll(filepath.Dir(e.Kubeconfig))
-	}
-	return e.env.Stop()
+	return e.controlPlane.stop()
 }
 
 // WebhookCertDir holds the tls.crt and tls.key, signed by the CA the
 // installed webhook configurations trust, that a webhook server must serve;
 // it is removed by Stop.
-func (e *Environment) WebhookCertDir() string { return e.env.WebhookInstallOptions.LocalServingCertDir }
+func (e *Environment) WebhookCertDir() string { return e.webhookCertDir }
 
 // WebhookPort is the local port the installed webhook configurations call.
-func (e *Environment) WebhookPort() int { return e.env.WebhookInstallOptions.LocalServingPort }
+func (e *Environment) WebhookPort() int { return e.webhookPort }
 
 // UserKubeconfig returns a kubeconfig of a new user of the API server with
 // the given name and groups, authenticated by a client certificate; RBAC's
 // bootstrap policy grants well-known users such as
 // system:kube-controller-manager their permissions.
 func (e *Environment) UserKubeconfig(name string, groups ...string) ([]byte, error) {
-	user, err := e.env.AddUser(envtest.User{Name: name, Groups: groups}, nil)
+	cfg, err := e.controlPlane.userConfig(name, groups...)
 	if err != nil {
 		return nil, err
 	}
-	return user.KubeConfig()
+	return kubeconfig(cfg, name)
+}
+
+// writeWebhookCertificate issues the webhook servers' certificate for host
+// under a new authority, writes it to WebhookCertDir, and returns the
+// authority's certificate for the configurations' caBundle.
+func (e *Environment) writeWebhookCertificate(host string) ([]byte, error) {
+	ca, err := newAuthority("capl-webhook-ca")
+	if err != nil {
+		return nil, err
+	}
+	pair, err := ca.servingCertificate(host, "127.0.0.1", "localhost")
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(e.controlPlane.workDir, "webhook-serving")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, err
+	}
+	for name, data := range map[string][]byte{"tls.crt": pair.cert, "tls.key": pair.key} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	e.webhookCertDir = dir
+	return ca.certPEM, nil
+}
+
+// writeKubeconfig writes the administrator's kubeconfig into the work
+// directory.
+func (e *Environment) writeKubeconfig() (string, error) {
+	data, err := kubeconfig(e.Config, "capl-admin")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(e.controlPlane.workDir, "kubeconfig")
+	return path, os.WriteFile(path, data, 0o600)
 }
 
 // RouteWebhooks points the webhooks of the installed webhook
 // configurations whose names start with namePrefix at host:port (same path
 // and CA), so that webhooks served by different processes can share one
-// API server: envtest points every configuration at a single address.
+// API server: StartEnvironment points every configuration at one address.
 func (e *Environment) RouteWebhooks(ctx context.Context, namePrefix, host string, port int) error {
-	reroute := func(cc *admissionv1.WebhookClientConfig) error {
-		if cc.URL == nil {
-			return nil
-		}
-		u, err := url.Parse(*cc.URL)
-		if err != nil {
-			return err
-		}
-		u.Host = net.JoinHostPort(host, strconv.Itoa(port))
-		cc.URL = ptr.To(u.String())
-		return nil
-	}
 	var mutating admissionv1.MutatingWebhookConfigurationList
 	var validating admissionv1.ValidatingWebhookConfigurationList
 	for _, l := range []client.ObjectList{&mutating, &validating} {
@@ -141,46 +173,31 @@ func (e *Environment) RouteWebhooks(ctx context.Context, namePrefix, host string
 			return err
 		}
 	}
-	configs := map[client.Object][]*admissionv1.WebhookClientConfig{}
+	var configs []client.Object
 	for i := range mutating.Items {
-		for j := range mutating.Items[i].Webhooks {
-			configs[&mutating.Items[i]] = append(configs[&mutating.Items[i]], &mutating.Items[i].Webhooks[j].ClientConfig)
-		}
+		configs = append(configs, &mutating.Items[i])
 	}
 	for i := range validating.Items {
-		for j := range validating.Items[i].Webhooks {
-			configs[&validating.Items[i]] = append(configs[&validating.Items[i]], &validating.Items[i].Webhooks[j].ClientConfig)
-		}
+		configs = append(configs, &validating.Items[i])
 	}
-	for obj, ccs := range configs {
+	for _, obj := range configs {
 		if !strings.HasPrefix(obj.GetName(), namePrefix) {
 			continue
 		}
-		for _, cc := range ccs {
-			if err := reroute(cc); err != nil {
+		for _, cc := range webhookClientConfigs(obj) {
+			if cc.URL == nil {
+				continue
+			}
+			u, err := url.Parse(*cc.URL)
+			if err != nil {
 				return fmt.Errorf("webhook configuration %s: %w", obj.GetName(), err)
 			}
+			u.Host = tcpAddress(host, port)
+			cc.URL = ptr.To(u.String())
 		}
 		if err := e.Client.Update(ctx, obj); err != nil {
 			return err
 		}
 	}
 	return nil
-}
-
-func writeKubeconfig(env *envtest.Environment) (string, error) {
-	user, err := env.AddUser(envtest.User{Name: "envtest-admin", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		return "", err
-	}
-	data, err := user.KubeConfig()
-	if err != nil {
-		return "", err
-	}
-	dir, err := os.MkdirTemp("", "capl-envtest-")
-	if err != nil {
-		return "", err
-	}
-	path := filepath.Join(dir, "kubeconfig")
-	return path, os.WriteFile(path, data, 0o600)
 }

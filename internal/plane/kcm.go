@@ -19,8 +19,8 @@ import (
 const KubeControllerManagerEnv = "CAPL_KUBE_CONTROLLER_MANAGER"
 
 // serviceAccountIssuer is the issuer of the plane's service-account tokens.
-// It is fixed, unlike envtest's default (the API server's URL, whose port
-// changes at every start), so that tokens stay valid across restarts.
+// It is fixed, not the API server's URL (whose port changes at every
+// start), so that tokens stay valid across restarts.
 const serviceAccountIssuer = "https://kubernetes.default.svc.cluster.local"
 
 // kubeControllerManagerControllers are the controllers of
@@ -85,7 +85,8 @@ func kubeControllerManagerArgs(dir string) []string {
 	}
 }
 
-// apiServerFlags are the kube-apiserver flags the plane adds to envtest's:
+// apiServerFlags are the kube-apiserver flags the plane adds to the
+// environment's (controlplane.go):
 // its service-account key and issuer, for the tokens of
 // kube-controller-manager's controllers, and encryption of Secrets at rest.
 func apiServerFlags(dir string) map[string]string {

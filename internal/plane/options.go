@@ -2,23 +2,37 @@ package plane
 
 import (
 	"fmt"
+	"maps"
 	"os"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
 // Option changes the environment before its API server starts.
-type Option func(*envtest.Environment) error
+type Option func(*settings) error
+
+// settings are what StartEnvironment runs and installs.
+type settings struct {
+	controlPlane controlPlaneSpec
+	crds         []*apiextensionsv1.CustomResourceDefinition
+	// webhooks are webhook configurations as generated, calling a
+	// Service; StartEnvironment points them at webhookHost:webhookPort
+	// (0: a free port).
+	webhooks    []client.Object
+	webhookHost string
+	webhookPort int
+}
 
 // WithProviderWebhooks installs the provider's webhook configurations
 // (config/webhook/manifests.yaml, as `make generate` writes them), pointed
-// at envtest's local serving address. Serve them with StartManager and
+// at the environment's webhook address (WebhookPort). Serve them with StartManager and
 // ProviderWebhooks; until then the API server refuses our kinds.
 func WithProviderWebhooks() Option {
-	return func(env *envtest.Environment) error {
-		return addWebhookConfigurations(env, "capl-", providerManifests)
+	return func(s *settings) error {
+		return addWebhookConfigurations(s, "capl-", providerManifests)
 	}
 }
 
@@ -26,11 +40,11 @@ func WithProviderWebhooks() Option {
 // later Start with the same dir finds every object again (the one-host
 // management plane of internal/devplane restarts this way).
 func WithEtcdDataDir(dir string) Option {
-	return func(env *envtest.Environment) error {
+	return func(s *settings) error {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
 		}
-		env.ControlPlane.Etcd = &envtest.Etcd{DataDir: dir}
+		s.controlPlane.etcdDataDir = dir
 		return nil
 	}
 }
@@ -39,9 +53,8 @@ func WithEtcdDataDir(dir string) Option {
 // host:port instead of a random free port, for a webhook server that runs
 // in another process (see WebhookCertDir for its certificate).
 func WithWebhookServing(host string, port int) Option {
-	return func(env *envtest.Environment) error {
-		env.WebhookInstallOptions.LocalServingHost = host
-		env.WebhookInstallOptions.LocalServingPort = port
+	return func(s *settings) error {
+		s.webhookHost, s.webhookPort = host, port
 		return nil
 	}
 }
@@ -50,8 +63,8 @@ func WithWebhookServing(host string, port int) Option {
 // API's core, kubeadm control plane and kubeadm bootstrap providers, and the
 // kubeadm CRDs. Serve them with StartManager and ClusterAPIWebhooks.
 func WithClusterAPIWebhooks() Option {
-	return func(env *envtest.Environment) error {
-		if err := WithKubeadmCRDs()(env); err != nil {
+	return func(s *settings) error {
+		if err := WithKubeadmCRDs()(s); err != nil {
 			return err
 		}
 		for prefix, dir := range map[string]string{
@@ -59,7 +72,7 @@ func WithClusterAPIWebhooks() Option {
 			"capi-kubeadm-control-":   kubeadmControlPlaneManifests,
 			"capi-kubeadm-bootstrap-": kubeadmBootstrapManifests,
 		} {
-			if err := addWebhookConfigurations(env, prefix, dir); err != nil {
+			if err := addWebhookConfigurations(s, prefix, dir); err != nil {
 				return err
 			}
 		}
@@ -72,56 +85,55 @@ func WithClusterAPIWebhooks() Option {
 // templates) from the module go.mod pins, with the contract labels their
 // kustomization adds (the topology controller looks the labels up).
 func WithKubeadmCRDs() Option {
-	return func(env *envtest.Environment) error {
+	return func(s *settings) error {
 		for _, dir := range []string{kubeadmControlPlaneManifests, kubeadmBootstrapManifests} {
 			crds, err := labelledCRDs(dir)
 			if err != nil {
 				return err
 			}
-			env.CRDInstallOptions.CRDs = append(env.CRDInstallOptions.CRDs, crds...)
+			s.crds = append(s.crds, crds...)
 		}
 		return nil
 	}
 }
 
-// addWebhookConfigurations adds the webhook configurations of dir to env,
+// addWebhookConfigurations adds the webhook configurations of dir to s,
 // their names prefixed: every provider calls its configurations
 // mutating-webhook-configuration and validating-webhook-configuration, and
 // kustomize's namePrefix tells them apart in a real installation.
-func addWebhookConfigurations(env *envtest.Environment, prefix, dir string) error {
+func addWebhookConfigurations(s *settings, prefix, dir string) error {
 	objs, err := webhookConfigurationsIn(dir)
 	if err != nil {
 		return err
 	}
-	opts := &env.WebhookInstallOptions
 	for _, u := range objs {
 		u.SetName(prefix + u.GetName())
+		var c client.Object
 		switch u.GetKind() {
 		case "MutatingWebhookConfiguration":
-			c := &admissionv1.MutatingWebhookConfiguration{}
-			err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, c)
-			opts.MutatingWebhooks = append(opts.MutatingWebhooks, c)
+			c = &admissionv1.MutatingWebhookConfiguration{}
 		case "ValidatingWebhookConfiguration":
-			c := &admissionv1.ValidatingWebhookConfiguration{}
-			err = runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, c)
-			opts.ValidatingWebhooks = append(opts.ValidatingWebhooks, c)
+			c = &admissionv1.ValidatingWebhookConfiguration{}
+		default:
+			continue
 		}
-		if err != nil {
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, c); err != nil {
 			return fmt.Errorf("reading %s's webhook configurations: %w", dir, err)
 		}
+		s.webhooks = append(s.webhooks, c)
 	}
 	return nil
 }
 
-// WithAPIServerFlags sets kube-apiserver flags, replacing envtest's values
+// WithAPIServerFlags sets kube-apiserver flags, replacing the defaults
 // for the same flags (the one-host plane gives it stable service-account
 // keys and an encryption configuration this way).
 func WithAPIServerFlags(flags map[string]string) Option {
-	return func(env *envtest.Environment) error {
-		args := env.ControlPlane.GetAPIServer().Configure()
-		for k, v := range flags {
-			args.Set(k, v)
+	return func(s *settings) error {
+		if s.controlPlane.apiServerFlags == nil {
+			s.controlPlane.apiServerFlags = map[string]string{}
 		}
+		maps.Copy(s.controlPlane.apiServerFlags, flags)
 		return nil
 	}
 }

@@ -11,10 +11,11 @@ import (
 	"time"
 )
 
-// A plane killed with SIGKILL (or by the OOM killer) cannot stop its
-// children: envtest's etcd and kube-apiserver keep running, holding etcd's
-// data directory, so the next Serve could not start and Down would leave
-// them running forever. (The manager dies with the plane: Pdeathsig.)
+// The plane's children die with it (child.go), even on SIGKILL. An etcd or
+// kube-apiserver that holds the state directory's etcd data without a
+// plane (say, one a user started by hand on it) would keep the next Serve
+// from starting and outlive Down; Serve and Down stop it first. RSSBytes
+// finds the plane's own two the same way.
 
 // process is a running process and its arguments.
 type process struct {

@@ -33,7 +33,7 @@ var ErrNotRunning = errors.New("the management plane is not running")
 
 const (
 	// startTimeout bounds Start's wait for the API server and a ready
-	// manager: envtest starts in seconds, the manager's caches sync in seconds,
+	// manager: etcd and kube-apiserver start in seconds, the manager's caches sync in seconds,
 	// a cold host (page cache empty) takes longer.
 	startTimeout = 3 * time.Minute
 	// stopTimeout bounds Stop's wait for the plane to exit: the manager gets

@@ -6,12 +6,9 @@ import (
 	"log"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"sync"
-	"syscall"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -47,8 +44,8 @@ const (
 // a minute or more of linking on a small host), supervise, give ports,
 // certificates and kubeconfigs; it costs one process's memory instead of
 // three. Its webhooks share one server on their own port, since the
-// provider's manager, a separate process, serves the port envtest
-// configures.
+// provider's manager, a separate process, serves the port the webhook
+// configurations are installed with.
 //
 // Serve writes serve.pid, kubeconfig, webhook-certs/, the keys (once) and,
 // once everything runs, endpoints.json. When ctx ends it stops the
@@ -252,46 +249,22 @@ func (s *supervisor) run(ctx context.Context) {
 // runOnce starts the binary and waits for it to exit, or stops it (SIGTERM,
 // then SIGKILL after stopGrace) when ctx ends.
 func (s *supervisor) runOnce(ctx context.Context) error {
-	out, err := os.OpenFile(s.logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	c, err := startChild(s.name, s.binary, s.args, s.env, s.logPath)
 	if err != nil {
 		return err
 	}
-	defer out.Close()
-	// Pdeathsig fires when the thread that forked the child exits; pin this
-	// goroutine to its thread for the child's whole life.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	cmd := exec.Command(s.binary, s.args...)
-	cmd.Env = s.env
-	cmd.Stdout, cmd.Stderr = out, out
-	// The child dies with the plane even when the plane is SIGKILLed, so
-	// a restarted plane never meets a stale one on its ports or etcd.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	pid := cmd.Process.Pid
-	if err := writePID(s.pidPath, pid); err != nil {
+	if err := writePID(s.pidPath, c.pid); err != nil {
 		log.Printf("writing %s: %v", s.pidPath, err)
 	}
-	log.Printf("%s started, pid %d, log %s", s.name, pid, s.logPath)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	log.Printf("%s started, pid %d, log %s", s.name, c.pid, s.logPath)
 	select {
-	case err := <-done:
-		return err
+	case <-c.exited:
+		return c.err
 	case <-ctx.Done():
 	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-done:
-		log.Printf("%s pid %d stopped (%v)", s.name, pid, err)
-		return err
-	case <-time.After(s.stopGrace):
-		log.Printf("%s pid %d did not stop in %s; killing it", s.name, pid, s.stopGrace)
-		_ = cmd.Process.Kill()
-		return <-done
-	}
+	err = c.stop(s.stopGrace)
+	log.Printf("%s pid %d stopped (%v)", s.name, c.pid, err)
+	return err
 }
 
 // portReservation holds local ports bound until release.

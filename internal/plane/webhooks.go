@@ -61,7 +61,6 @@ func (e *Environment) StartManager(setups ...Setup) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := e.env.WebhookInstallOptions
 	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{
 		Scheme:                 scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
@@ -69,9 +68,9 @@ func (e *Environment) StartManager(setups ...Setup) (*Manager, error) {
 		Cache:                  setup.ManagerCacheOptions(scheme, capiControllerName, "", 10*time.Minute),
 		Client:                 setup.ManagerClientOptions(),
 		WebhookServer: webhook.NewServer(webhook.Options{
-			Host:    opts.LocalServingHost,
-			Port:    opts.LocalServingPort,
-			CertDir: opts.LocalServingCertDir,
+			Host:    e.webhookHost,
+			Port:    e.webhookPort,
+			CertDir: e.webhookCertDir,
 		}),
 	})
 	if err != nil {
