@@ -16,9 +16,11 @@ const ProviderIDPrefix = "libvirt:///"
 
 // Default values the machine controller applies to zero fields.
 const (
-	// DefaultMachineCPUs is the vCPU count of a machine.
+	// DefaultMachineCPUs is the vCPU count of a machine that names none:
+	// kubeadm's preflight refuses a control plane with fewer than two.
 	DefaultMachineCPUs = 2
-	// DefaultMachineMemoryMiB is the memory of a machine.
+	// DefaultMachineMemoryMiB is the memory of a machine that names none:
+	// kubeadm's preflight wants 1700 MiB on a control plane.
 	DefaultMachineMemoryMiB = 2048
 	// DefaultDiskSizeGiB is the root disk size of a machine; a base image
 	// with a larger virtual size wins.

@@ -102,7 +102,8 @@ func (e *RequeueError) Error() string {
 	return fmt.Sprintf("waiting (recheck in %s): %s", e.After, e.Why)
 }
 
-// Requeue returns a RequeueError.
+// Requeue stops the step to wait for what why names: after 0, until an
+// event; otherwise for that long (see RequeueError).
 func Requeue(after time.Duration, why string) error { return &RequeueError{After: after, Why: why} }
 
 // TerminalError means the object cannot be recovered: for a

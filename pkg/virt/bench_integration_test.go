@@ -20,7 +20,7 @@ import (
 )
 
 // msPerOp reports the mean of total over b.N operations in milliseconds,
-// the unit the figures use.
+// a readable unit for operations that take tens to thousands of them.
 func msPerOp(b *testing.B, total time.Duration, unit string) {
 	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), unit)
 }
