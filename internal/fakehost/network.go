@@ -3,7 +3,6 @@ package fakehost
 import (
 	"context"
 	"net/netip"
-	"strings"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -37,7 +36,7 @@ func (h *Host) ReserveAddress(_ context.Context, network string, r virt.Reservat
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	h.Entries[network] = append(entries, virt.Reservation{MAC: strings.ToLower(r.MAC), IP: ip})
+	h.Entries[network] = append(entries, virt.Reservation{MAC: netalloc.CanonicalMAC(r.MAC).String(), IP: ip})
 	return ip, nil
 }
 
@@ -105,6 +104,6 @@ func (h *Host) WatchLease(_ context.Context, network, mac string) error {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.Watches = append(h.Watches, network+"/"+strings.ToLower(mac))
+	h.Watches = append(h.Watches, network+"/"+netalloc.CanonicalMAC(mac).String())
 	return nil
 }

@@ -7,7 +7,6 @@ package hostevents
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -33,7 +33,7 @@ func IndexMAC(ctx context.Context, indexer client.FieldIndexer) error {
 		if !ok || m.Status.Domain == nil || m.Status.Domain.MAC == "" {
 			return nil
 		}
-		return []string{strings.ToLower(m.Status.Domain.MAC)}
+		return []string{netalloc.CanonicalMAC(m.Status.Domain.MAC).String()}
 	})
 }
 
@@ -78,9 +78,9 @@ func (s *Source) Start(ctx context.Context) error {
 			continue
 		}
 		s.mu.Lock()
-		delete(s.watching, ev.Network+"/"+strings.ToLower(ev.MAC))
+		delete(s.watching, ev.Network+"/"+netalloc.CanonicalMAC(ev.MAC).String())
 		s.mu.Unlock()
-		s.EnqueueList(ctx, client.MatchingFields{MACIndex: strings.ToLower(ev.MAC)})
+		s.EnqueueList(ctx, client.MatchingFields{MACIndex: netalloc.CanonicalMAC(ev.MAC).String()})
 	}
 	return nil
 }
@@ -88,7 +88,7 @@ func (s *Source) Start(ctx context.Context) error {
 // WatchLease asks the host to publish a lease event for mac on network,
 // once per outstanding wait: repeated calls while a watch runs are free.
 func (s *Source) WatchLease(network, mac string) {
-	key := network + "/" + strings.ToLower(mac)
+	key := network + "/" + netalloc.CanonicalMAC(mac).String()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if until, ok := s.watching[key]; ok && time.Now().Before(until) {

@@ -1,10 +1,41 @@
 package netalloc
 
 import (
-	"bytes"
 	"crypto/sha256"
+	"fmt"
 	"net"
+	"strings"
 )
+
+// MAC is a 48-bit hardware address in libvirt's canonical form:
+// lower-case hex pairs separated by colons (52:54:00:ab:cd:ef). libvirt,
+// dnsmasq's lease files and users write MACs in other cases and styles;
+// converting at the edge once lets everything else compare and index them
+// as plain strings.
+type MAC string
+
+// ParseMAC parses a 48-bit hardware address in any form net.ParseMAC
+// accepts (52-54-00-AB-CD-EF, 5254.00ab.cdef, ...).
+func ParseMAC(s string) (MAC, error) {
+	hw, err := net.ParseMAC(s)
+	if err != nil || len(hw) != 6 {
+		return "", fmt.Errorf("invalid MAC address %q", s)
+	}
+	return MAC(hw.String()), nil
+}
+
+// CanonicalMAC is s in canonical form when it parses, else s lower-cased:
+// a key for indexes and maps, which must not fail on a malformed value
+// read from the outside (it then matches nothing well-formed).
+func CanonicalMAC(s string) MAC {
+	if m, err := ParseMAC(s); err == nil {
+		return m
+	}
+	return MAC(strings.ToLower(s))
+}
+
+// String is the canonical form.
+func (m MAC) String() string { return string(m) }
 
 // qemuMAC returns a MAC in 52:54:00, the prefix QEMU and libvirt give guest
 // NICs: locally administered and unicast, so it cannot clash with a vendor's.
@@ -27,7 +58,7 @@ func MACFromSeed(seed string) net.HardwareAddr {
 // case and separator style (52:54:00:AB:CD:EF, 52-54-00-ab-cd-ef,
 // 5254.00ab.cdef). Unparseable input is never the same as anything.
 func SameMAC(a, b string) bool {
-	macA, errA := net.ParseMAC(a)
-	macB, errB := net.ParseMAC(b)
-	return errA == nil && errB == nil && bytes.Equal(macA, macB)
+	macA, errA := ParseMAC(a)
+	macB, errB := ParseMAC(b)
+	return errA == nil && errB == nil && macA == macB
 }

@@ -58,3 +58,31 @@ func TestSameMAC(t *testing.T) {
 		}
 	}
 }
+
+func TestParseMAC(t *testing.T) {
+	tests := []struct {
+		in        string
+		want      MAC
+		wantError bool
+	}{
+		{in: "52:54:00:ab:cd:ef", want: "52:54:00:ab:cd:ef"},
+		{in: "52:54:00:AB:CD:EF", want: "52:54:00:ab:cd:ef"},
+		{in: "52-54-00-AB-CD-EF", want: "52:54:00:ab:cd:ef"},
+		{in: "5254.00ab.cdef", want: "52:54:00:ab:cd:ef"},
+		{in: "52:54:00:ab:cd", wantError: true},
+		{in: "00:00:00:00:fe:80:00:00:00:00:00:00:02:00:5e:10:00:00:00:01", wantError: true}, // 20-byte InfiniBand
+		{in: "", wantError: true},
+	}
+	for _, tt := range tests {
+		got, err := ParseMAC(tt.in)
+		if (err != nil) != tt.wantError || got != tt.want {
+			t.Errorf("ParseMAC(%q) = %q, %v; want %q (error %v)", tt.in, got, err, tt.want, tt.wantError)
+		}
+		if canon := CanonicalMAC(tt.in); !tt.wantError && canon != tt.want {
+			t.Errorf("CanonicalMAC(%q) = %q, want %q", tt.in, canon, tt.want)
+		}
+	}
+	if got := CanonicalMAC("Not-A-MAC"); got != "not-a-mac" {
+		t.Errorf("CanonicalMAC of a malformed value = %q, want it lower-cased", got)
+	}
+}

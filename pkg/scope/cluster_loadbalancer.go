@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -181,7 +182,7 @@ func (s *LoadBalancerScope) MAC() string {
 // SetMAC records the chosen MAC in status.loadBalancer.domain and (once)
 // in its annotation.
 func (s *LoadBalancerScope) SetMAC(mac string) {
-	mac = strings.ToLower(mac)
+	mac = netalloc.CanonicalMAC(mac).String()
 	s.domainStatus().MAC = mac
 	annotateOnce(s.c.LibvirtCluster, LoadBalancerMACAnnotation, mac)
 }

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -329,7 +330,7 @@ func (s *MachineScope) domainStatus() *infrav1.DomainStatus {
 
 // SetMAC records the chosen MAC in status.domain and in its annotation.
 func (s *MachineScope) SetMAC(mac string) {
-	mac = strings.ToLower(mac)
+	mac = netalloc.CanonicalMAC(mac).String()
 	s.domainStatus().MAC = mac
 	annotateOnce(s.LibvirtMachine, MACAnnotation, mac)
 }

@@ -57,7 +57,7 @@ func (c *Client) Addresses(ctx context.Context, q AddressQuery) ([]Address, erro
 	if q.Network == "" {
 		return c.agentAddresses(ctx, q)
 	}
-	if _, err := normalizeMAC(q.MAC); err != nil {
+	if _, err := netalloc.ParseMAC(q.MAC); err != nil {
 		return nil, err
 	}
 	var out []Address
@@ -203,11 +203,11 @@ func updateFlags(live, config bool) libvirt.NetworkUpdateFlags {
 // on one network are serialised within this client; across processes
 // libvirt itself rejects a second entry for the same IP, MAC or name.
 func (c *Client) ReserveAddress(ctx context.Context, network string, r Reservation) (netip.Addr, error) {
-	mac, err := normalizeMAC(r.MAC)
+	mac, err := netalloc.ParseMAC(r.MAC)
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	r.MAC = mac
+	r.MAC = mac.String()
 	unlock, err := c.lockPool(ctx, networksLockKey+network)
 	if err != nil {
 		return netip.Addr{}, err

@@ -9,6 +9,8 @@ import (
 
 	"libvirt.org/go/libvirt"
 	"libvirt.org/go/libvirtxml"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 )
 
 // DomainSpec describes a VM.
@@ -180,7 +182,7 @@ func describeDomain(dom *libvirt.Domain) (DomainInfo, error) {
 		info.MemoryMiB = memoryMiB(d.Memory)
 	}
 	if d.Devices != nil && len(d.Devices.Interfaces) > 0 && d.Devices.Interfaces[0].MAC != nil {
-		info.MAC = strings.ToLower(d.Devices.Interfaces[0].MAC.Address)
+		info.MAC = netalloc.CanonicalMAC(d.Devices.Interfaces[0].MAC.Address).String()
 	}
 	if d.Metadata != nil {
 		o, err := ParseOwner(d.Metadata.XML)

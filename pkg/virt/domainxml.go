@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"libvirt.org/go/libvirtxml"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 )
 
 // Domain types and CPU modes a DomainSpec may name.
@@ -206,7 +208,7 @@ func domainCPU(s DomainSpec) *libvirtxml.DomainCPU {
 // the spec names neither (used by lifecycle tests that need no network).
 func domainInterface(s DomainSpec) *libvirtxml.DomainInterface {
 	nic := &libvirtxml.DomainInterface{
-		MAC:   &libvirtxml.DomainInterfaceMAC{Address: strings.ToLower(s.MAC)},
+		MAC:   &libvirtxml.DomainInterfaceMAC{Address: netalloc.CanonicalMAC(s.MAC).String()},
 		Model: &libvirtxml.DomainInterfaceModel{Type: "virtio"},
 	}
 	switch {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"libvirt.org/go/libvirt"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 )
 
 // Why the engine polls for leases: libvirt has no lease event (its network
@@ -169,7 +171,8 @@ func (w *leaseWatcher) deliver(network string, leases []dhcpLease, now time.Time
 	w.mu.Lock()
 	if n := w.nets[network]; n != nil {
 		for _, l := range leases {
-			mac, err := normalizeMAC(l.MAC)
+			parsed, err := netalloc.ParseMAC(l.MAC)
+			mac := parsed.String()
 			if err != nil || !l.current(now) || n.waiters[mac] == nil {
 				continue
 			}
@@ -221,10 +224,11 @@ func (c *Client) leaseWatcher() *leaseWatcher {
 // must be a libvirt network with DHCP (ErrNoDHCP otherwise: on a host
 // bridge, watch the guest agent instead).
 func (c *Client) WatchLease(ctx context.Context, network, mac string) error {
-	norm, err := normalizeMAC(mac)
+	parsed, err := netalloc.ParseMAC(mac)
 	if err != nil {
 		return err
 	}
+	norm := parsed.String()
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -2,7 +2,6 @@ package virt
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 	"sort"
 	"time"
@@ -179,13 +178,4 @@ func mergeReservations(views ...[]Reservation) []Reservation {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].IP.Less(out[j].IP) })
 	return out
-}
-
-// normalizeMAC returns mac in libvirt's canonical lower-case form.
-func normalizeMAC(mac string) (string, error) {
-	hw, err := net.ParseMAC(mac)
-	if err != nil || len(hw) != 6 {
-		return "", fmt.Errorf("invalid MAC address %q", mac)
-	}
-	return hw.String(), nil
 }
