@@ -128,6 +128,10 @@ test-unit: ## Unit tests only: nothing outside the process.
 bench: envtest images ## Benchmarks of the libvirt engine; prints figures.
 	$(TEST_ENV) go test -run '^$$' -bench . -benchtime=5x ./pkg/...
 
+.PHONY: bench-tcg
+bench-tcg: envtest images ## Guest CPU models under TCG: boot time and in-guest throughput per model (docs/tcg.md).
+	$(TEST_ENV) CAPL_BENCH_TCG=1 go test -count=1 -timeout=60m -run '^$$' -bench BenchmarkTCGGuestCPU -benchtime=1x ./pkg/virt/
+
 .PHONY: envtest
 envtest: ## Build kube-apiserver and etcd for envtest from the Go module proxy (cached in bin/).
 	@hack/envtest.sh >/dev/null

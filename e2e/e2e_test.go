@@ -79,6 +79,7 @@ func (s *suite) kubeadmScenario(t *testing.T) {
 	}
 	s.readyClusterChecks(t)
 	t.Run("kubeadm service across nodes", s.kubeadmService)
+	t.Run("idle cost", s.measureIdleCost)
 
 	// 2. Faults on a running cluster: its nodes must stay Ready through them.
 	s.faults(t)

@@ -7,6 +7,7 @@ package e2e
 import (
 	"bufio"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -204,4 +205,79 @@ func guestSize(role string, hw infrav1.VirtualHardware) string {
 		out += fmt.Sprintf(", TCG cache %d MiB", hw.TCGTranslationCacheMiB)
 	}
 	return out
+}
+
+// clockTicksPerSecond is USER_HZ, the unit of /proc/<pid>/stat's CPU
+// times: 100 on every Linux architecture the provider runs on.
+const clockTicksPerSecond = 100
+
+// processCPUTicks is the user plus system CPU time, in clock ticks, of the
+// process whose /proc/<pid>/stat is stat (fields 14 and 15, counted after
+// the parenthesised command name, which may contain spaces).
+func processCPUTicks(stat []byte) (uint64, error) {
+	s := string(stat)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("no command name in %q", s)
+	}
+	// After ") " come state (field 3), ppid, ... utime (14), stime (15).
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("short stat %q", s)
+	}
+	var total uint64
+	for _, v := range f[11:13] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("stat %q: %w", s, err)
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// idleCost is what the ready cluster costs the host while nothing happens
+// in it: host CPU time of each of its VMs (the whole QEMU process, TCG
+// translation included) and of each of the plane's processes, in
+// core-seconds per minute (60 = one host core busy all the time).
+type idleCost struct {
+	WindowSeconds float64 `json:"windowSeconds"`
+	// VMs and Plane are by domain and by process name.
+	VMs   map[string]float64 `json:"vmCoreSecondsPerMinute"`
+	Plane map[string]float64 `json:"planeCoreSecondsPerMinute"`
+}
+
+// coreSecondsPerMinute turns CPU ticks spent over window into
+// core-seconds per minute.
+func coreSecondsPerMinute(ticks uint64, window time.Duration) float64 {
+	if window <= 0 {
+		return 0
+	}
+	return float64(ticks) / clockTicksPerSecond / window.Minutes()
+}
+
+// sum adds the figures of m.
+func sum(m map[string]float64) float64 {
+	var t float64
+	for _, v := range m {
+		t += v
+	}
+	return t
+}
+
+// String is the report's lines about the cost.
+func (c idleCost) String() string {
+	if c.WindowSeconds == 0 {
+		return "not measured"
+	}
+	line := func(m map[string]float64) string {
+		names := slices.Sorted(maps.Keys(m))
+		parts := make([]string, 0, len(names))
+		for _, n := range names {
+			parts = append(parts, fmt.Sprintf("%s %.1f", n, m[n]))
+		}
+		return strings.Join(parts, ", ")
+	}
+	return fmt.Sprintf("%.1f core-seconds per minute in all over %.0f s (VMs %.1f: %s; plane %.1f: %s)",
+		sum(c.VMs)+sum(c.Plane), c.WindowSeconds, sum(c.VMs), line(c.VMs), sum(c.Plane), line(c.Plane))
 }

@@ -139,3 +139,46 @@ func TestGuestsLine(t *testing.T) {
 		t.Errorf("guestsLine of nothing = %q", got)
 	}
 }
+
+func TestProcessCPUTicks(t *testing.T) {
+	tests := []struct {
+		name, stat string
+		want       uint64
+		wantErr    bool
+	}{
+		{"qemu", "4242 (qemu-system-x86) S 1 4242 4242 0 -1 4194560 100 0 0 0 1500 250 0 0 20 0 3 0 500 1000 200", 1750, false},
+		{"name with spaces and parens", "7 (a) b (c)) R 1 7 7 0 -1 0 0 0 0 0 12 30 0 0 20 0 1 0 5 10 2", 42, false},
+		{"no name", "7 R 1", 0, true},
+		{"short", "7 (x) R 1 2 3", 0, true},
+		{"not a number", "7 (x) R 1 7 7 0 -1 0 0 0 0 0 u s 0 0 20 0 1 0 5 10 2", 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := processCPUTicks([]byte(tt.stat))
+			if (err != nil) != tt.wantErr || got != tt.want {
+				t.Errorf("processCPUTicks = %d, %v; want %d, error %v", got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestIdleCost(t *testing.T) {
+	// 3000 ticks = 30 s of CPU over 60 s: half a core, 30 core-seconds per minute.
+	if got := coreSecondsPerMinute(3000, time.Minute); got != 30 {
+		t.Errorf("coreSecondsPerMinute(3000, 1m) = %v, want 30", got)
+	}
+	if got := coreSecondsPerMinute(3000, 2*time.Minute); got != 15 {
+		t.Errorf("coreSecondsPerMinute(3000, 2m) = %v, want 15", got)
+	}
+	if got := coreSecondsPerMinute(3000, 0); got != 0 {
+		t.Errorf("coreSecondsPerMinute over no window = %v, want 0", got)
+	}
+	c := idleCost{WindowSeconds: 60, VMs: map[string]float64{"cp": 20, "lb": 1}, Plane: map[string]float64{"etcd": 2.5}}
+	want := "23.5 core-seconds per minute in all over 60 s (VMs 21.0: cp 20.0, lb 1.0; plane 2.5: etcd 2.5)"
+	if got := c.String(); got != want {
+		t.Errorf("String() = %q, want %q", got, want)
+	}
+	if got := (idleCost{}).String(); got != "not measured" {
+		t.Errorf("empty cost: %q", got)
+	}
+}

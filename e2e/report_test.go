@@ -45,6 +45,8 @@ type report struct {
 	// SteadyState is the libvirt calls per reconcile figure, or why there
 	// is none.
 	SteadyState steadyState `json:"steadyState"`
+	// IdleCost is the host CPU the ready cluster costs at rest.
+	IdleCost idleCost `json:"idleCost"`
 	// KillRounds records the manager kills of the fault phase.
 	KillRounds []killRound `json:"killRounds"`
 	// Notes are observations worth a line in the report.
@@ -142,7 +144,7 @@ func (r *report) markdown() string {
 		for _, p := range k {
 			fmt.Fprintf(&b, "| %s | %.0f |\n", strings.TrimPrefix(p.Name, kubeadmPhasePrefix), p.Seconds)
 		}
-		fmt.Fprintf(&b, "\n")
+		fmt.Fprintf(&b, "\nIdle cost of the ready cluster (host CPU time of each VM's QEMU process and of the plane's processes): %s.\n\n", r.IdleCost)
 	}
 	fmt.Fprintf(&b, "## Machine phases\n\n")
 	fmt.Fprintf(&b, "| batch | machines | eligible → domain started | lease → address | domain started → BootstrapSucceeded |\n|---|---|---|---|---|\n")

@@ -249,10 +249,9 @@ func (p *Plane) ManagerRSSBytes() (uint64, error) {
 	return rssBytes(pid)
 }
 
-// RSSBytes is the resident set size of each process of the plane: serve
-// (with Cluster API's controllers), manager, kube-controller-manager, etcd
-// and kube-apiserver, by name.
-func (p *Plane) RSSBytes() (map[string]uint64, error) {
+// PIDs are the plane's processes by name: serve (with Cluster API's
+// controllers), manager, kube-controller-manager, etcd and kube-apiserver.
+func (p *Plane) PIDs() (map[string]int, error) {
 	pids := map[string]int{"serve": p.Endpoints.ServePID}
 	for name, file := range map[string]string{"manager": managerPIDName, "kube-controller-manager": kcmPIDName} {
 		pid, err := readPID(filepath.Join(p.StateDir, file))
@@ -267,6 +266,15 @@ func (p *Plane) RSSBytes() (map[string]uint64, error) {
 	}
 	for _, proc := range procs {
 		pids[filepath.Base(proc.args[0])] = proc.pid
+	}
+	return pids, nil
+}
+
+// RSSBytes is the resident set size of each process of PIDs, by name.
+func (p *Plane) RSSBytes() (map[string]uint64, error) {
+	pids, err := p.PIDs()
+	if err != nil {
+		return nil, err
 	}
 	rss := map[string]uint64{}
 	for name, pid := range pids {

@@ -25,9 +25,16 @@ type DomainSpec struct {
 	Owner Owner
 	// Type is the hypervisor: "kvm" or "qemu" (TCG).
 	Type string
-	// CPUMode is "host-passthrough", "host-model" or "maximum" (TCG).
-	CPUMode   string
-	VCPUs     uint
+	// CPUMode is "host-passthrough", "host-model", "maximum" or "custom"
+	// (CPUModel with CPUFeatures).
+	CPUMode string
+	// CPUModel is the named CPU model of mode "custom" (qemu64, Nehalem,
+	// ...), which must exist on the host, with no fallback to another.
+	CPUModel string
+	// CPUFeatures are features the custom model must also have (sse4.2,
+	// popcnt, aes, ...); the domain does not start without them.
+	CPUFeatures []string
+	VCPUs       uint
 	MemoryMiB uint64
 	// TCGCacheMiB sets TCG's translation-block cache (0 keeps QEMU's
 	// default); it only applies to Type "qemu".

@@ -20,6 +20,7 @@ const (
 	CPUModeHostPassthrough = "host-passthrough"
 	CPUModeHostModel       = "host-model"
 	CPUModeMaximum         = "maximum"
+	CPUModeCustom          = "custom"
 )
 
 // CleanTrafficFilter is libvirt's nwfilter that drops a guest's frames
@@ -59,8 +60,15 @@ func validateDomainSpec(s DomainSpec) error {
 	}
 	switch s.CPUMode {
 	case CPUModeHostPassthrough, CPUModeHostModel, CPUModeMaximum:
+		if s.CPUModel != "" || len(s.CPUFeatures) > 0 {
+			errs = append(errs, fmt.Sprintf("cpu mode %q takes no model or features", s.CPUMode))
+		}
+	case CPUModeCustom:
+		if s.CPUModel == "" {
+			errs = append(errs, "cpu mode custom needs a model")
+		}
 	default:
-		errs = append(errs, fmt.Sprintf("cpu mode %q is not one of host-passthrough, host-model, maximum", s.CPUMode))
+		errs = append(errs, fmt.Sprintf("cpu mode %q is not one of host-passthrough, host-model, maximum, custom", s.CPUMode))
 	}
 	if s.VCPUs == 0 || s.MemoryMiB == 0 {
 		errs = append(errs, "vcpus and memory must be positive")
@@ -196,10 +204,19 @@ func diskChain(basePath, baseFormat string) *libvirtxml.DomainDiskBackingStore {
 
 func domainCPU(s DomainSpec) *libvirtxml.DomainCPU {
 	cpu := &libvirtxml.DomainCPU{Mode: s.CPUMode}
-	if s.CPUMode == CPUModeHostPassthrough || s.CPUMode == CPUModeMaximum {
+	switch s.CPUMode {
+	case CPUModeHostPassthrough, CPUModeMaximum:
 		// Only meaningful for host-model and custom; libvirt warns
 		// otherwise, and "none" keeps the definition stable.
 		cpu.Check = "none"
+	case CPUModeCustom:
+		// Exactly the model and features asked for: a guest measured or
+		// tuned with one CPU must not silently get another.
+		cpu.Match = "exact"
+		cpu.Model = &libvirtxml.DomainCPUModel{Value: s.CPUModel, Fallback: "forbid"}
+		for _, f := range s.CPUFeatures {
+			cpu.Features = append(cpu.Features, libvirtxml.DomainCPUFeature{Policy: "require", Name: f})
+		}
 	}
 	return cpu
 }

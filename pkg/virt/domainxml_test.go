@@ -38,6 +38,9 @@ func TestDomainXMLGolden(t *testing.T) {
 			s.ConsoleLogPath = ""
 			s.TrafficFilter = CleanTrafficFilter
 		}},
+		{"domain-tcg-custom-cpu.xml", func(s *DomainSpec) {
+			s.Type, s.CPUMode, s.CPUModel, s.CPUFeatures = DomainTypeQEMU, CPUModeCustom, "qemu64", []string{"sse4.2", "popcnt"}
+		}},
 		{"domain-host-model-no-seed-no-nic.xml", func(s *DomainSpec) {
 			s.CPUMode = CPUModeHostModel
 			s.SeedISOPath, s.Network, s.MAC = "", "", ""
@@ -67,7 +70,10 @@ func TestValidateDomainSpec(t *testing.T) {
 		{"no name", func(s *DomainSpec) { s.Name = "" }, "name is empty"},
 		{"bad uuid", func(s *DomainSpec) { s.UUID = "nope" }, "uuid"},
 		{"bad type", func(s *DomainSpec) { s.Type = "xen" }, "neither kvm nor qemu"},
-		{"bad cpu mode", func(s *DomainSpec) { s.CPUMode = "custom" }, "cpu mode"},
+		{"bad cpu mode", func(s *DomainSpec) { s.CPUMode = "host" }, "cpu mode"},
+		{"custom without model", func(s *DomainSpec) { s.CPUMode = CPUModeCustom }, "needs a model"},
+		{"model without custom", func(s *DomainSpec) { s.CPUModel = "Nehalem" }, "takes no model"},
+		{"custom model", func(s *DomainSpec) { s.CPUMode, s.CPUModel, s.CPUFeatures = CPUModeCustom, "qemu64", []string{"sse4.2"} }, ""},
 		{"no memory", func(s *DomainSpec) { s.MemoryMiB = 0 }, "positive"},
 		{"relative disk", func(s *DomainSpec) { s.DiskPath = "disk.qcow2" }, "disk path"},
 		{"relative seed", func(s *DomainSpec) { s.SeedISOPath = "seed.iso" }, "seed ISO path"},

@@ -1,0 +1,84 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+)
+
+// idleWindow is how long the idle cost is sampled.
+const idleWindow = time.Minute
+
+// measureIdleCost samples the host CPU time of the ready cluster's VMs
+// (their QEMU processes) and of the plane's processes over idleWindow, in
+// which the test does nothing, and reports core-seconds per minute.
+func (s *suite) measureIdleCost(t *testing.T) {
+	defer s.rep.phase("idle cost window")()
+	vms := map[string]int{}
+	lms, err := s.clusterMachines(s.cut.name)
+	must(t, err)
+	domains := []string{scope.LoadBalancerDomainName(namespace, s.cut.name)}
+	for _, lm := range lms {
+		if lm.Status.Domain != nil && lm.Status.Domain.Name != "" {
+			domains = append(domains, lm.Status.Domain.Name)
+		}
+	}
+	for _, d := range domains {
+		data, err := os.ReadFile(filepath.Join(qemuPIDDir, d+".pid"))
+		if err != nil {
+			t.Errorf("QEMU pid of %s: %v", d, err)
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+		must(t, err)
+		vms[d] = pid
+	}
+	planePIDs, err := s.plane.PIDs()
+	must(t, err)
+
+	before, err := cpuTicksOf(vms, planePIDs)
+	must(t, err)
+	start := time.Now()
+	time.Sleep(idleWindow)
+	after, err := cpuTicksOf(vms, planePIDs)
+	must(t, err)
+	window := time.Since(start)
+
+	cost := idleCost{WindowSeconds: window.Seconds(), VMs: map[string]float64{}, Plane: map[string]float64{}}
+	for name := range vms {
+		cost.VMs[name] = coreSecondsPerMinute(after["vm/"+name]-before["vm/"+name], window)
+	}
+	for name := range planePIDs {
+		cost.Plane[name] = coreSecondsPerMinute(after["plane/"+name]-before["plane/"+name], window)
+	}
+	s.rep.mu.Lock()
+	s.rep.IdleCost = cost
+	s.rep.mu.Unlock()
+	t.Logf("idle cost: %s", cost)
+}
+
+// cpuTicksOf reads the CPU ticks of every process, keyed vm/<domain> and
+// plane/<name>.
+func cpuTicksOf(vms, plane map[string]int) (map[string]uint64, error) {
+	out := map[string]uint64{}
+	for prefix, pids := range map[string]map[string]int{"vm/": vms, "plane/": plane} {
+		for name, pid := range pids {
+			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			if err != nil {
+				return nil, fmt.Errorf("%s%s (pid %d): %w", prefix, name, pid, err)
+			}
+			if out[prefix+name], err = processCPUTicks(stat); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return out, nil
+}
