@@ -35,7 +35,7 @@ type DomainSpec struct {
 	// popcnt, aes, ...); the domain does not start without them.
 	CPUFeatures []string
 	VCPUs       uint
-	MemoryMiB uint64
+	MemoryMiB   uint64
 	// TCGCacheMiB sets TCG's translation-block cache (0 keeps QEMU's
 	// default); it only applies to Type "qemu".
 	TCGCacheMiB uint64

@@ -73,7 +73,9 @@ func TestValidateDomainSpec(t *testing.T) {
 		{"bad cpu mode", func(s *DomainSpec) { s.CPUMode = "host" }, "cpu mode"},
 		{"custom without model", func(s *DomainSpec) { s.CPUMode = CPUModeCustom }, "needs a model"},
 		{"model without custom", func(s *DomainSpec) { s.CPUModel = "Nehalem" }, "takes no model"},
-		{"custom model", func(s *DomainSpec) { s.CPUMode, s.CPUModel, s.CPUFeatures = CPUModeCustom, "qemu64", []string{"sse4.2"} }, ""},
+		{"custom model", func(s *DomainSpec) {
+			s.CPUMode, s.CPUModel, s.CPUFeatures = CPUModeCustom, "qemu64", []string{"sse4.2"}
+		}, ""},
 		{"no memory", func(s *DomainSpec) { s.MemoryMiB = 0 }, "positive"},
 		{"relative disk", func(s *DomainSpec) { s.DiskPath = "disk.qcow2" }, "disk path"},
 		{"relative seed", func(s *DomainSpec) { s.SeedISOPath = "seed.iso" }, "seed ISO path"},
