@@ -245,6 +245,10 @@ type idleCost struct {
 	// VMs and Plane are by domain and by process name.
 	VMs   map[string]float64 `json:"vmCoreSecondsPerMinute"`
 	Plane map[string]float64 `json:"planeCoreSecondsPerMinute"`
+	// Guests are the busiest processes inside each node's guest (from ps
+	// through the guest agent), by domain; their CPU is the guest's
+	// view, which TCG's own work (translation, helpers) adds to.
+	Guests map[string][]processCost `json:"guestTopProcesses,omitempty"`
 }
 
 // coreSecondsPerMinute turns CPU ticks spent over window into
@@ -278,6 +282,63 @@ func (c idleCost) String() string {
 		}
 		return strings.Join(parts, ", ")
 	}
-	return fmt.Sprintf("%.1f core-seconds per minute in all over %.0f s (VMs %.1f: %s; plane %.1f: %s)",
+	text := fmt.Sprintf("%.1f core-seconds per minute in all over %.0f s (VMs %.1f: %s; plane %.1f: %s)",
 		sum(c.VMs)+sum(c.Plane), c.WindowSeconds, sum(c.VMs), line(c.VMs), sum(c.Plane), line(c.Plane))
+	for _, d := range slices.Sorted(maps.Keys(c.Guests)) {
+		parts := make([]string, 0, len(c.Guests[d]))
+		for _, p := range c.Guests[d] {
+			parts = append(parts, fmt.Sprintf("%s %.1f", p.Command, p.CoreSecondsPerMinute))
+		}
+		text += fmt.Sprintf("; inside %s, busiest first: %s", d, strings.Join(parts, ", "))
+	}
+	return text
+}
+
+// guestCPUSeconds sums, by command name, the cumulative CPU seconds of
+// `ps -eo times=,comm=` output (one "seconds name" line per process).
+func guestCPUSeconds(ps string) (map[string]float64, error) {
+	out := map[string]float64{}
+	for _, line := range strings.Split(strings.TrimSpace(ps), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		secs, err := strconv.ParseFloat(f[0], 64)
+		if err != nil {
+			return nil, fmt.Errorf("ps line %q: %w", line, err)
+		}
+		out[strings.Join(f[1:], " ")] += secs
+	}
+	return out, nil
+}
+
+// processCost is one command's CPU inside a guest over a window.
+type processCost struct {
+	Command              string  `json:"command"`
+	CoreSecondsPerMinute float64 `json:"coreSecondsPerMinute"`
+}
+
+// topGuestProcesses are the n commands that used the most CPU between two
+// guestCPUSeconds readings taken window apart; a process that exited in
+// between is left out (its time is gone from the second reading).
+func topGuestProcesses(before, after map[string]float64, window time.Duration, n int) []processCost {
+	var out []processCost
+	for cmd, secs := range after {
+		if d := secs - before[cmd]; d > 0 && window > 0 {
+			out = append(out, processCost{Command: cmd, CoreSecondsPerMinute: d / window.Minutes()})
+		}
+	}
+	slices.SortFunc(out, func(a, b processCost) int {
+		if a.CoreSecondsPerMinute != b.CoreSecondsPerMinute {
+			if a.CoreSecondsPerMinute > b.CoreSecondsPerMinute {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.Command, b.Command)
+	})
+	if len(out) > n {
+		out = out[:n]
+	}
+	return out
 }

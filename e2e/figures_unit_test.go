@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -180,5 +181,27 @@ func TestIdleCost(t *testing.T) {
 	}
 	if got := (idleCost{}).String(); got != "not measured" {
 		t.Errorf("empty cost: %q", got)
+	}
+}
+
+func TestTopGuestProcesses(t *testing.T) {
+	before, err := guestCPUSeconds("  10 kube-apiserver\n  5 etcd\n 1 kubelet\n 1 kubelet\n 3 gone\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before["kubelet"] != 2 {
+		t.Fatalf("kubelet's two processes sum to %v, want 2", before["kubelet"])
+	}
+	after, err := guestCPUSeconds("40 kube-apiserver\n20 etcd\n 2 kubelet\n 2 kubelet\n 7 new one\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := topGuestProcesses(before, after, 2*time.Minute, 3)
+	want := []processCost{{"kube-apiserver", 15}, {"etcd", 7.5}, {"new one", 3.5}}
+	if !slices.Equal(got, want) {
+		t.Errorf("topGuestProcesses = %v, want %v", got, want)
+	}
+	if _, err := guestCPUSeconds("x kubelet"); err == nil {
+		t.Error("a non-numeric time parsed")
 	}
 }

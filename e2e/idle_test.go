@@ -44,6 +44,15 @@ func (s *suite) measureIdleCost(t *testing.T) {
 	planePIDs, err := s.plane.PIDs()
 	must(t, err)
 
+	nodes := map[string]string{} // domain → its guest's processes before
+	for _, lm := range lms {
+		if d := lm.Status.Domain; d != nil && d.Name != "" {
+			nodes[d.Name] = ""
+		}
+	}
+	for d := range nodes {
+		nodes[d] = s.guestPS(t, d)
+	}
 	before, err := cpuTicksOf(vms, planePIDs)
 	must(t, err)
 	start := time.Now()
@@ -51,8 +60,18 @@ func (s *suite) measureIdleCost(t *testing.T) {
 	after, err := cpuTicksOf(vms, planePIDs)
 	must(t, err)
 	window := time.Since(start)
+	guests := map[string][]processCost{}
+	for d, psBefore := range nodes {
+		b, errB := guestCPUSeconds(psBefore)
+		a, errA := guestCPUSeconds(s.guestPS(t, d))
+		if errB != nil || errA != nil {
+			t.Errorf("guest %s: %v %v", d, errB, errA)
+			continue
+		}
+		guests[d] = topGuestProcesses(b, a, window, 8)
+	}
 
-	cost := idleCost{WindowSeconds: window.Seconds(), VMs: map[string]float64{}, Plane: map[string]float64{}}
+	cost := idleCost{WindowSeconds: window.Seconds(), VMs: map[string]float64{}, Plane: map[string]float64{}, Guests: guests}
 	for name := range vms {
 		cost.VMs[name] = coreSecondsPerMinute(after["vm/"+name]-before["vm/"+name], window)
 	}
@@ -63,6 +82,18 @@ func (s *suite) measureIdleCost(t *testing.T) {
 	s.rep.IdleCost = cost
 	s.rep.mu.Unlock()
 	t.Logf("idle cost: %s", cost)
+}
+
+// guestPS is `ps -eo times=,comm=` run in the domain's guest through the
+// agent (each process's cumulative CPU seconds and command).
+func (s *suite) guestPS(t *testing.T, domain string) string {
+	t.Helper()
+	res, err := s.host.GuestExec(s.ctx, domain, "/bin/ps", []string{"-eo", "times=,comm="}, nil)
+	if err != nil || res.ExitCode != 0 {
+		t.Errorf("ps in %s: exit %d, %v: %s", domain, res.ExitCode, err, res.Stderr)
+		return ""
+	}
+	return string(res.Stdout)
 }
 
 // cpuTicksOf reads the CPU ticks of every process, keyed vm/<domain> and
