@@ -13,7 +13,7 @@ const (
 )
 
 // CPUMode is the libvirt CPU mode of a guest.
-// +kubebuilder:validation:Enum=host-passthrough;host-model;maximum
+// +kubebuilder:validation:Enum=host-passthrough;host-model;maximum;custom
 type CPUMode string
 
 const (
@@ -25,12 +25,19 @@ const (
 	// CPUModeMaximum enables every feature the accelerator can offer; the
 	// mode TCG needs to boot modern distribution kernels.
 	CPUModeMaximum CPUMode = "maximum"
+	// CPUModeCustom exposes the named cpuModel with the cpuFeatures it
+	// requires, and nothing the host adds: a guest sees the same CPU on
+	// every host that offers the model. Under TCG a plainer model than
+	// maximum sends CPUID-driven code (Go's runtime and crypto, OpenSSL)
+	// down paths that are cheaper to emulate (docs/tcg.md).
+	CPUModeCustom CPUMode = "custom"
 )
 
 // VirtualHardware is the shape of a virtual machine, shared by cluster
 // machines and the load-balancer VM. Zero values take the defaults of the
 // object that embeds it. Embedders repeat its cross-field rule
-// (host-passthrough needs kvm) because CRD generation drops type-level rules
+// (host-passthrough needs kvm; cpuModel and cpuFeatures go with cpuMode
+// custom) because CRD generation drops type-level rules
 // of inlined structs.
 type VirtualHardware struct {
 	// cpus is the number of virtual CPUs.
@@ -55,6 +62,24 @@ type VirtualHardware struct {
 	// and to maximum for qemu, which TCG needs to boot current kernels.
 	// +optional
 	CPUMode CPUMode `json:"cpuMode,omitempty"`
+
+	// cpuModel is the CPU model of cpuMode custom, one the host offers
+	// (virsh domcapabilities lists them: qemu64, Nehalem, Westmere, ...).
+	// A domain with a model the host lacks does not start.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9][A-Za-z0-9_.-]*$`
+	CPUModel string `json:"cpuModel,omitempty"`
+
+	// cpuFeatures are CPU features cpuMode custom requires on top of
+	// cpuModel (e.g. sse4.2, popcnt, aes); a host without one does not
+	// start the domain.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=32
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9][a-z0-9_.-]*$`
+	CPUFeatures []string `json:"cpuFeatures,omitempty"`
 
 	// tcgTranslationCacheMiB bounds QEMU's TCG translation cache for qemu
 	// domains. Left unset, QEMU sizes it from guest memory, which can cost

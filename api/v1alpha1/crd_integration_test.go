@@ -129,6 +129,10 @@ func TestRoundTrip(t *testing.T) {
 	volumeImage := infrav1.ImageSource{Volume: &infrav1.VolumeReference{Pool: "images", Name: "capl-debian-12.qcow2"}}
 	tcg := infrav1.VirtualHardware{CPUs: 2, MemoryMiB: 1024, DomainType: infrav1.DomainTypeQEMU, CPUMode: infrav1.CPUModeMaximum, TCGTranslationCacheMiB: 128, CPUShares: 512}
 	kvm := infrav1.VirtualHardware{CPUs: 4, MemoryMiB: 4096, DomainType: infrav1.DomainTypeKVM, CPUMode: infrav1.CPUModeHostModel}
+	customCPU := infrav1.VirtualHardware{
+		CPUs: 1, MemoryMiB: 1024, DomainType: infrav1.DomainTypeQEMU,
+		CPUMode: infrav1.CPUModeCustom, CPUModel: "Nehalem", CPUFeatures: []string{"aes", "pclmuldq"},
+	}
 	conditions := []metav1.Condition{{
 		Type: infrav1.DomainReadyCondition, Status: metav1.ConditionFalse, ObservedGeneration: 1,
 		LastTransitionTime: now, Reason: "DomainStarting", Message: "starting the domain",
@@ -139,6 +143,7 @@ func TestRoundTrip(t *testing.T) {
 		{ProviderID: infrav1.ProviderIDPrefix + domain.UUID, Image: urlImage, VirtualHardware: tcg, DiskSizeGiB: 20,
 			Network: &infrav1.NetworkAttachment{Bridge: "br0"}},
 		{Image: volumeImage, VirtualHardware: kvm, DiskSizeGiB: 40, Network: &infrav1.NetworkAttachment{Name: "default"}},
+		{Image: volumeImage, VirtualHardware: customCPU},
 	}
 	clusterSpecs := []infrav1.LibvirtClusterSpec{{
 		ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: "192.168.150.2", Port: 6443},
@@ -149,6 +154,9 @@ func TestRoundTrip(t *testing.T) {
 	}, {
 		Network:      infrav1.ClusterNetwork{Name: "default"},
 		LoadBalancer: infrav1.LoadBalancer{Type: infrav1.LoadBalancerHAProxy, Image: &urlImage, VirtualHardware: kvm},
+	}, {
+		Network:      infrav1.ClusterNetwork{Name: "default"},
+		LoadBalancer: infrav1.LoadBalancer{Type: infrav1.LoadBalancerHAProxy, Image: &urlImage, VirtualHardware: customCPU},
 	}, {
 		ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: "10.0.0.10", Port: 7443},
 		Network:              infrav1.ClusterNetwork{Bridge: "br0"},
@@ -392,7 +400,14 @@ func TestInvalidObjectsAreRejected(t *testing.T) {
 			m.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: "../etc/passwd"}}
 		}), "spec.image.volume.name"},
 		{"unknown domain type", machine(func(m *infrav1.LibvirtMachine) { m.Spec.DomainType = "xen" }), "spec.domainType"},
-		{"unknown cpu mode", machine(func(m *infrav1.LibvirtMachine) { m.Spec.CPUMode = "custom" }), "spec.cpuMode"},
+		{"unknown cpu mode", machine(func(m *infrav1.LibvirtMachine) { m.Spec.CPUMode = "host" }), "spec.cpuMode"},
+		{"custom cpu without model", machine(func(m *infrav1.LibvirtMachine) { m.Spec.CPUMode = infrav1.CPUModeCustom }), "cpuModel is set exactly when cpuMode is custom"},
+		{"cpu model without custom", machine(func(m *infrav1.LibvirtMachine) { m.Spec.CPUModel = "Nehalem" }), "cpuModel is set exactly when cpuMode is custom"},
+		{"cpu features without custom", machine(func(m *infrav1.LibvirtMachine) { m.Spec.CPUFeatures = []string{"aes"} }), "cpuFeatures apply only to cpuMode custom"},
+		{"cpu model with a space", machine(func(m *infrav1.LibvirtMachine) {
+			m.Spec.CPUMode, m.Spec.CPUModel = infrav1.CPUModeCustom, "Nehalem IBRS"
+		}), "spec.cpuModel"},
+		{"load balancer cpu model without custom", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.LoadBalancer.CPUModel = "qemu64" }), "cpuModel is set exactly when cpuMode is custom"},
 		{"host-passthrough under TCG", machine(func(m *infrav1.LibvirtMachine) { m.Spec.CPUMode = infrav1.CPUModeHostPassthrough }), "host-passthrough needs domainType kvm"},
 		{"tiny TCG cache", machine(func(m *infrav1.LibvirtMachine) { m.Spec.TCGTranslationCacheMiB = 1 }), "spec.tcgTranslationCacheMiB"},
 		{"cpu shares of 1", machine(func(m *infrav1.LibvirtMachine) { m.Spec.CPUShares = 1 }), "cpuShares must be 0 (the host's default) or 2-10000"},

@@ -106,6 +106,8 @@ type ClusterNetwork struct {
 
 // LoadBalancer configures what serves the control-plane endpoint.
 // +kubebuilder:validation:XValidation:rule="!(has(self.domainType) && self.domainType == 'qemu' && has(self.cpuMode) && self.cpuMode == 'host-passthrough')",message="cpuMode host-passthrough needs domainType kvm; use maximum with qemu"
+// +kubebuilder:validation:XValidation:rule="(has(self.cpuMode) && self.cpuMode == 'custom') == has(self.cpuModel)",message="cpuModel is set exactly when cpuMode is custom"
+// +kubebuilder:validation:XValidation:rule="!has(self.cpuFeatures) || (has(self.cpuMode) && self.cpuMode == 'custom')",message="cpuFeatures apply only to cpuMode custom"
 type LoadBalancer struct {
 	// type is HAProxy (a VM the provider runs) or None (the user brings
 	// the endpoint, e.g. kube-vip).

@@ -30,6 +30,8 @@ const (
 // LibvirtMachineSpec is the desired state of a LibvirtMachine.
 // +kubebuilder:validation:XValidation:rule="!(has(self.domainType) && self.domainType == 'qemu' && has(self.cpuMode) && self.cpuMode == 'host-passthrough')",message="cpuMode host-passthrough needs domainType kvm; use maximum with qemu"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.providerID) || (has(self.providerID) && self.providerID == oldSelf.providerID)",message="providerID is immutable once set"
+// +kubebuilder:validation:XValidation:rule="(has(self.cpuMode) && self.cpuMode == 'custom') == has(self.cpuModel)",message="cpuModel is set exactly when cpuMode is custom"
+// +kubebuilder:validation:XValidation:rule="!has(self.cpuFeatures) || (has(self.cpuMode) && self.cpuMode == 'custom')",message="cpuFeatures apply only to cpuMode custom"
 type LibvirtMachineSpec struct {
 	// providerID is libvirt:///<domain UUID>, set by the provider once,
 	// when it chose the UUID (or adopted the one of the domain this machine

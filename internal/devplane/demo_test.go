@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -181,7 +182,7 @@ func checkHardware(t *testing.T, who string, hw infrav1.VirtualHardware, o DemoO
 	t.Helper()
 	want := infrav1.VirtualHardware{CPUs: 1, MemoryMiB: 512, DomainType: infrav1.DomainType(o.DomainType),
 		CPUMode: infrav1.CPUMode(o.CPUMode), TCGTranslationCacheMiB: wantTCG}
-	if hw != want {
+	if !reflect.DeepEqual(hw, want) {
 		t.Errorf("%s hardware %+v, want %+v", who, hw, want)
 	}
 }

@@ -156,6 +156,8 @@ func validateClusterSpec(spec *infrav1.LibvirtClusterSpec, path *field.Path, tem
 			{"cpus", hw.CPUs != 0},
 			{"memoryMiB", hw.MemoryMiB != 0},
 			{"cpuMode", hw.CPUMode != ""},
+			{"cpuModel", hw.CPUModel != ""},
+			{"cpuFeatures", len(hw.CPUFeatures) > 0},
 			{"tcgTranslationCacheMiB", hw.TCGTranslationCacheMiB != 0},
 			{"cpuShares", hw.CPUShares != 0},
 		} {

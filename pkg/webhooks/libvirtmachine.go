@@ -64,6 +64,8 @@ func (w *LibvirtMachine) ValidateUpdate(ctx context.Context, oldM, newM *infrav1
 		{"memoryMiB", o.MemoryMiB, n.MemoryMiB},
 		{"domainType", o.DomainType, n.DomainType},
 		{"cpuMode", o.CPUMode, n.CPUMode},
+		{"cpuModel", o.CPUModel, n.CPUModel},
+		{"cpuFeatures", o.CPUFeatures, n.CPUFeatures},
 		{"tcgTranslationCacheMiB", o.TCGTranslationCacheMiB, n.TCGTranslationCacheMiB},
 		{"cpuShares", o.CPUShares, n.CPUShares},
 		{"diskSizeGiB", o.DiskSizeGiB, n.DiskSizeGiB},

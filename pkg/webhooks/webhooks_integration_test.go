@@ -377,6 +377,9 @@ func TestRejections(t *testing.T) {
 			update: onMachine(func(s *infrav1.LibvirtMachineSpec) { s.MemoryMiB = 4096 }), field: "spec.memoryMiB"},
 		{name: "machine image changed", obj: machine(func(*infrav1.LibvirtMachineSpec) {}),
 			update: onMachine(func(s *infrav1.LibvirtMachineSpec) { s.Image.Volume.Name = "other.qcow2" }), field: "spec.image", detail: "is immutable"},
+		{name: "machine cpu model changed", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
+			s.DomainType, s.CPUMode, s.CPUModel = infrav1.DomainTypeQEMU, infrav1.CPUModeCustom, "Nehalem"
+		}), update: onMachine(func(s *infrav1.LibvirtMachineSpec) { s.CPUModel = "Westmere" }), field: "spec.cpuModel", detail: "is immutable"},
 		{name: "machine disk changed", obj: machine(func(*infrav1.LibvirtMachineSpec) {}),
 			update: onMachine(func(s *infrav1.LibvirtMachineSpec) { s.DiskSizeGiB = 40 }), field: "spec.diskSizeGiB"},
 		{name: "machine network changed", obj: machine(func(*infrav1.LibvirtMachineSpec) {}),

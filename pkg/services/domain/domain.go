@@ -145,7 +145,7 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 	network := s.Network()
 	info, err := svc.domains.EnsureDomain(ctx, virt.DomainSpec{
 		Name: s.DomainName(), UUID: s.DomainUUID(), Owner: s.Owner(),
-		Type: string(hw.DomainType), CPUMode: string(hw.CPUMode),
+		Type: string(hw.DomainType), CPUMode: string(hw.CPUMode), CPUModel: hw.CPUModel, CPUFeatures: hw.CPUFeatures,
 		VCPUs: uint(hw.CPUs), MemoryMiB: uint64(hw.MemoryMiB), CPUShares: uint(hw.CPUShares),
 		TCGCacheMiB: uint64(hw.TCGTranslationCacheMiB), DiskPath: disk.Path, DiskFormat: disk.Format, SeedISOPath: seed.Path,
 		DiskBackingPath: disk.BackingPath, DiskBackingFormat: disk.BackingFormat,

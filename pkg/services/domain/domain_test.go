@@ -221,3 +221,27 @@ func TestDomainFiltersSharedSegments(t *testing.T) {
 		})
 	}
 }
+
+// customCPUVM asks for a named CPU model with required features.
+type customCPUVM struct{ *vm }
+
+func (v customCPUVM) Hardware() infrav1.VirtualHardware {
+	hw := v.vm.Hardware()
+	hw.CPUMode, hw.CPUModel, hw.CPUFeatures = infrav1.CPUModeCustom, "Nehalem", []string{"aes"}
+	return hw
+}
+
+// TestDomainGetsTheCustomCPU: the model and features of cpuMode custom
+// reach the domain definition.
+func TestDomainGetsTheCustomCPU(t *testing.T) {
+	host := fakehost.New()
+	v := customCPUVM{newVM(host, 512)}
+	plan := services.Plan{{Service: domain.New(v, domain.Options{}), Condition: infrav1.DomainReadyCondition}}
+	if err := plan.Run(context.Background(), v.vm, false); err != nil {
+		t.Fatal(err)
+	}
+	spec := host.Specs[v.DomainName()]
+	if spec.CPUMode != virt.CPUModeCustom || spec.CPUModel != "Nehalem" || strings.Join(spec.CPUFeatures, ",") != "aes" {
+		t.Errorf("domain CPU %q %q %v, want custom Nehalem [aes]", spec.CPUMode, spec.CPUModel, spec.CPUFeatures)
+	}
+}
