@@ -138,13 +138,8 @@ func (e *Environment) writeWebhookCertificate(host string) ([]byte, error) {
 		return nil, err
 	}
 	dir := filepath.Join(e.controlPlane.workDir, "webhook-serving")
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	if err := writeKeyPair(dir, pair); err != nil {
 		return nil, err
-	}
-	for name, data := range map[string][]byte{"tls.crt": pair.cert, "tls.key": pair.key} {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
-			return nil, err
-		}
 	}
 	e.webhookCertDir = dir
 	return ca.certPEM, nil

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"os"
+	"path/filepath"
 	"time"
 )
 
@@ -117,4 +119,33 @@ func certificateTemplate(subject pkix.Name) (*x509.Certificate, error) {
 		NotBefore:    now,
 		NotAfter:     now.Add(certificateLifetime),
 	}, nil
+}
+
+// WriteServingCertificate writes tls.crt and tls.key for a server reached
+// at hosts into dir (created 0700), signed by a throwaway authority that
+// nothing trusts: for a webhook server no API server calls.
+func WriteServingCertificate(dir string, hosts ...string) error {
+	ca, err := newAuthority("capl-throwaway-ca")
+	if err != nil {
+		return err
+	}
+	pair, err := ca.servingCertificate(hosts...)
+	if err != nil {
+		return err
+	}
+	return writeKeyPair(dir, pair)
+}
+
+// writeKeyPair writes pair as dir/tls.crt and dir/tls.key (0600), the
+// names controller-runtime's webhook server reads.
+func writeKeyPair(dir string, pair keyPair) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for name, data := range map[string][]byte{"tls.crt": pair.cert, "tls.key": pair.key} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
 }

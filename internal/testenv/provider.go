@@ -2,23 +2,14 @@ package testenv
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"fmt"
-	"math/big"
 	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
 	"sigs.k8s.io/cluster-api/util/flags"
 
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
@@ -32,14 +23,14 @@ type Provider struct {
 
 // ProviderOptions are the manager options of the provider in tests: no
 // metrics, health probes or leader election, the webhook server on a
-// free port with a throwaway self-signed certificate in dir, and the
+// free port with a throwaway certificate in dir, and the
 // flags' tenancy policy.
 func ProviderOptions(dir string) (manager.Options, error) {
 	port, err := freePort()
 	if err != nil {
 		return manager.Options{}, err
 	}
-	if err := writeServingCert(dir); err != nil {
+	if err := plane.WriteServingCertificate(dir, "localhost", "127.0.0.1"); err != nil {
 		return manager.Options{}, err
 	}
 	return manager.Options{
@@ -94,37 +85,4 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// writeServingCert writes tls.crt and tls.key for localhost into dir.
-func writeServingCert(dir string) error {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "localhost"},
-		DNSNames:     []string{"localhost"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return err
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "tls.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		return fmt.Errorf("writing serving certificate: %w", err)
-	}
-	return os.WriteFile(filepath.Join(dir, "tls.key"), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
 }
