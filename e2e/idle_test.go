@@ -4,8 +4,10 @@ package e2e
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,12 +27,13 @@ func (s *suite) measureIdleCost(t *testing.T) {
 	vms := map[string]int{}
 	lms, err := s.clusterMachines(s.cut.name)
 	must(t, err)
-	domains := []string{scope.LoadBalancerDomainName(namespace, s.cut.name)}
+	nodes := map[string]string{} // domain → its guest's processes before the window
 	for _, lm := range lms {
-		if lm.Status.Domain != nil && lm.Status.Domain.Name != "" {
-			domains = append(domains, lm.Status.Domain.Name)
+		if d := lm.Status.Domain; d != nil && d.Name != "" {
+			nodes[d.Name] = ""
 		}
 	}
+	domains := append(slices.Collect(maps.Keys(nodes)), scope.LoadBalancerDomainName(namespace, s.cut.name))
 	for _, d := range domains {
 		data, err := os.ReadFile(filepath.Join(qemuPIDDir, d+".pid"))
 		if err != nil {
@@ -44,12 +47,6 @@ func (s *suite) measureIdleCost(t *testing.T) {
 	planePIDs, err := s.plane.PIDs()
 	must(t, err)
 
-	nodes := map[string]string{} // domain → its guest's processes before
-	for _, lm := range lms {
-		if d := lm.Status.Domain; d != nil && d.Name != "" {
-			nodes[d.Name] = ""
-		}
-	}
 	for d := range nodes {
 		nodes[d] = s.guestPS(t, d)
 	}

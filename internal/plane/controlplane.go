@@ -2,8 +2,6 @@ package plane
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"maps"
@@ -183,7 +181,7 @@ func (cp *controlPlane) startAPIServer(ctx context.Context, spec controlPlaneSpe
 		QPS:   1000,
 		Burst: 2000,
 	}
-	hc, err := httpClient(cp.admin)
+	hc, err := rest.HTTPClientFor(cp.admin)
 	if err != nil {
 		return err
 	}
@@ -236,21 +234,6 @@ func waitReady(ctx context.Context, c *child, hc *http.Client, url string) error
 		case <-time.After(pollInterval):
 		}
 	}
-}
-
-// httpClient is an HTTP client with cfg's TLS settings.
-func httpClient(cfg *rest.Config) (*http.Client, error) {
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(cfg.CAData) {
-		return nil, errors.New("no CA certificate to trust")
-	}
-	pair, err := tls.X509KeyPair(cfg.CertData, cfg.KeyData)
-	if err != nil {
-		return nil, err
-	}
-	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{
-		RootCAs: pool, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12,
-	}}}, nil
 }
 
 // kubeconfig is a kubeconfig file's content for cfg, a client-certificate
