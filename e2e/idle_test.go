@@ -4,10 +4,8 @@ package e2e
 
 import (
 	"fmt"
-	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,25 +22,12 @@ const idleWindow = time.Minute
 // which the test does nothing, and reports core-seconds per minute.
 func (s *suite) measureIdleCost(t *testing.T) {
 	defer s.rep.phase("idle cost window")()
-	vms := map[string]int{}
-	lms, err := s.clusterMachines(s.cut.name)
-	must(t, err)
-	nodes := map[string]string{} // domain → its guest's processes before the window
-	for _, lm := range lms {
-		if d := lm.Status.Domain; d != nil && d.Name != "" {
-			nodes[d.Name] = ""
+	vms := s.clusterVMPIDs(t)
+	nodes := map[string]string{} // node domain → its guest's processes before the window
+	for d := range vms {
+		if d != scope.LoadBalancerDomainName(namespace, s.cut.name) {
+			nodes[d] = ""
 		}
-	}
-	domains := append(slices.Collect(maps.Keys(nodes)), scope.LoadBalancerDomainName(namespace, s.cut.name))
-	for _, d := range domains {
-		data, err := os.ReadFile(filepath.Join(qemuPIDDir, d+".pid"))
-		if err != nil {
-			t.Errorf("QEMU pid of %s: %v", d, err)
-			continue
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-		must(t, err)
-		vms[d] = pid
 	}
 	planePIDs, err := s.plane.PIDs()
 	must(t, err)
@@ -79,6 +64,69 @@ func (s *suite) measureIdleCost(t *testing.T) {
 	s.rep.IdleCost = cost
 	s.rep.mu.Unlock()
 	t.Logf("idle cost: %s", cost)
+}
+
+// clusterVMPIDs maps the domain of every machine of the cluster under test
+// and of its load balancer to its QEMU process.
+func (s *suite) clusterVMPIDs(t *testing.T) map[string]int {
+	t.Helper()
+	lms, err := s.clusterMachines(s.cut.name)
+	must(t, err)
+	domains := []string{scope.LoadBalancerDomainName(namespace, s.cut.name)}
+	for _, lm := range lms {
+		if d := lm.Status.Domain; d != nil && d.Name != "" {
+			domains = append(domains, d.Name)
+		}
+	}
+	vms := map[string]int{}
+	for _, d := range domains {
+		data, err := os.ReadFile(filepath.Join(qemuPIDDir, d+".pid"))
+		if err != nil {
+			t.Errorf("QEMU pid of %s: %v", d, err)
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+		must(t, err)
+		vms[d] = pid
+	}
+	return vms
+}
+
+// cpuSnapshot is the CPU ticks of the cluster's VMs and of the plane's
+// processes (cpuTicksOf's keys) at one time.
+type cpuSnapshot struct {
+	at    time.Time
+	ticks map[string]uint64
+}
+
+func (s *suite) snapshotCPU(t *testing.T) cpuSnapshot {
+	t.Helper()
+	planePIDs, err := s.plane.PIDs()
+	must(t, err)
+	ticks, err := cpuTicksOf(s.clusterVMPIDs(t), planePIDs)
+	must(t, err)
+	return cpuSnapshot{at: time.Now(), ticks: ticks}
+}
+
+// recordJoinCost reports the host CPU spent since before, while workers
+// booted and joined: a VM created in that time counts all its CPU.
+func (s *suite) recordJoinCost(t *testing.T, before cpuSnapshot) {
+	after := s.snapshotCPU(t)
+	window := after.at.Sub(before.at)
+	cost := idleCost{WindowSeconds: window.Seconds(), VMs: map[string]float64{}, Plane: map[string]float64{}}
+	for key, ticks := range after.ticks {
+		kind, name, _ := strings.Cut(key, "/")
+		perMinute := coreSecondsPerMinute(ticks-before.ticks[key], window)
+		if kind == "vm" {
+			cost.VMs[name] = perMinute
+		} else {
+			cost.Plane[name] = perMinute
+		}
+	}
+	s.rep.mu.Lock()
+	s.rep.JoinCost = cost
+	s.rep.mu.Unlock()
+	t.Logf("join cost: %s", cost)
 }
 
 // guestPS is `ps -eo times=,comm=` run in the domain's guest through the

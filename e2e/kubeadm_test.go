@@ -106,11 +106,14 @@ func (s *suite) createKubeadm(t *testing.T, workers int32) {
 	s.rep.KubeadmCluster = fmt.Sprintf("Kubernetes %s, domain type %s (TCG) with CPU mode maximum and a %d MiB translation cache, on %d host cores; "+
 		"control plane 2 vCPU / 4096 MiB, workers %d vCPU / 2048 MiB created once the control-plane node is Ready, "+
 		"leader election %s (lease %s, renew %s), etcd unsafe-no-fsync %s, static pod probes timeout %ss, liveness %s and startup %s failures, "+
-		"API server readiness every %ss, node monitor grace period %s (devplane.ClusterOptions.TCGTuning, as make up does under TCG).",
+		"API server readiness every %ss, node monitor grace period %s, etcd progress notifications every %s, heartbeat %s ms, election timeout %s ms, "+
+		"%d CoreDNS replicas (devplane.ClusterOptions.TCGTuning, as make up does under TCG).",
 		version, s.k8s.opts.DomainType, s.k8s.opts.TCGCacheMiB, s.cores, s.k8s.opts.WorkerCPUs,
 		cmp.Or(s.k8s.opts.LeaderElect, "true"), s.k8s.opts.LeaderElectLease, s.k8s.opts.LeaderElectRenew, cmp.Or(s.k8s.opts.EtcdUnsafeNoFsync, "false"),
 		s.k8s.opts.ProbeTimeout, s.k8s.opts.LivenessFailures, s.k8s.opts.StartupFailures,
-		cmp.Or(s.k8s.opts.APIServerReadinessPeriod, "1"), cmp.Or(s.k8s.opts.NodeMonitorGracePeriod, "50s"))
+		cmp.Or(s.k8s.opts.APIServerReadinessPeriod, "1"), cmp.Or(s.k8s.opts.NodeMonitorGracePeriod, "50s"),
+		cmp.Or(s.k8s.opts.EtcdProgressNotifyInterval, "5s"), cmp.Or(s.k8s.opts.EtcdHeartbeatIntervalMS, "100"),
+		cmp.Or(s.k8s.opts.EtcdElectionTimeoutMS, "1000"), cmp.Or(s.k8s.opts.CoreDNSReplicas, 2))
 	s.rep.mu.Unlock()
 }
 
@@ -155,11 +158,13 @@ func (s *suite) kubeadmReady(t *testing.T) {
 	defer cancel()
 	must(t, devplane.WaitControlPlaneNode(cpCtx, s.c, namespace, kubeadmName, func(line string) { t.Logf("kubeadm cluster: %s", line) }))
 	s.rep.phaseSince("kubeadm: apply → first control-plane node Ready", k.applied)()
+	joining := s.snapshotCPU(t)
 	if k.opts.StagedWorkers {
 		must(t, devplane.ScaleWorkers(s.ctx, s.c, k.opts, k.opts.Workers))
 	}
 	s.waitNodes(t, kubeadmReadyTimeout)
 	s.rep.phaseSince(fmt.Sprintf("kubeadm: apply → all nodes Ready (1 control plane + %d workers)", k.opts.Workers), k.applied)()
+	s.recordJoinCost(t, joining)
 	k.ready = true
 	s.checkKubeadmMachines(t)
 }

@@ -47,6 +47,9 @@ type report struct {
 	SteadyState steadyState `json:"steadyState"`
 	// IdleCost is the host CPU the ready cluster costs at rest.
 	IdleCost idleCost `json:"idleCost"`
+	// JoinCost is the host CPU from the first control-plane node Ready to
+	// every node Ready: the workers booting and joining.
+	JoinCost idleCost `json:"joinCost"`
 	// KillRounds records the manager kills of the fault phase.
 	KillRounds []killRound `json:"killRounds"`
 	// Notes are observations worth a line in the report.
@@ -144,6 +147,7 @@ func (r *report) markdown() string {
 		for _, p := range k {
 			fmt.Fprintf(&b, "| %s | %.0f |\n", strings.TrimPrefix(p.Name, kubeadmPhasePrefix), p.Seconds)
 		}
+		fmt.Fprintf(&b, "\nHost CPU while the workers booted and joined (first control-plane node Ready → all nodes Ready; a VM created then counts all its CPU): %s.\n", r.JoinCost)
 		fmt.Fprintf(&b, "\nIdle cost of the ready cluster (host CPU time of each VM's QEMU process and of the plane's processes): %s.\n\n", r.IdleCost)
 	}
 	fmt.Fprintf(&b, "## Machine phases\n\n")

@@ -75,6 +75,13 @@ type ClusterOptions struct {
 	// a node's heartbeat before marking it NotReady; empty keeps the
 	// template's.
 	NodeMonitorGracePeriod string
+	// EtcdProgressNotifyInterval is how often etcd sends each watch a
+	// progress notification; EtcdHeartbeatIntervalMS and
+	// EtcdElectionTimeoutMS are its raft timing. Empty keeps the template's
+	// (kubeadm's and etcd's defaults).
+	EtcdProgressNotifyInterval, EtcdHeartbeatIntervalMS, EtcdElectionTimeoutMS string
+	// CoreDNSReplicas overrides kubeadm's 2 CoreDNS replicas when set.
+	CoreDNSReplicas int32
 	// StagedWorkers renders the MachineDeployment with no replicas; the
 	// caller scales it to Workers once the first control-plane node is
 	// Ready (ScaleWorkers). Under TCG on a small host a worker booting and
@@ -86,10 +93,12 @@ type ClusterOptions struct {
 	StoragePool string
 }
 
-// NodeTCGCacheMiB is the TCG translation cache of node VMs: kubelet,
-// containerd, etcd and kube-apiserver are large Go binaries, and with the
-// demo's 128 MiB QEMU keeps flushing and retranslating them.
-const NodeTCGCacheMiB = 512
+// NodeTCGCacheMiB is the TCG translation cache of node VMs, QEMU's own
+// default made explicit: a node keeps translating code at rest (every
+// process it starts is translated afresh), and with 512 MiB the control
+// plane's cache filled and was flushed every two minutes, costing a tenth
+// more CPU at rest (docs/tcg.md); 2048 MiB measured no better.
+const NodeTCGCacheMiB = 1024
 
 // NodeImageFileFor is the file name of `make node-image` for a Kubernetes
 // version.
@@ -200,6 +209,7 @@ func ClusterVariables(o ClusterOptions, imgs ClusterImages) map[string]string {
 		"LIBVIRT_WORKER_MACHINE_CPUS":      o.WorkerCPUs,
 		"LIBVIRT_CONTROL_PLANE_CPU_SHARES": o.ControlPlaneCPUShares,
 		"LIBVIRT_WORKER_CPU_SHARES":        o.WorkerCPUShares,
+		"LIBVIRT_COREDNS_REPLICAS":         o.CoreDNSReplicas,
 	} {
 		if value > 0 {
 			vars[name] = strconv.Itoa(int(value))
@@ -215,6 +225,9 @@ func ClusterVariables(o ClusterOptions, imgs ClusterImages) map[string]string {
 		"LIBVIRT_LEADER_ELECT_RENEW_DEADLINE":         o.LeaderElectRenew,
 		"LIBVIRT_API_SERVER_READINESS_PERIOD_SECONDS": o.APIServerReadinessPeriod,
 		"LIBVIRT_NODE_MONITOR_GRACE_PERIOD":           o.NodeMonitorGracePeriod,
+		"LIBVIRT_ETCD_PROGRESS_NOTIFY_INTERVAL":       o.EtcdProgressNotifyInterval,
+		"LIBVIRT_ETCD_HEARTBEAT_INTERVAL_MS":          o.EtcdHeartbeatIntervalMS,
+		"LIBVIRT_ETCD_ELECTION_TIMEOUT_MS":            o.EtcdElectionTimeoutMS,
 	} {
 		if value != "" {
 			vars[name] = value
@@ -339,6 +352,12 @@ func (o ClusterOptions) TCGTuning() ClusterOptions {
 	// later than the default 50 s: its own node flapped NotReady all
 	// through the kubeadm e2e's scale-up.
 	o.NodeMonitorGracePeriod = "2m"
+	// Idle CPU of the control plane, measured in docs/tcg.md: progress
+	// notifications every 5 s woke etcd and the API server for every
+	// watch; the second CoreDNS pod costs its own runtime shim and probes.
+	o.EtcdProgressNotifyInterval = "60s"
+	o.EtcdHeartbeatIntervalMS, o.EtcdElectionTimeoutMS = "500", "5000"
+	o.CoreDNSReplicas = 1
 	return o
 }
 

@@ -105,8 +105,13 @@ func TestRenderCluster(t *testing.T) {
 	}
 	etcdArgs, _, _ := unstructured.NestedSlice(kinds["KubeadmControlPlane/k8s-control-plane"].Object,
 		"spec", "kubeadmConfigSpec", "clusterConfiguration", "etcd", "local", "extraArgs")
-	if fmt.Sprint(etcdArgs) != "[map[name:unsafe-no-fsync value:true]]" {
-		t.Errorf("etcd extraArgs %v, want TCG's unsafe-no-fsync", etcdArgs)
+	if fmt.Sprint(etcdArgs) != "[map[name:unsafe-no-fsync value:true] map[name:watch-progress-notify-interval value:60s] "+
+		"map[name:heartbeat-interval value:500] map[name:election-timeout value:5000]]" {
+		t.Errorf("etcd extraArgs %v, want TCG's unsafe-no-fsync, progress notifications and raft timing", etcdArgs)
+	}
+	if got := renderedFile(t, kinds["KubeadmControlPlane/k8s-control-plane"], []string{"spec", "kubeadmConfigSpec", "files"},
+		"/etc/kubernetes/patches/corednsdeployment0+strategic.yaml"); got != "spec:\n  replicas: 1\n" {
+		t.Errorf("CoreDNS patch %q, want TCG's 1 replica", got)
 	}
 	if got := renderedFile(t, kinds["KubeadmControlPlane/k8s-control-plane"], []string{"spec", "kubeadmConfigSpec", "files"},
 		"/etc/kubernetes/patches/kube-apiserver0+strategic.yaml"); !strings.Contains(got, "readinessProbe:\n      periodSeconds: 10\n") {
@@ -116,7 +121,7 @@ func TestRenderCluster(t *testing.T) {
 	patches := 0
 	for _, f := range files {
 		path, content := fmt.Sprint(f.(map[string]any)["path"]), fmt.Sprint(f.(map[string]any)["content"])
-		if !strings.HasPrefix(path, "/etc/kubernetes/patches/") {
+		if !strings.HasPrefix(path, "/etc/kubernetes/patches/") || strings.HasPrefix(path, "/etc/kubernetes/patches/corednsdeployment") {
 			continue
 		}
 		patches++
