@@ -99,6 +99,7 @@ type cpuSnapshot struct {
 	ticks map[string]uint64
 }
 
+// snapshotCPU reads the cluster's VMs' and the plane's CPU ticks now.
 func (s *suite) snapshotCPU(t *testing.T) cpuSnapshot {
 	t.Helper()
 	planePIDs, err := s.plane.PIDs()
@@ -116,6 +117,9 @@ func (s *suite) recordJoinCost(t *testing.T, before cpuSnapshot) {
 	cost := idleCost{WindowSeconds: window.Seconds(), VMs: map[string]float64{}, Plane: map[string]float64{}}
 	for key, ticks := range after.ticks {
 		kind, name, _ := strings.Cut(key, "/")
+		if ticks < before.ticks[key] { // restarted in the window: count the new process whole
+			before.ticks[key] = 0
+		}
 		perMinute := coreSecondsPerMinute(ticks-before.ticks[key], window)
 		if kind == "vm" {
 			cost.VMs[name] = perMinute

@@ -15,7 +15,8 @@ ticks() {
     rest=$(cat "$stat" 2>/dev/null) || continue
     label=${rest#*(}; label=${label%%)*}
     rest=${rest##*) }
-    # Fields after the command: state is 3rd of stat, utime 14th, stime 15th.
+    # f starts at stat's 3rd field (state): utime and stime, the 14th and
+    # 15th, are f[11] and f[12].
     read -r -a f <<<"$rest"
     if [[ $label == qemu-system* ]]; then
       label=$(tr '\0' '\n' </proc/"$pid"/cmdline 2>/dev/null | sed -n '/^-name$/{n;s/^guest=\([^,]*\).*/\1/p;q}') || true
