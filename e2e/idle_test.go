@@ -117,10 +117,11 @@ func (s *suite) recordJoinCost(t *testing.T, before cpuSnapshot) {
 	cost := idleCost{WindowSeconds: window.Seconds(), VMs: map[string]float64{}, Plane: map[string]float64{}}
 	for key, ticks := range after.ticks {
 		kind, name, _ := strings.Cut(key, "/")
-		if ticks < before.ticks[key] { // restarted in the window: count the new process whole
-			before.ticks[key] = 0
+		base := before.ticks[key]
+		if ticks < base { // restarted in the window: count the new process whole
+			base = 0
 		}
-		perMinute := coreSecondsPerMinute(ticks-before.ticks[key], window)
+		perMinute := coreSecondsPerMinute(ticks-base, window)
 		if kind == "vm" {
 			cost.VMs[name] = perMinute
 		} else {
