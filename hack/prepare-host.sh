@@ -8,7 +8,7 @@ set -euo pipefail
 
 packages=(
   libvirt-daemon-system libvirt-dev pkg-config gcc libseccomp-dev
-  qemu-system-x86 qemu-utils dnsmasq-base
+  qemu-system-x86 qemu-utils dnsmasq-base iproute2
   genisoimage haproxy
   mmdebstrap grub-pc-bin grub2-common fdisk e2fsprogs util-linux
   curl ca-certificates

@@ -191,4 +191,20 @@ const (
 	// operator did not list it. Nothing is created. On LibvirtCluster's
 	// NetworkReady and LibvirtMachine's AddressReserved.
 	NetworkNotAllowedReason = "NetworkNotAllowed"
+	// HostUnreachableReason: the libvirt host of the object's failure
+	// domain does not answer (its libvirtd stopped, the host or the
+	// network is down, its credentials are refused); the message names the
+	// URI and the error. Nothing is changed there until it answers again;
+	// a deletion waits for it. On LibvirtMachine's DomainReady and
+	// LibvirtCluster's NetworkReady and LoadBalancerReady.
+	HostUnreachableReason = "HostUnreachable"
+	// FailureDomainNotFoundReason (DomainReady): the Machine names a
+	// failure domain the LibvirtCluster does not list, or none of the
+	// listed ones may hold it (a control-plane machine needs one whose
+	// controlPlane is true). Nothing is created.
+	FailureDomainNotFoundReason = "FailureDomainNotFound"
+	// HostNotAllowedReason: a failure domain names a libvirt URI the
+	// operator does not allow (the manager's --libvirt-uris); nothing is
+	// dialled. On the same conditions as HostUnreachableReason.
+	HostNotAllowedReason = "HostNotAllowed"
 )

@@ -65,8 +65,10 @@ type LibvirtClusterSpec struct {
 	StoragePool StoragePool `json:"storagePool,omitempty,omitzero"`
 
 	// failureDomains the cluster's machines may be placed in. Each is a
-	// libvirt host; today every failure domain maps to the manager's
-	// libvirt URI. Empty means one failure domain named after that host.
+	// libvirt host: the one its uri names, or the manager's --libvirt-uri
+	// host when it names none. Empty means one failure domain named after
+	// the manager's host. A cluster whose failure domains name more than
+	// one host needs network.bridge: a NAT network lives on one host.
 	// +optional
 	// +listType=map
 	// +listMapKey=name
@@ -122,6 +124,12 @@ type LoadBalancer struct {
 	// +optional
 	Image *ImageSource `json:"image,omitempty"`
 
+	// failureDomain is where the HAProxy VM runs: a failure domain whose
+	// controlPlane is true. Empty means the first such failure domain listed.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	FailureDomain string `json:"failureDomain,omitempty"`
+
 	// The HAProxy VM's hardware; defaults to 1 vCPU and 512 MiB.
 	VirtualHardware `json:",inline"`
 }
@@ -143,7 +151,9 @@ type StoragePool struct {
 	Path string `json:"path,omitempty"`
 }
 
-// FailureDomainSpec declares a failure domain of the cluster.
+// FailureDomainSpec declares a failure domain of the cluster: a libvirt
+// host its machines may be placed on.
+// +kubebuilder:validation:XValidation:rule="!has(self.credentialsRef) || has(self.uri)",message="credentialsRef needs a uri"
 type FailureDomainSpec struct {
 	// name of the failure domain, as Machines refer to it.
 	// +required
@@ -156,9 +166,36 @@ type FailureDomainSpec struct {
 	// +optional
 	ControlPlane *bool `json:"controlPlane,omitempty"`
 
+	// uri is the libvirt connection URI of the host, one of qemu:///system,
+	// qemu+ssh://[user@]host[:port]/system (qemu+libssh:// and qemu+libssh2://
+	// alike), qemu+tls://host[:port]/system or qemu+tcp://host[:port]/system,
+	// without query parameters unless the operator listed the exact URI in
+	// the manager's --libvirt-uris. Empty means the manager's --libvirt-uri.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	URI string `json:"uri,omitempty"`
+
+	// credentialsRef names a Secret in the cluster's namespace with what the
+	// connection to uri needs: ssh-privatekey and known_hosts for SSH (the
+	// connection then uses libvirt's libssh transport), or tls.crt, tls.key
+	// and ca.crt for TLS. Without it the manager connects with its own
+	// credentials (its SSH configuration, its /etc/pki/libvirt).
+	// +optional
+	CredentialsRef *SecretReference `json:"credentialsRef,omitempty"`
+
 	// attributes are free-form and copied to the Cluster's failure domain.
 	// +optional
 	Attributes map[string]string `json:"attributes,omitempty"`
+}
+
+// SecretReference names a Secret in the referring object's namespace.
+type SecretReference struct {
+	// name of the Secret.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
 }
 
 // LibvirtClusterStatus is the observed state of a LibvirtCluster.

@@ -30,6 +30,7 @@ const (
 // LibvirtMachineSpec is the desired state of a LibvirtMachine.
 // +kubebuilder:validation:XValidation:rule="!(has(self.domainType) && self.domainType == 'qemu' && has(self.cpuMode) && self.cpuMode == 'host-passthrough')",message="cpuMode host-passthrough needs domainType kvm; use maximum with qemu"
 // +kubebuilder:validation:XValidation:rule="!has(oldSelf.providerID) || (has(self.providerID) && self.providerID == oldSelf.providerID)",message="providerID is immutable once set"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.failureDomain) || (has(self.failureDomain) && self.failureDomain == oldSelf.failureDomain)",message="failureDomain is immutable once set"
 // +kubebuilder:validation:XValidation:rule="(has(self.cpuMode) && self.cpuMode == 'custom') == has(self.cpuModel)",message="cpuModel is set exactly when cpuMode is custom"
 // +kubebuilder:validation:XValidation:rule="!has(self.cpuFeatures) || (has(self.cpuMode) && self.cpuMode == 'custom')",message="cpuFeatures apply only to cpuMode custom"
 type LibvirtMachineSpec struct {
@@ -60,6 +61,15 @@ type LibvirtMachineSpec struct {
 	// network overrides the cluster's network for this machine.
 	// +optional
 	Network *NetworkAttachment `json:"network,omitempty"`
+
+	// failureDomain is the failure domain (libvirt host) the machine was
+	// placed in, set by the provider once, before it creates anything: the
+	// Machine's spec.failureDomain, or the cluster's least used failure
+	// domain when the Machine names none. A moved or restored machine finds
+	// its host through it.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	FailureDomain string `json:"failureDomain,omitempty"`
 }
 
 // LibvirtMachineStatus is the observed state of a LibvirtMachine.
@@ -142,6 +152,7 @@ type DomainStatus struct {
 // +kubebuilder:printcolumn:name="Address",type="string",JSONPath=".status.addresses[0].address",description="Primary address"
 // +kubebuilder:printcolumn:name="ProviderID",type="string",JSONPath=".spec.providerID",description="Provider ID (libvirt:///<domain UUID>)"
 // +kubebuilder:printcolumn:name="Provisioned",type="boolean",JSONPath=".status.initialization.provisioned",priority=1
+// +kubebuilder:printcolumn:name="FailureDomain",type="string",JSONPath=".spec.failureDomain",priority=1
 // +kubebuilder:printcolumn:name="Machine",type="string",JSONPath=".metadata.ownerReferences[?(@.kind==\"Machine\")].name",priority=1
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
 

@@ -21,6 +21,7 @@ type LibvirtMachineTemplateResource struct {
 	// spec of the LibvirtMachines made from the template.
 	// +required
 	// +kubebuilder:validation:XValidation:rule="!has(self.providerID)",message="providerID must not be set in a template: the provider sets it per machine"
+	// +kubebuilder:validation:XValidation:rule="!has(self.failureDomain)",message="failureDomain must not be set in a template: the provider sets it per machine from the Machine's spec.failureDomain"
 	Spec LibvirtMachineSpec `json:"spec"`
 }
 

@@ -28,6 +28,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hostevents"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
@@ -36,7 +37,6 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/pool"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/references"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // waitForMachines is how often a deleting cluster looks whether its
@@ -47,10 +47,9 @@ const waitForMachines = 10 * time.Second
 // control-plane endpoint.
 type LibvirtClusterReconciler struct {
 	Client client.Client
-	// Host is the libvirt host of the cluster (one host today).
-	Host virt.Host
-	// HostName names Host: the default failure domain.
-	HostName string
+	// Hosts are the libvirt hosts of the failure domains; the cluster's
+	// network and HAProxy VM live on its load balancer's.
+	Hosts    *hosts.Set
 	Recorder record.EventRecorder
 	// WatchFilterValue limits reconciliation to objects labelled with it.
 	WatchFilterValue string
@@ -100,8 +99,9 @@ func (r *LibvirtClusterReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	if isPaused, requeue, err := paused.EnsurePausedCondition(ctx, r.Client, cluster, lc); err != nil || isPaused || requeue {
 		return ctrl.Result{}, err
 	}
+	place := placeCluster(ctx, r.Hosts, r.Tenancy, lc)
 	s, err := scope.NewClusterScope(scope.ClusterScopeParams{
-		Client: r.Client, Cluster: cluster, LibvirtCluster: lc, Host: r.Host, HostName: r.HostName, Recorder: r.Recorder,
+		Client: r.Client, Cluster: cluster, LibvirtCluster: lc, Host: place.host, HostName: place.hostName, Recorder: r.Recorder,
 	})
 	if err != nil {
 		return ctrl.Result{}, err
@@ -111,6 +111,14 @@ func (r *LibvirtClusterReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 			reterr = err
 		}
 	}()
+	if place.problem != nil {
+		// Deletion waits too: the network and VM are removed once it answers.
+		s.SetFailureDomains()
+		for _, c := range []string{infrav1.NetworkReadyCondition, infrav1.LoadBalancerReadyCondition} {
+			s.MarkFalse(c, place.problem.reason, "%s", place.problem.message)
+		}
+		return ctrl.Result{RequeueAfter: recheckHost}, nil
+	}
 	if deleting {
 		return r.reconcileDelete(ctx, s)
 	}
@@ -193,13 +201,13 @@ func (r *LibvirtClusterReconciler) remainingMachines(ctx context.Context, s *sco
 // SetupWithManager registers the reconciler, its watches and the libvirt
 // event source of the HAProxy VMs with the manager.
 func (r *LibvirtClusterReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
-	if r.Host == nil || r.Images == nil {
-		return errors.New("LibvirtClusterReconciler needs a libvirt host and an image importer")
+	if r.Hosts == nil || r.Images == nil {
+		return errors.New("LibvirtClusterReconciler needs libvirt hosts and an image importer")
 	}
 	// The HAProxy VMs' domains name their LibvirtCluster as owner: the
 	// guest agent connecting is when the configuration can be written, and
 	// a VM that stopped is started again.
-	events := hostevents.NewForwarder(r.Host, mgr.GetClient(), "LibvirtCluster", r.WatchFilterValue,
+	events := hostevents.NewForwarder(r.Hosts, mgr.GetClient(), "LibvirtCluster", r.WatchFilterValue,
 		func() *infrav1.LibvirtCluster { return &infrav1.LibvirtCluster{} },
 		func() client.ObjectList { return &infrav1.LibvirtClusterList{} })
 	if err := mgr.Add(events); err != nil {

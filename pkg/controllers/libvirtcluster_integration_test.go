@@ -20,7 +20,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/loadbalancer"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -157,7 +157,7 @@ func testOwnerAndPause(h *clusterHarness, existing virt.NetworkInfo) {
 			h.t.Errorf("%s = %+v, want %s/%s", want.cond, got, wantStatus, want.reason)
 		}
 	}
-	host := manager.HostNameFromURI(h.uri)
+	host := hosts.HostName(h.uri)
 	if fds := lc.Status.FailureDomains; len(fds) != 1 || fds[0].Name != host || !ptr.Deref(fds[0].ControlPlane, false) {
 		h.t.Errorf("failureDomains = %+v, want one control-plane domain %s", fds, host)
 	}

@@ -24,6 +24,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hostevents"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/address"
@@ -35,7 +36,6 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/references"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // LoadBalancerDeregisterer takes a control-plane machine out of the
@@ -51,10 +51,8 @@ type LoadBalancerDeregisterer interface {
 // LibvirtMachineReconciler turns a LibvirtMachine into a running libvirt domain.
 type LibvirtMachineReconciler struct {
 	Client client.Client
-	// Host is the libvirt host of every failure domain (one host today).
-	Host virt.Host
-	// HostName names Host in status.domain.host.
-	HostName string
+	// Hosts are the libvirt hosts of the failure domains.
+	Hosts    *hosts.Set
 	Recorder record.EventRecorder
 	// WatchFilterValue limits reconciliation to objects labelled with it.
 	WatchFilterValue string
@@ -118,9 +116,13 @@ func (r *LibvirtMachineReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	place, err := r.placeMachine(ctx, lm, machine, libvirtCluster, deleting)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	s, err := scope.NewMachineScope(scope.MachineScopeParams{
 		Client: r.Client, Cluster: cluster, Machine: machine, LibvirtCluster: libvirtCluster,
-		LibvirtMachine: lm, Host: r.Host, HostName: r.HostName, Recorder: r.Recorder,
+		LibvirtMachine: lm, Host: place.host, HostName: place.hostName, FailureDomain: place.failureDomain, Recorder: r.Recorder,
 	})
 	if err != nil {
 		return ctrl.Result{}, err
@@ -130,6 +132,11 @@ func (r *LibvirtMachineReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 			reterr = err
 		}
 	}()
+	if place.problem != nil {
+		// Deletion waits too: what is on the host is removed once it answers.
+		s.MarkFalse(infrav1.DomainReadyCondition, place.problem.reason, "%s", place.problem.message)
+		return ctrl.Result{RequeueAfter: recheckHost}, nil
+	}
 	if deleting {
 		return r.reconcileDelete(ctx, s)
 	}
@@ -156,8 +163,9 @@ func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope
 		s.MarkWaiting(infrav1.WaitingForBootstrapDataReason, "Waiting for the bootstrap provider to set spec.bootstrap.dataSecretName")
 		return ctrl.Result{}, nil
 	}
-	// Placement: every failure domain is the one host today.
-	s.SetFailureDomain(s.FailureDomain())
+	if err := s.RecordFailureDomain(ctx); err != nil {
+		return ctrl.Result{}, err
+	}
 	s.ClearWaiting(infrav1.WaitingForClusterInfrastructureReason, infrav1.WaitingForBootstrapDataReason)
 	// From here until the domain is defined, the machine's creation is in
 	// flight: a move now would leave half of it behind.
@@ -277,13 +285,13 @@ func (r *LibvirtMachineReconciler) libvirtCluster(ctx context.Context, c *cluste
 // SetupWithManager registers the reconciler, its watches and the libvirt
 // event source with the manager.
 func (r *LibvirtMachineReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager, options controller.Options) error {
-	if r.Host == nil || r.Images == nil {
-		return errors.New("LibvirtMachineReconciler needs a libvirt host and an image importer")
+	if r.Hosts == nil || r.Images == nil {
+		return errors.New("LibvirtMachineReconciler needs libvirt hosts and an image importer")
 	}
 	if err := hostevents.IndexMAC(ctx, mgr.GetFieldIndexer()); err != nil {
 		return fmt.Errorf("indexing LibvirtMachines by MAC: %w", err)
 	}
-	r.events = hostevents.New(r.Host, mgr.GetClient(), r.WatchFilterValue)
+	r.events = hostevents.New(r.Hosts, mgr.GetClient(), r.WatchFilterValue)
 	if err := mgr.Add(r.events); err != nil {
 		return err
 	}

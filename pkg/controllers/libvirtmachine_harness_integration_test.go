@@ -35,6 +35,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
@@ -199,7 +200,7 @@ func (h *harness) startProvider(wrap func(virt.Host) virt.Host) *testenv.Provide
 		h.options(&opts)
 	}
 	p, err := h.env.StartProvider(opts, manager.Wiring{
-		Host: host, HostName: manager.HostNameFromURI(h.uri),
+		Host: host, HostName: hosts.HostName(h.uri),
 		MachineShutdownTimeout: 15 * time.Second, SkipControllerNameValidation: true,
 	})
 	if err != nil {

@@ -21,7 +21,7 @@ import (
 // every object after a reconnect, when events may have been lost. It is a
 // manager Runnable; pass Source to the controller's WatchesRawSource.
 type Forwarder[T client.Object] struct {
-	host    virt.Host
+	host    Events
 	client  client.Client
 	kind    string
 	filter  string
@@ -30,10 +30,16 @@ type Forwarder[T client.Object] struct {
 	events  chan event.TypedGenericEvent[T]
 }
 
+// Events is where host events come from: one libvirt host, or all the
+// manager's (hosts.Set).
+type Events interface {
+	Subscribe(ctx context.Context) <-chan virt.Event
+}
+
 // NewForwarder returns a Forwarder for objects whose kind is kind in the
 // libvirt owner metadata. c should read from the manager's cache; only
 // objects labelled with watchFilter (when set) are enqueued.
-func NewForwarder[T client.Object](host virt.Host, c client.Client, kind, watchFilter string,
+func NewForwarder[T client.Object](host Events, c client.Client, kind, watchFilter string,
 	newObj func() T, newList func() client.ObjectList) *Forwarder[T] {
 	return &Forwarder[T]{
 		host: host, client: c, kind: kind, filter: watchFilter, newObj: newObj, newList: newList,
@@ -57,7 +63,9 @@ func (f *Forwarder[T]) Start(ctx context.Context) error {
 // Forward enqueues what ev concerns among the Forwarder's objects.
 func (f *Forwarder[T]) Forward(ctx context.Context, ev virt.Event) {
 	switch {
-	case ev.Kind == virt.EventReconnected:
+	case ev.Kind == virt.EventReconnected, ev.Kind == virt.EventDisconnected:
+		// Events may have been lost, or a host went away: every object
+		// looks again (those on a host that is gone say so).
 		f.EnqueueList(ctx)
 	case ev.Owner != nil && ev.Owner.Kind == f.kind:
 		ctrl.LoggerFrom(ctx).V(4).Info("Domain event", "kind", ev.Kind, "domain", ev.Domain, "detail", ev.Detail, "owner", f.kind)

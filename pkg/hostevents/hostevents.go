@@ -50,20 +50,26 @@ type Source struct {
 	cancel context.CancelFunc
 
 	mu       sync.Mutex
-	watching map[string]time.Time // network/mac → end of its watch
+	watching map[leaseKey]time.Time // → end of its watch
+}
+
+// leaseKey is one lease watch: a MAC on a network of a host.
+type leaseKey struct {
+	host         virt.NetworkHost
+	network, mac string
 }
 
 // New returns a Source; c should read from the manager's cache, which
 // must have MACIndex. Only objects labelled with watchFilter (when set)
 // are enqueued.
-func New(host virt.Host, c client.Client, watchFilter string) *Source {
+func New(host Events, c client.Client, watchFilter string) *Source {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Source{
 		Forwarder: NewForwarder(host, c, "LibvirtMachine", watchFilter,
 			func() *infrav1.LibvirtMachine { return &infrav1.LibvirtMachine{} },
 			func() client.ObjectList { return &infrav1.LibvirtMachineList{} }),
 		leaseTimeout: DefaultLeaseWatchTimeout,
-		ctx:          ctx, cancel: cancel, watching: map[string]time.Time{},
+		ctx:          ctx, cancel: cancel, watching: map[leaseKey]time.Time{},
 	}
 }
 
@@ -78,24 +84,28 @@ func (s *Source) Start(ctx context.Context) error {
 			continue
 		}
 		s.mu.Lock()
-		delete(s.watching, ev.Network+"/"+netalloc.CanonicalMAC(ev.MAC).String())
+		for k := range s.watching {
+			if k.network == ev.Network && k.mac == netalloc.CanonicalMAC(ev.MAC).String() {
+				delete(s.watching, k)
+			}
+		}
 		s.mu.Unlock()
 		s.EnqueueList(ctx, client.MatchingFields{MACIndex: netalloc.CanonicalMAC(ev.MAC).String()})
 	}
 	return nil
 }
 
-// WatchLease asks the host to publish a lease event for mac on network,
+// WatchLease asks host to publish a lease event for mac on network,
 // once per outstanding wait: repeated calls while a watch runs are free.
-func (s *Source) WatchLease(network, mac string) {
-	key := network + "/" + netalloc.CanonicalMAC(mac).String()
+func (s *Source) WatchLease(host virt.NetworkHost, network, mac string) {
+	key := leaseKey{host: host, network: network, mac: netalloc.CanonicalMAC(mac).String()}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if until, ok := s.watching[key]; ok && time.Now().Before(until) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.leaseTimeout)
-	if err := s.host.WatchLease(ctx, network, mac); err != nil {
+	if err := host.WatchLease(ctx, network, mac); err != nil {
 		cancel()
 		ctrl.Log.WithName("hostevents").Error(err, "Watching for a lease", "network", network, "mac", mac)
 		return

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
-	"os"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -27,6 +25,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/controllers"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/loadbalancer"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -73,7 +72,7 @@ func New(restConfig *rest.Config, opts Options) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connecting to libvirt at %s: %w", opts.LibvirtURI, err)
 	}
-	mgr, err := NewWithWiring(restConfig, opts, Wiring{Host: host, HostName: HostNameFromURI(opts.LibvirtURI)})
+	mgr, err := NewWithWiring(restConfig, opts, Wiring{Host: host, HostName: hosts.HostName(opts.LibvirtURI)})
 	if err == nil {
 		err = mgr.Add(closer{host})
 	}
@@ -163,10 +162,13 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 	if err := mgr.Add(images); err != nil {
 		return nil, err
 	}
+	libvirtHosts := hosts.NewSet(w.Host, opts.LibvirtURI, w.HostName, mgr.GetAPIReader())
+	if err := mgr.Add(&hosts.Pruner{Set: libvirtHosts, Clusters: mgr.GetClient(), Interval: opts.HostPruneInterval}); err != nil {
+		return nil, err
+	}
 	if err := (&controllers.LibvirtClusterReconciler{
 		Client:           mgr.GetClient(),
-		Host:             w.Host,
-		HostName:         w.HostName,
+		Hosts:            libvirtHosts,
 		Recorder:         mgr.GetEventRecorderFor("libvirtcluster-controller"), //nolint:staticcheck // Cluster API's utilities take a record.EventRecorder.
 		WatchFilterValue: opts.WatchFilterValue,
 		Tenancy:          policy,
@@ -176,8 +178,7 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 	}
 	if err := (&controllers.LibvirtMachineReconciler{
 		Client:           mgr.GetClient(),
-		Host:             w.Host,
-		HostName:         w.HostName,
+		Hosts:            libvirtHosts,
 		Recorder:         mgr.GetEventRecorderFor("libvirtmachine-controller"), //nolint:staticcheck // Cluster API's utilities take a record.EventRecorder.
 		WatchFilterValue: opts.WatchFilterValue,
 		ShutdownTimeout:  w.MachineShutdownTimeout,
@@ -199,16 +200,4 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 		return nil, err
 	}
 	return mgr, nil
-}
-
-// HostNameFromURI names the libvirt host of uri: the host part of a remote
-// URI, this machine's hostname for a local one.
-func HostNameFromURI(uri string) string {
-	if u, err := url.Parse(uri); err == nil && u.Hostname() != "" {
-		return u.Hostname()
-	}
-	if h, err := os.Hostname(); err == nil {
-		return h
-	}
-	return "localhost"
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 )
 
@@ -54,10 +55,10 @@ func TestNewDialsLibvirtAndRuns(t *testing.T) {
 }
 
 func TestHostNameFromURI(t *testing.T) {
-	if got := manager.HostNameFromURI("qemu+ssh://root@kvm1.example:2222/system"); got != "kvm1.example" {
+	if got := hosts.HostName("qemu+ssh://root@kvm1.example:2222/system"); got != "kvm1.example" {
 		t.Errorf("remote host = %q", got)
 	}
-	if got := manager.HostNameFromURI("qemu:///system"); got == "" {
+	if got := hosts.HostName("qemu:///system"); got == "" {
 		t.Error("local host name is empty")
 	}
 }

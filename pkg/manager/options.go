@@ -86,6 +86,13 @@ type Options struct {
 	// TrafficFilter is the nwfilter of machines on shared segments
 	// ("none" for none).
 	TrafficFilter string
+
+	// LibvirtURIs are the libvirt hosts besides LibvirtURI that failure
+	// domains may name (tenancy.Policy.LibvirtURIs).
+	LibvirtURIs []string
+	// HostPruneInterval is how often connections to hosts no cluster
+	// names any more are closed.
+	HostPruneInterval time.Duration
 }
 
 // ImageImportOptions are the image imports' options with the deny-list
@@ -118,6 +125,7 @@ func (o *Options) Tenancy() (tenancy.Policy, error) {
 	p := tenancy.Policy{
 		PoolDirs: o.StoragePoolDirs, Pools: o.StoragePools, ImagePools: o.ImagePools,
 		Bridges: o.HostBridges, Networks: o.LibvirtNetworks, ImageFileDirs: o.ImageFileDirs,
+		ManagerURI: o.LibvirtURI, LibvirtURIs: o.LibvirtURIs,
 		Machine:   tenancy.Limits{VCPUs: int64(o.MaxMachineVCPUs)},
 		Namespace: tenancy.Limits{Machines: o.NamespaceMaxMachines, VCPUs: int64(o.NamespaceMaxVCPUs)},
 	}
@@ -222,6 +230,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Most memory the LibvirtMachines of one namespace may ask for together (a quantity); 0 sets no bound.")
 	fs.StringVar(&o.TrafficFilter, "traffic-filter", virt.CleanTrafficFilter,
 		"libvirt nwfilter bound to the NIC of machines on a host bridge or on a libvirt network the provider did not make for their cluster (clean-traffic: no MAC, IP or ARP spoofing); none disables it, for segments where every guest is trusted (e.g. kube-vip announcing a VIP on a bridge).")
+	fs.StringSliceVar(&o.LibvirtURIs, "libvirt-uris", nil,
+		"libvirt URIs besides --libvirt-uri that LibvirtCluster failure domains may name, to spread a cluster over several hosts (comma-separated, compared exactly); * allows any qemu, qemu+ssh, qemu+libssh, qemu+libssh2, qemu+tls or qemu+tcp URI of /system without query parameters. Empty allows none.")
+	fs.DurationVar(&o.HostPruneInterval, "host-prune-interval", 5*time.Minute,
+		"How often connections to libvirt hosts that no LibvirtCluster names any more are closed.")
 	fs.StringSliceVar(&o.LibvirtNetworks, "libvirt-networks", nil,
 		"Existing libvirt networks clusters and machines may name (comma-separated); empty or * allows any network but those the provider made for other namespaces.")
 }

@@ -68,7 +68,9 @@ type MachineScopeParams struct {
 	Host virt.Host
 	// HostName names Host in status.domain.host.
 	HostName string
-	Recorder record.EventRecorder
+	// FailureDomain is where the controller placed the machine.
+	FailureDomain string
+	Recorder      record.EventRecorder
 }
 
 // MachineScope is one reconcile of one LibvirtMachine.
@@ -81,6 +83,7 @@ type MachineScope struct {
 	Host           virt.Host
 	HostName       string
 
+	failureDomain string
 	objectScope
 	vmVolumes
 	// domainFound is set when this reconcile found the machine's domain.
@@ -99,7 +102,7 @@ func NewMachineScope(p MachineScopeParams) (*MachineScope, error) {
 	}
 	return &MachineScope{
 		Client: p.Client, Cluster: p.Cluster, Machine: p.Machine, LibvirtCluster: p.LibvirtCluster,
-		LibvirtMachine: p.LibvirtMachine, Host: p.Host, HostName: p.HostName, objectScope: o,
+		LibvirtMachine: p.LibvirtMachine, Host: p.Host, HostName: p.HostName, failureDomain: p.FailureDomain, objectScope: o,
 	}, nil
 }
 
@@ -180,13 +183,23 @@ func (s *MachineScope) Owner() virt.Owner {
 	}
 }
 
-// FailureDomain is where the Machine asks to be placed; empty for none.
-// Today every failure domain is the manager's one libvirt host (Host).
-func (s *MachineScope) FailureDomain() string {
-	if s.Machine == nil {
-		return s.LibvirtMachine.Status.FailureDomain
+// FailureDomain is where the machine is placed (the controller's
+// placement: spec.failureDomain once recorded, else the Machine's, else
+// the least used); empty for none (the manager's host).
+func (s *MachineScope) FailureDomain() string { return s.failureDomain }
+
+// RecordFailureDomain writes the machine's failure domain to spec (once,
+// persisted at once: nothing may be created on a host before the choice
+// of host is stored) when the cluster lists failure domains, and to
+// status.failureDomain.
+func (s *MachineScope) RecordFailureDomain(ctx context.Context) error {
+	fd := s.failureDomain
+	s.LibvirtMachine.Status.FailureDomain = fd
+	if s.LibvirtMachine.Spec.FailureDomain != "" || fd == "" || s.LibvirtCluster == nil || len(s.LibvirtCluster.Spec.FailureDomains) == 0 {
+		return nil
 	}
-	return s.Machine.Spec.FailureDomain
+	s.LibvirtMachine.Spec.FailureDomain = fd
+	return s.PatchObject(ctx)
 }
 
 // BootstrapDataSecretName is the Machine's bootstrap Secret, nil until the
@@ -361,9 +374,6 @@ func (s *MachineScope) SetAddresses(ips []string) {
 	out = append(out, clusterv1.MachineAddress{Type: clusterv1.MachineHostName, Address: s.Hostname()})
 	s.LibvirtMachine.Status.Addresses = out
 }
-
-// SetFailureDomain records where the machine was placed.
-func (s *MachineScope) SetFailureDomain(fd string) { s.LibvirtMachine.Status.FailureDomain = fd }
 
 // SeedUploaded tells whether an upload of the seed completed:
 // BootstrapDataReady is True, which the seed step's success sets, or the

@@ -90,6 +90,15 @@ type Policy struct {
 	// machine on a host bridge or on a libvirt network the provider did
 	// not make for its cluster; empty for none.
 	TrafficFilter string
+	// ManagerURI is the manager's own libvirt host (--libvirt-uri), which
+	// failure domains may always name.
+	ManagerURI string
+	// LibvirtURIs are the other libvirt URIs failure domains may name;
+	// empty (or None) allows none, Any allows every URI without query
+	// parameters.
+	// Unlike the lists above, empty is closed: a URI is a connection the
+	// manager opens with its own identity, so the operator opens it.
+	LibvirtURIs []string
 }
 
 // Limits bound machines' sizes; a zero field sets no bound.
@@ -357,4 +366,78 @@ func listOrNone(names []string) string {
 		return "none"
 	}
 	return strings.Join(names, ", ")
+}
+
+// libvirtSchemes are the transports a failure domain's uri may use, and
+// the kind of credentials each takes from a Secret ("" for none). Those
+// left out run a program (qemu+ext) or name a socket on the manager's
+// side (qemu+unix), which a tenant must never choose.
+var libvirtSchemes = map[string]string{
+	"qemu": "", "qemu+tcp": "",
+	"qemu+ssh": CredentialsSSH, "qemu+libssh": CredentialsSSH, "qemu+libssh2": CredentialsSSH,
+	"qemu+tls": CredentialsTLS,
+}
+
+// The kinds of credentials a libvirt URI's transport takes.
+const (
+	// CredentialsSSH is an SSH private key and the known_hosts to check
+	// the host's key against.
+	CredentialsSSH = "ssh"
+	// CredentialsTLS is a client certificate and key and the CA that
+	// signed the host's certificate.
+	CredentialsTLS = "tls"
+)
+
+// ParseLibvirtURI checks that raw is a libvirt URI of the system QEMU
+// driver on a transport a tenant may name, and returns the kind of
+// credentials its transport takes ("" for none).
+func ParseLibvirtURI(raw string) (credentials string, err error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", fmt.Errorf("is not a URI: %w", err)
+	}
+	credentials, ok := libvirtSchemes[u.Scheme]
+	switch {
+	case !ok:
+		return "", fmt.Errorf("scheme %q is not one of qemu, qemu+ssh, qemu+libssh, qemu+libssh2, qemu+tls, qemu+tcp", u.Scheme)
+	case u.Path != "/system":
+		return "", fmt.Errorf("must name the system driver (path /system), not %q", u.Path)
+	case u.Scheme == "qemu" && u.Host != "":
+		return "", errors.New("qemu:///system is the manager's own host and names no host; use a remote transport (qemu+ssh://host/system)")
+	case u.Scheme != "qemu" && u.Hostname() == "":
+		return "", errors.New("a remote transport needs a host (qemu+ssh://host/system)")
+	case u.Fragment != "" || u.Opaque != "":
+		return "", errors.New("must not have a fragment")
+	}
+	if _, hasPassword := u.User.Password(); hasPassword {
+		return "", errors.New("must not carry a password: put credentials in a Secret and name it in credentialsRef")
+	}
+	return credentials, nil
+}
+
+// CheckLibvirtURI refuses a failure domain's uri the operator did not
+// allow: the manager's own URI and those listed in LibvirtURIs are always
+// allowed; with Any, any URI ParseLibvirtURI accepts that has no query
+// (libvirt's query parameters choose programs, sockets and key files on
+// the manager's side).
+func (p Policy) CheckLibvirtURI(raw string) error {
+	if raw == "" || raw == p.ManagerURI {
+		return nil
+	}
+	if _, err := ParseLibvirtURI(raw); err != nil {
+		return err
+	}
+	if slices.Contains(p.LibvirtURIs, raw) {
+		return nil
+	}
+	if !slices.Contains(p.LibvirtURIs, Any) {
+		if len(p.LibvirtURIs) == 0 || denyAll(p.LibvirtURIs) {
+			return fmt.Errorf("the operator allows no libvirt host but the manager's own (%s): ask for it in the manager's --libvirt-uris", p.ManagerURI)
+		}
+		return fmt.Errorf("must be one of %s (the manager's --libvirt-uris) or the manager's own %s", strings.Join(p.LibvirtURIs, ", "), p.ManagerURI)
+	}
+	if strings.Contains(raw, "?") {
+		return errors.New("query parameters (transport options such as command=, socket= or keyfile=) are allowed only in a URI the operator lists exactly in --libvirt-uris")
+	}
+	return nil
 }

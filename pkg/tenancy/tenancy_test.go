@@ -210,3 +210,44 @@ func TestCheckImageURL(t *testing.T) {
 	check(t, "Validate(image file dir /)", Policy{PoolDirs: DefaultPoolDirs, ImageFileDirs: []string{"/"}}.Validate(), "any file")
 	check(t, "Validate(image file dir relative)", Policy{PoolDirs: DefaultPoolDirs, ImageFileDirs: []string{"images"}}.Validate(), "absolute")
 }
+
+func TestCheckLibvirtURI(t *testing.T) {
+	listed := Policy{ManagerURI: "qemu:///system", LibvirtURIs: []string{"qemu+ssh://root@kvm1/system", "qemu+ssh://kvm2/system?no_verify=1"}}
+	anyURI := Policy{ManagerURI: "qemu:///system", LibvirtURIs: []string{Any}}
+	closed := Policy{ManagerURI: "qemu:///system"}
+	for _, tc := range []struct {
+		name   string
+		policy Policy
+		uri    string
+		want   string // "" for allowed, else a part of the error
+	}{
+		{"empty is the manager's host", closed, "", ""},
+		{"the manager's own URI", closed, "qemu:///system", ""},
+		{"closed by default", closed, "qemu+ssh://kvm1/system", "allows no libvirt host"},
+		{"none", Policy{LibvirtURIs: []string{None}}, "qemu+ssh://kvm1/system", "allows no libvirt host"},
+		{"listed", listed, "qemu+ssh://root@kvm1/system", ""},
+		{"listed with its query", listed, "qemu+ssh://kvm2/system?no_verify=1", ""},
+		{"not listed", listed, "qemu+ssh://kvm3/system", "must be one of"},
+		{"any", anyURI, "qemu+tls://kvm3:16514/system", ""},
+		{"any: tcp", anyURI, "qemu+tcp://10.0.0.5/system", ""},
+		{"any: a query runs commands", anyURI, "qemu+ssh://kvm3/system?command=/bin/sh", "query parameters"},
+		{"any: ext runs a program", anyURI, "qemu+ext:///system?command=/bin/sh", "scheme"},
+		{"any: unix names a socket", anyURI, "qemu+unix:///system?socket=/tmp/s", "scheme"},
+		{"any: session driver", anyURI, "qemu+ssh://kvm3/session", "/system"},
+		{"any: another driver", anyURI, "lxc+ssh://kvm3/system", "scheme"},
+		{"any: remote without host", anyURI, "qemu+ssh:///system", "needs a host"},
+		{"any: local with a host", anyURI, "qemu://kvm3/system", "names no host"},
+		{"any: a password", anyURI, "qemu+ssh://root:pw@kvm3/system", "password"},
+		{"listed but malformed", Policy{LibvirtURIs: []string{"qemu+ext:///system"}}, "qemu+ext:///system", "scheme"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.policy.CheckLibvirtURI(tc.uri)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("CheckLibvirtURI(%q) = %v; want allowed", tc.uri, err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("CheckLibvirtURI(%q) = %v; want an error with %q", tc.uri, err, tc.want)
+			}
+		})
+	}
+}

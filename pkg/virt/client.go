@@ -47,6 +47,7 @@ type options struct {
 	keepAliveCount    uint
 	reconnectBudget   time.Duration
 	eventBuffer       int
+	lazy              bool
 }
 
 // Option tunes a Client at Dial time.
@@ -70,6 +71,14 @@ func WithReconnectBudget(d time.Duration) Option {
 // dropped and counted rather than stalling libvirt's event loop.
 func WithEventBuffer(n int) Option {
 	return func(o *options) { o.eventBuffer = n }
+}
+
+// WithLazyConnect makes Dial return at once and connect in the background,
+// retrying until the host answers: a host that is down when the manager
+// first needs it (one of several failure domains) must not hold up the
+// reconcile that asked for it. Reachable tells whether it is connected.
+func WithLazyConnect() Option {
+	return func(o *options) { o.lazy = true }
 }
 
 // connHook runs on every fresh connection (the first one and each
@@ -108,6 +117,11 @@ type Client struct {
 	// lost is signalled when libvirtd drops the connection (see
 	// reconnectWhenLost).
 	lost chan struct{}
+
+	// connected and lastErr answer Reachable without c.mu, which a
+	// reconnect holds for up to the reconnect budget.
+	connected atomic.Bool
+	lastErr   atomic.Pointer[error]
 
 	ctx    context.Context // canceled by Close; background work stops with it
 	cancel context.CancelFunc
@@ -152,6 +166,10 @@ func Dial(ctx context.Context, uri string, opts ...Option) (*Client, error) {
 	}
 	c.startDomainEvents()
 	c.background(c.reconnectWhenLost)
+	if o.lazy {
+		c.lost <- struct{}{}
+		return c, nil
+	}
 	if _, err := c.liveConn(ctx); err != nil {
 		cancel()
 		c.wg.Wait()
@@ -174,6 +192,7 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
+	c.setReachable(false, ErrClosed)
 	c.dropConnLocked()
 	c.mu.Unlock()
 	c.wg.Wait()
@@ -183,6 +202,35 @@ func (c *Client) Close() error {
 
 // ErrClosed is returned by calls on a closed Client.
 var ErrClosed = errors.New("virt: client is closed")
+
+// ErrNotConnected is what Reachable returns before the first connection
+// attempt of a lazily dialled Client has ended.
+var ErrNotConnected = errors.New("virt: not connected yet")
+
+// Reachable returns nil while the Client holds a live connection, else
+// why it does not: the last connection error, or ErrNotConnected. It never
+// blocks, so callers can skip a host that is down instead of waiting out
+// the reconnect budget in every call.
+func (c *Client) Reachable() error {
+	if c.connected.Load() {
+		return nil
+	}
+	if err := c.lastErr.Load(); err != nil {
+		return *err
+	}
+	return ErrNotConnected
+}
+
+// setReachable records the outcome of a connection attempt, or (err nil,
+// up false) a connection that died.
+func (c *Client) setReachable(up bool, err error) {
+	c.connected.Store(up)
+	if err != nil {
+		c.lastErr.Store(&err)
+	} else if up {
+		c.lastErr.Store(nil)
+	}
+}
 
 // addConnHook registers h for every future connection and runs it now on
 // the live one, if any, so callbacks exist without waiting for a reconnect.
@@ -256,6 +304,12 @@ func (c *Client) reconnectWhenLost(ctx context.Context) {
 			return
 		case <-c.lost:
 		}
+		if c.connected.Load() || c.lastErr.Load() != nil {
+			// Not the first connect of a lazy Client: objects on this host
+			// should learn at once that it is gone.
+			c.setReachable(false, errors.New("connection to libvirtd lost"))
+			c.publish(Event{Kind: EventDisconnected})
+		}
 		for {
 			if _, err := c.liveConn(ctx); err == nil {
 				break
@@ -280,6 +334,9 @@ func (c *Client) liveConn(ctx context.Context) (*connState, error) {
 	if c.cur != nil && !c.cur.dead.Load() {
 		return c.cur, nil
 	}
+	if c.cur != nil {
+		c.setReachable(false, errors.New("connection to libvirtd lost"))
+	}
 	c.dropConnLocked()
 	deadline := time.Now().Add(c.opts.reconnectBudget)
 	delay := 100 * time.Millisecond
@@ -289,7 +346,9 @@ func (c *Client) liveConn(ctx context.Context) (*connState, error) {
 			return c.cur, nil
 		}
 		if time.Now().Add(delay).After(deadline) {
-			return nil, fmt.Errorf("connecting to %s: %w", c.uri, err)
+			err = fmt.Errorf("connecting to %s: %w", c.uri, err)
+			c.setReachable(false, err)
+			return nil, err
 		}
 		// Sleeping under c.mu is deliberate: concurrent callers would only
 		// pile onto the same dead socket; they wait for this attempt instead.
@@ -343,8 +402,11 @@ func (c *Client) connectLocked() error {
 			st.cleanups = append(st.cleanups, cleanup)
 		}
 	}
-	reconnect := c.gen > 0
+	// A lazy Client's first connection also counts: whoever found the
+	// host unreachable until now should look again.
+	reconnect := c.gen > 0 || c.opts.lazy
 	c.cur, c.gen = st, st.gen
+	c.setReachable(true, nil)
 	if reconnect {
 		// Events may have been missed while disconnected: tell subscribers
 		// to resync instead of trusting their view.

@@ -45,6 +45,10 @@ const (
 	// EventReconnected: the connection to libvirtd was re-established;
 	// events may have been missed, so subscribers should resync.
 	EventReconnected EventKind = "Reconnected"
+	// EventDisconnected: libvirtd dropped the connection (it stopped, the
+	// host went away); the Client reconnects on its own and publishes
+	// EventReconnected when it is back.
+	EventDisconnected EventKind = "Disconnected"
 )
 
 // Event is one notification from the host. Fields that do not apply to the

@@ -3,12 +3,14 @@ package webhooks
 import (
 	"context"
 	"net/netip"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
 
 // +kubebuilder:webhook:verbs=create;update,path=/mutate-infrastructure-cluster-x-k8s-io-v1alpha1-libvirtcluster,mutating=true,failurePolicy=fail,matchPolicy=Equivalent,groups=infrastructure.cluster.x-k8s.io,resources=libvirtclusters,versions=v1alpha1,name=default.libvirtcluster.infrastructure.cluster.x-k8s.io,sideEffects=None,admissionReviewVersions=v1
@@ -172,14 +174,44 @@ func validateClusterSpec(spec *infrav1.LibvirtClusterSpec, path *field.Path, tem
 		errs = append(errs, validateImageSource(spec.LoadBalancer.Image, lb.Child("image"))...)
 	}
 
+	return append(errs, validateFailureDomains(spec, path)...), warnings
+}
+
+// validateFailureDomains checks the failure domains' names, URIs and
+// credentials, that control-plane machines have somewhere to go and that
+// the load balancer's failure domain is one of them.
+func validateFailureDomains(spec *infrav1.LibvirtClusterSpec, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	fds := path.Child("failureDomains")
 	seen := map[string]bool{}
+	controlPlane := false
 	for i, fd := range spec.FailureDomains {
 		if seen[fd.Name] {
-			errs = append(errs, field.Duplicate(path.Child("failureDomains").Index(i).Child("name"), fd.Name))
+			errs = append(errs, field.Duplicate(fds.Index(i).Child("name"), fd.Name))
 		}
 		seen[fd.Name] = true
+		controlPlane = controlPlane || fd.ControlPlane != nil && *fd.ControlPlane
+		if fd.URI == "" {
+			continue
+		}
+		kind, err := tenancy.ParseLibvirtURI(fd.URI)
+		if err != nil {
+			errs = append(errs, field.Invalid(fds.Index(i).Child("uri"), fd.URI, err.Error()))
+			continue
+		}
+		if fd.CredentialsRef != nil && kind == "" {
+			errs = append(errs, field.Forbidden(fds.Index(i).Child("credentialsRef"),
+				"the "+strings.SplitN(fd.URI, ":", 2)[0]+" transport takes no credentials: use qemu+ssh:// (an SSH key) or qemu+tls:// (a client certificate)"))
+		}
 	}
-	return errs, warnings
+	if len(spec.FailureDomains) > 0 && !controlPlane {
+		errs = append(errs, field.Required(fds,
+			"at least one failure domain needs controlPlane: true, or control-plane machines have nowhere to go"))
+	}
+	if lb := spec.LoadBalancer.FailureDomain; lb != "" && !seen[lb] {
+		errs = append(errs, field.Invalid(path.Child("loadBalancer", "failureDomain"), lb, "must be one of spec.failureDomains"))
+	}
+	return errs
 }
 
 // hardwareWarnings reports settings the VM will not get.

@@ -11,6 +11,7 @@ import (
 	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
@@ -50,7 +51,28 @@ func (r references) cluster(namespace string, spec *infrav1.LibvirtClusterSpec, 
 	if img := spec.LoadBalancer.Image; img != nil {
 		errs = append(errs, r.imageURL(img.URL, path.Child("loadBalancer", "image", "url"))...)
 	}
+	errs = append(errs, r.hosts(spec, path)...)
 	return append(errs, r.annotations(namespace, annotations, annPath)...)
+}
+
+// hosts refuses libvirt URIs the operator did not allow, and a cluster
+// over several hosts on a network that lives on one: a NAT network (or
+// any libvirt network) is one host's, only a host bridge spans hosts.
+func (r references) hosts(spec *infrav1.LibvirtClusterSpec, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for i, fd := range spec.FailureDomains {
+		if _, err := tenancy.ParseLibvirtURI(fd.URI); fd.URI != "" && err != nil {
+			continue // validateFailureDomains said so
+		}
+		if err := r.policy.CheckLibvirtURI(fd.URI); err != nil {
+			errs = append(errs, field.Invalid(path.Child("failureDomains").Index(i).Child("uri"), fd.URI, err.Error()))
+		}
+	}
+	if n := hosts.Hosts(&infrav1.LibvirtCluster{Spec: *spec}, r.policy.ManagerURI); n > 1 && spec.Network.Bridge == "" {
+		errs = append(errs, field.Invalid(path.Child("network"), spec.Network,
+			fmt.Sprintf("the failure domains name %d libvirt hosts: machines on several hosts share a LAN only through a host bridge on each (network.bridge); a NAT or libvirt network lives on one host", n)))
+	}
+	return errs
 }
 
 // machine checks a LibvirtMachine spec at path in namespace whose images

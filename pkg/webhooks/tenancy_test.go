@@ -9,6 +9,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
@@ -41,7 +42,21 @@ var (
 		PoolDirs: []string{"/var/lib/libvirt"}, Pools: []string{"capi-libvirt", "tenants"},
 		ImagePools: []string{"capi-libvirt"}, Bridges: []string{"br0"}, Networks: []string{"default"},
 	}
+	hostsPolicy = func() tenancy.Policy {
+		p := tenancy.DefaultPolicy()
+		p.ManagerURI, p.LibvirtURIs = "qemu:///system", []string{"qemu+ssh://kvm1/system", "qemu+tcp://kvm2/system"}
+		return p
+	}()
 )
+
+// twoHosts spreads a cluster over the manager's host and kvm1.
+func twoHosts(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
+	s.FailureDomains = []infrav1.FailureDomainSpec{
+		{Name: "local", ControlPlane: ptr.To(true)},
+		{Name: "kvm1", URI: "qemu+ssh://kvm1/system", CredentialsRef: &infrav1.SecretReference{Name: "kvm1"}},
+	}
+	s.Network.Bridge, s.LoadBalancer.Type, s.ControlPlaneEndpoint.Host = "br0", infrav1.LoadBalancerNone, "192.168.1.240"
+}
 
 // refusedFields returns the fields an admission error names, or nil.
 func refusedFields(t *testing.T, err error) []string {
@@ -128,6 +143,35 @@ func TestClusterReferences(t *testing.T) {
 			s.StoragePool = infrav1.StoragePool{Name: "team-b", Path: "/var/lib/libvirt/team-b"}
 			s.LoadBalancer.Image = &infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: "haproxy.qcow2"}}
 		}, []string{"spec.loadBalancer.image.volume.name"}},
+		{"two hosts on a bridge", hostsPolicy, twoHosts, nil},
+		{"the manager's host named twice", hostsPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
+			s.FailureDomains = []infrav1.FailureDomainSpec{{Name: "a", ControlPlane: ptr.To(true)}, {Name: "b", URI: "qemu:///system"}}
+		}, nil},
+		{"a host the operator did not list", hostsPolicy, func(s *infrav1.LibvirtClusterSpec, m *metav1.ObjectMeta) {
+			twoHosts(s, m)
+			s.FailureDomains[1].URI = "qemu+ssh://kvm9/system"
+		}, []string{"spec.failureDomains[1].uri"}},
+		{"hosts closed by default", defaultPolicy, twoHosts, []string{"spec.failureDomains[1].uri"}},
+		{"two hosts on a NAT network", hostsPolicy, func(s *infrav1.LibvirtClusterSpec, m *metav1.ObjectMeta) {
+			twoHosts(s, m)
+			s.Network.Bridge, s.LoadBalancer.Type, s.ControlPlaneEndpoint.Host = "", infrav1.LoadBalancerHAProxy, ""
+		}, []string{"spec.network"}},
+		{"credentials on a transport without any", hostsPolicy, func(s *infrav1.LibvirtClusterSpec, m *metav1.ObjectMeta) {
+			twoHosts(s, m)
+			s.FailureDomains[1].URI = "qemu+tcp://kvm2/system"
+		}, []string{"spec.failureDomains[1].credentialsRef"}},
+		{"a URI that runs a command", hostsPolicy, func(s *infrav1.LibvirtClusterSpec, m *metav1.ObjectMeta) {
+			twoHosts(s, m)
+			s.FailureDomains[1].URI = "qemu+ext:///system?command=/bin/sh"
+		}, []string{"spec.failureDomains[1].uri"}},
+		{"no failure domain for the control plane", hostsPolicy, func(s *infrav1.LibvirtClusterSpec, m *metav1.ObjectMeta) {
+			twoHosts(s, m)
+			s.FailureDomains[0].ControlPlane = nil
+		}, []string{"spec.failureDomains"}},
+		{"load balancer in an unknown failure domain", hostsPolicy, func(s *infrav1.LibvirtClusterSpec, m *metav1.ObjectMeta) {
+			twoHosts(s, m)
+			s.LoadBalancer.FailureDomain = "kvm7"
+		}, []string{"spec.loadBalancer.failureDomain"}},
 		{"recorded pool not listed", strictPolicy, func(_ *infrav1.LibvirtClusterSpec, m *metav1.ObjectMeta) {
 			m.Annotations = map[string]string{scope.PoolAnnotation: "default"}
 		}, []string{"metadata.annotations" + poolKey}},

@@ -116,7 +116,7 @@ func (svc *Service) baseImage(ctx context.Context, pool string) (string, string,
 		return "", "", services.Fail(infrav1.ImageNotFoundReason, services.Requeue(0, "no image"),
 			"spec.image needs a volume, or a url with a sha256 checksum")
 	}
-	return svc.importImage(imageimport.Key{Pool: pool, Volume: scope.ImageVolumeName(sum), Source: img.URL, SHA256: sum})
+	return svc.importImage(imageimport.Key{Host: svc.host, Pool: pool, Volume: scope.ImageVolumeName(sum), Source: img.URL, SHA256: sum})
 }
 
 // importImage asks the importer for the image and reports how its import

@@ -36,7 +36,7 @@ const (
 // LeaseWatcher asks the host to publish an event once mac has a lease on
 // network; the reconcile it triggers then finds the address.
 type LeaseWatcher interface {
-	WatchLease(network, mac string)
+	WatchLease(host virt.NetworkHost, network, mac string)
 }
 
 // Scope is what the guest services need of the machine whose guest they
@@ -108,7 +108,7 @@ func (svc *Addresses) Reconcile(ctx context.Context) (services.Result, error) {
 			return services.Result{}, nil
 		}
 		if network.Name != "" && svc.leases != nil {
-			svc.leases.WatchLease(network.Name, s.MAC())
+			svc.leases.WatchLease(svc.host, network.Name, s.MAC())
 		}
 		return services.Result{}, services.Fail(infrav1.WaitingForAddressReason, services.Requeue(recheckLease, "waiting for a lease"),
 			"No DHCP lease for %s yet", s.MAC())

@@ -17,11 +17,12 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/servicetest"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 type leaseRecorder struct{ watched []string }
 
-func (l *leaseRecorder) WatchLease(network, mac string) {
+func (l *leaseRecorder) WatchLease(_ virt.NetworkHost, network, mac string) {
 	l.watched = append(l.watched, network+"/"+mac)
 }
 

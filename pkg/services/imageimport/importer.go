@@ -80,6 +80,9 @@ func (o Options) Backoff(n int) time.Duration {
 
 // Key identifies an import: one image into one pool.
 type Key struct {
+	// Host is the libvirt host whose pool the image goes to; nil means the
+	// Importer's own. Hosts compare by identity: one connection per host.
+	Host                         virt.StorageHost
 	Pool, Volume, Source, SHA256 string
 }
 
@@ -281,7 +284,11 @@ func (im *Importer) startLocked(j *job) {
 func (im *Importer) run(ctx context.Context, j *job, a *attempt) {
 	log := ctrl.Log.WithName("imageimport").WithValues("source", virt.RedactURL(j.key.Source), "pool", j.key.Pool, "volume", j.key.Volume)
 	log.Info("Importing image")
-	info, err := im.host.ImportImage(ctx, virt.ImageImport{
+	host := j.key.Host
+	if host == nil {
+		host = im.host
+	}
+	info, err := host.ImportImage(ctx, virt.ImageImport{
 		Pool: j.key.Pool, Volume: j.key.Volume, Source: j.key.Source, SHA256: j.key.SHA256,
 		Fetch:    im.opts.Fetch,
 		Policy:   im.opts.Sources,

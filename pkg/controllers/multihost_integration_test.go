@@ -1,0 +1,237 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// testbed is hack/testbed-hosts.sh's homelab: libvirt hosts, each a
+// libvirtd in its own network and mount namespace, whose br0 bridges share
+// one LAN with a DHCP server.
+type testbed struct {
+	t      *testing.T
+	script string
+	dir    string
+}
+
+// lanPrefix is the testbed's LAN (hack/testbed-hosts.sh).
+var lanPrefix = netip.MustParsePrefix("10.231.0.0/24")
+
+// startTestbed brings up hosts and tears everything down after the test,
+// then checks that nothing is left: no namespace, link, process or
+// directory.
+func startTestbed(t *testing.T, hostNames ...string) *testbed {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the multi-host testbed needs root (network namespaces, bridges)")
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := &testbed{t: t, script: filepath.Join(root, "hack", "testbed-hosts.sh"), dir: filepath.Join(os.TempDir(), "capl-testbed-"+testlibvirt.Name(t))}
+	t.Cleanup(tb.down)
+	out, err := tb.run(append([]string{"up"}, hostNames...)...)
+	if err != nil {
+		t.Fatalf("testbed up: %v\n%s", err, out)
+	}
+	return tb
+}
+
+func (tb *testbed) run(args ...string) (string, error) {
+	cmd := exec.Command(tb.script, args...)
+	cmd.Env = append(os.Environ(), "CAPL_TESTBED_DIR="+tb.dir)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// uri is host's libvirt URI.
+func (tb *testbed) uri(host string) string {
+	tb.t.Helper()
+	out, err := tb.run("uri", host)
+	if err != nil {
+		tb.t.Fatalf("testbed uri %s: %v\n%s", host, err, out)
+	}
+	return strings.TrimSpace(out)
+}
+
+// stop stops host's libvirtd (its guests keep running); start starts it.
+func (tb *testbed) stop(host string)  { tb.must("stop", host) }
+func (tb *testbed) start(host string) { tb.must("start", host) }
+
+func (tb *testbed) must(args ...string) {
+	tb.t.Helper()
+	if out, err := tb.run(args...); err != nil {
+		tb.t.Fatalf("testbed %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+func (tb *testbed) down() {
+	if out, err := tb.run("down"); err != nil {
+		tb.t.Errorf("testbed down: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(tb.dir); !os.IsNotExist(err) {
+		tb.t.Errorf("testbed directory %s left behind (%v)", tb.dir, err)
+	}
+	netns, _ := exec.Command("ip", "netns", "list").CombinedOutput()
+	if strings.Contains(string(netns), "capl-host-") || strings.Contains(string(netns), "capl-lan") {
+		tb.t.Errorf("testbed network namespaces left behind:\n%s", netns)
+	}
+	if out, err := exec.Command("ip", "link", "show", "capl-lan").CombinedOutput(); err == nil {
+		tb.t.Errorf("testbed link capl-lan left behind:\n%s", out)
+	}
+}
+
+// TestMultiHost places one cluster's machines on two real libvirt hosts
+// sharing a LAN through their bridges: each machine runs on the host of
+// its failure domain with an address from the LAN's DHCP server read
+// through the guest agent; a host whose libvirtd stops marks its machine
+// HostUnreachable while the other host's machines go on; the machine
+// recovers, without being recreated, when libvirtd is back; and a machine
+// deleted while its host is down is removed once the host returns.
+func TestMultiHost(t *testing.T) {
+	testlibvirt.URI(t)
+	tb := startTestbed(t, "a", "b")
+	uriA, uriB := tb.uri("a"), tb.uri("b")
+	h := newHarness(t)
+	h.options = func(o *manager.Options) { o.LibvirtURIs = []string{uriA, uriB} }
+	h.startProvider(nil)
+
+	const cluster = "mh"
+	const pool = "capl-mh"
+	lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: cluster,
+		Labels:      map[string]string{clusterv1.ClusterNameLabel: cluster},
+		Annotations: map[string]string{clusterv1.ManagedByAnnotation: "capl-machine-test"}}}
+	lc.Spec.Network.Bridge = "br0"
+	lc.Spec.LoadBalancer.Type = infrav1.LoadBalancerNone
+	lc.Spec.ControlPlaneEndpoint = clusterv1.APIEndpoint{Host: "10.231.0.240", Port: 6443}
+	lc.Spec.StoragePool = infrav1.StoragePool{Name: pool, Path: "/var/lib/libvirt/" + pool}
+	lc.Spec.FailureDomains = []infrav1.FailureDomainSpec{
+		{Name: "host-a", URI: uriA, ControlPlane: ptr.To(true)},
+		{Name: "host-b", URI: uriB},
+	}
+	must(t, h.c.Create(h.ctx, lc))
+	c := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: cluster}}
+	c.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "LibvirtCluster", Name: cluster}
+	must(t, h.c.Create(h.ctx, c))
+	must(t, h.c.Get(h.ctx, client.ObjectKeyFromObject(lc), lc))
+	lc.Status.Network = &infrav1.NetworkStatus{Bridge: "br0"}
+	lc.Status.Initialization.Provisioned = ptr.To(true)
+	lc.Status.Ready = true
+	must(t, h.c.Status().Update(h.ctx, lc))
+
+	hostA, hostB := testlibvirt.Client(t, uriA), testlibvirt.Client(t, uriB)
+	start := time.Now()
+	h.createMachine("mh-a", machineOpts{cluster: cluster, withData: true, userData: bootUserData(), failureDomain: "host-a"})
+	h.createMachine("mh-b", machineOpts{cluster: cluster, withData: true, userData: bootUserData(), failureDomain: "host-b"})
+	for _, m := range []struct{ name, fd, addr string }{{"mh-a", "host-a", "10.231.0.11"}, {"mh-b", "host-b", "10.231.0.12"}} {
+		lm := h.waitCondition(m.name, infrav1.AddressAssignedCondition, metav1.ConditionTrue, infrav1.ReadyReason, 6*time.Minute)
+		if lm.Spec.FailureDomain != m.fd || lm.Status.FailureDomain != m.fd {
+			t.Errorf("%s: spec.failureDomain %q, status.failureDomain %q; want %q", m.name, lm.Spec.FailureDomain, lm.Status.FailureDomain, m.fd)
+		}
+		if lm.Status.Domain == nil || lm.Status.Domain.Host != m.addr {
+			t.Errorf("%s: status.domain %+v; want host %s", m.name, lm.Status.Domain, m.addr)
+		}
+		ip, err := netip.ParseAddr(lm.Status.Addresses[0].Address)
+		if err != nil || !lanPrefix.Contains(ip) {
+			t.Errorf("%s: address %v is not on the testbed LAN %s (%v)", m.name, lm.Status.Addresses, lanPrefix, err)
+		}
+		t.Logf("%s on %s: %s", m.name, m.fd, lm.Status.Addresses[0].Address)
+	}
+	t.Logf("FIGURE two machines on two hosts with addresses: %s", time.Since(start).Round(time.Second))
+	domA, domB := scope.DomainName(h.ns, "mh-a"), scope.DomainName(h.ns, "mh-b")
+	assertDomainOn(t, hostA, hostB, domA)
+	assertDomainOn(t, hostB, hostA, domB)
+	before, err := hostB.DomainInfo(h.ctx, domB)
+	must(t, err)
+
+	// Host B goes away: its machine says so within a minute.
+	stopping := time.Now()
+	tb.stop("b")
+	stopped := time.Now()
+	lm := h.waitCondition("mh-b", infrav1.DomainReadyCondition, metav1.ConditionFalse, infrav1.HostUnreachableReason, time.Minute)
+	t.Logf("FIGURE HostUnreachable %s after libvirtd exited (stopping it took %s): %s", time.Since(stopped).Round(100*time.Millisecond),
+		stopped.Sub(stopping).Round(100*time.Millisecond), conditions.Get(lm, infrav1.DomainReadyCondition).Message)
+	if msg := conditions.Get(lm, infrav1.DomainReadyCondition).Message; !strings.Contains(msg, uriB) {
+		t.Errorf("HostUnreachable message %q does not name %s", msg, uriB)
+	}
+	// ...while host A's machines go on: a new machine, placed on the least
+	// used failure domain (a tie: the first listed), boots there.
+	h.createMachine("mh-c", machineOpts{cluster: cluster, withData: true, userData: bootUserData()})
+	lm = h.waitCondition("mh-c", infrav1.AddressAssignedCondition, metav1.ConditionTrue, infrav1.ReadyReason, 6*time.Minute)
+	if lm.Spec.FailureDomain != "host-a" {
+		t.Errorf("mh-c placed in %q while host-b is down and tied; want host-a", lm.Spec.FailureDomain)
+	}
+	if _, err := hostA.DomainInfo(h.ctx, scope.DomainName(h.ns, "mh-c")); err != nil {
+		t.Errorf("mh-c's domain is not on host a: %v", err)
+	}
+
+	// Host B is back: the machine recovers, same domain, never restarted.
+	restarted := time.Now()
+	tb.start("b")
+	h.waitCondition("mh-b", infrav1.DomainReadyCondition, metav1.ConditionTrue, infrav1.ReadyReason, time.Minute)
+	t.Logf("FIGURE recovered after libvirtd restarted: %s", time.Since(restarted).Round(100*time.Millisecond))
+	after, err := hostB.DomainInfo(h.ctx, domB)
+	must(t, err)
+	if after.UUID != before.UUID || after.State != "running" {
+		t.Errorf("mh-b's domain after the restart: %+v; before: %+v", after, before)
+	}
+
+	// Deleting a machine whose host is down waits for the host.
+	tb.stop("b")
+	h.waitCondition("mh-b", infrav1.DomainReadyCondition, metav1.ConditionFalse, infrav1.HostUnreachableReason, time.Minute)
+	must(t, h.c.Delete(h.ctx, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "mh-b"}}))
+	time.Sleep(5 * time.Second)
+	lm = h.lm("mh-b")
+	if lm.DeletionTimestamp.IsZero() {
+		t.Fatal("mh-b's LibvirtMachine is not being deleted")
+	}
+	if c := conditions.Get(lm, infrav1.DomainReadyCondition); c == nil || c.Reason != infrav1.HostUnreachableReason {
+		t.Errorf("mh-b deleting while its host is down: DomainReady %+v; want reason HostUnreachable", c)
+	}
+	tb.start("b")
+	h.deleteMachine("mh-b", 2*time.Minute)
+	h.deleteMachine("mh-a", 2*time.Minute)
+	h.deleteMachine("mh-c", 2*time.Minute)
+	for _, host := range []*virt.Client{hostA, hostB} {
+		owned, err := host.ListOwned(h.ctx)
+		must(t, err)
+		for _, o := range owned {
+			if o.Kind != virt.OwnedVolume || !strings.HasPrefix(o.Name, scope.ImageVolumeName("")) {
+				t.Errorf("%s: %s %s left behind", host.URI(), o.Kind, o.Name)
+			}
+		}
+	}
+}
+
+// assertDomainOn fails unless domain is defined on want and not on other.
+func assertDomainOn(t *testing.T, want, other *virt.Client, domain string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := want.DomainInfo(ctx, domain); err != nil {
+		t.Errorf("domain %s not on %s: %v", domain, want.URI(), err)
+	}
+	if _, err := other.DomainInfo(ctx, domain); !virt.IsNotFound(err) {
+		t.Errorf("domain %s also on %s (%v)", domain, other.URI(), fmt.Sprint(err))
+	}
+}

@@ -1,0 +1,162 @@
+package controllers
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// recheckHost is how often an object whose host is unreachable looks
+// again; a reconnect also triggers it (hostevents).
+const recheckHost = 30 * time.Second
+
+// placement is the failure domain of an object and the libvirt host it
+// names.
+type placement struct {
+	failureDomain string
+	ref           hosts.Ref
+	host          virt.Host
+	hostName      string
+	// problem is why nothing can be done on the host now; nil when the
+	// host answers.
+	problem *placementProblem
+}
+
+// placementProblem is a condition reason and message that stops a
+// reconcile before it calls libvirt.
+type placementProblem struct {
+	reason, message string
+}
+
+// resolveHost fills in p's host and, when it cannot be used, the problem.
+// A URI the operator does not allow is never dialled (the webhook may
+// have been bypassed); a host that does not answer (or whose credentials
+// are missing) is reported, never waited for: other hosts' objects go on.
+func resolveHost(ctx context.Context, set *hosts.Set, policy tenancy.Policy, p placement) placement {
+	p.hostName = set.Name(p.ref)
+	if err := policy.CheckLibvirtURI(p.ref.URI); err != nil {
+		p.host = set.Default()
+		p.problem = &placementProblem{reason: infrav1.HostNotAllowedReason,
+			message: fmt.Sprintf("Failure domain %q: libvirt URI %s %v", p.failureDomain, p.ref.URI, err)}
+		return p
+	}
+	host, err := set.Get(ctx, p.ref)
+	if err == nil {
+		p.host = host
+		err = hosts.Reachable(host)
+	} else {
+		// No call reaches a host: the reconcile stops at the problem.
+		p.host = set.Default()
+	}
+	if err != nil {
+		p.problem = &placementProblem{reason: infrav1.HostUnreachableReason,
+			message: fmt.Sprintf("libvirt host %s (failure domain %q) is unreachable: %v", p.ref.String(), p.failureDomain, err)}
+	}
+	return p
+}
+
+// placeMachine decides once where lm goes and finds that host: the
+// failure domain lm.spec records, else the Machine's, else the cluster's
+// least used one that may hold it. The choice is written to lm's spec by
+// the caller before anything is created, so that it survives a move.
+func (r *LibvirtMachineReconciler) placeMachine(ctx context.Context, lm *infrav1.LibvirtMachine, m *clusterv1.Machine,
+	lc *infrav1.LibvirtCluster, deleting bool) (placement, error) {
+	fd := lm.Spec.FailureDomain
+	if fd == "" && m != nil {
+		fd = m.Spec.FailureDomain
+	}
+	if fd == "" && !deleting && lc != nil && len(lc.Spec.FailureDomains) > 0 {
+		var err error
+		if fd, err = r.leastUsedFailureDomain(ctx, lm, m, lc); err != nil {
+			return placement{}, err
+		}
+	}
+	p := placement{failureDomain: fd}
+	if lc == nil && lm.Spec.FailureDomain != "" {
+		p.host = r.Hosts.Default()
+		p.problem = &placementProblem{reason: infrav1.FailureDomainNotFoundReason,
+			message: fmt.Sprintf("The LibvirtCluster is gone: the libvirt host of failure domain %q is not known", fd)}
+		return p, nil
+	}
+	ref, ok := hosts.FailureDomainRef(lc, fd)
+	if !ok {
+		p.host = r.Hosts.Default()
+		p.problem = &placementProblem{reason: infrav1.FailureDomainNotFoundReason, message: failureDomainMissing(lc, fd, m)}
+		return p, nil
+	}
+	p.ref = ref
+	return resolveHost(ctx, r.Hosts, r.Tenancy, p), nil
+}
+
+// failureDomainMissing explains why no failure domain fits.
+func failureDomainMissing(lc *infrav1.LibvirtCluster, fd string, m *clusterv1.Machine) string {
+	if fd == "" {
+		if isControlPlaneMachine(m) {
+			return "No failure domain of the LibvirtCluster has controlPlane true: a control-plane machine cannot be placed"
+		}
+		return "The LibvirtCluster lists no failure domain"
+	}
+	return fmt.Sprintf("Failure domain %q is not one of the LibvirtCluster %s's spec.failureDomains", fd, lc.Name)
+}
+
+// leastUsedFailureDomain is the failure domain among those that may hold
+// m with the fewest of the cluster's machines, the first listed on a tie;
+// "" when none may hold it.
+func (r *LibvirtMachineReconciler) leastUsedFailureDomain(ctx context.Context, lm *infrav1.LibvirtMachine, m *clusterv1.Machine,
+	lc *infrav1.LibvirtCluster) (string, error) {
+	list := &infrav1.LibvirtMachineList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(lm.Namespace),
+		client.MatchingLabels{clusterv1.ClusterNameLabel: lm.Labels[clusterv1.ClusterNameLabel]}); err != nil {
+		return "", fmt.Errorf("listing the cluster's LibvirtMachines to place %s: %w", lm.Name, err)
+	}
+	used := map[string]int{}
+	for _, other := range list.Items {
+		if other.Name != lm.Name {
+			used[other.Spec.FailureDomain]++
+		}
+	}
+	best, bestCount := "", 0
+	for _, fd := range lc.Spec.FailureDomains {
+		if isControlPlaneMachine(m) && (fd.ControlPlane == nil || !*fd.ControlPlane) {
+			continue
+		}
+		if best == "" || used[fd.Name] < bestCount {
+			best, bestCount = fd.Name, used[fd.Name]
+		}
+	}
+	return best, nil
+}
+
+// isControlPlaneMachine tells whether m is a control-plane Machine.
+func isControlPlaneMachine(m *clusterv1.Machine) bool {
+	if m == nil {
+		return false
+	}
+	_, ok := m.Labels[clusterv1.MachineControlPlaneLabel]
+	return ok
+}
+
+// placeCluster finds the host of lc's cluster-wide objects (its network
+// and HAProxy VM): the load balancer's failure domain, else the first
+// one that takes control-plane machines, else the manager's host.
+func placeCluster(ctx context.Context, set *hosts.Set, policy tenancy.Policy, lc *infrav1.LibvirtCluster) placement {
+	fd := hosts.LoadBalancerFailureDomain(lc)
+	ref, ok := hosts.FailureDomainRef(lc, fd)
+	p := placement{failureDomain: fd, ref: ref}
+	if !ok {
+		p.host, p.hostName = set.Default(), set.Name(hosts.Ref{})
+		p.problem = &placementProblem{reason: infrav1.FailureDomainNotFoundReason,
+			message: fmt.Sprintf("spec.loadBalancer.failureDomain %q is not one of spec.failureDomains", fd)}
+		return p
+	}
+	return resolveHost(ctx, set, policy, p)
+}

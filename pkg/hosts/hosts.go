@@ -1,0 +1,388 @@
+// Package hosts holds the manager's connections to its libvirt hosts: the
+// one of its --libvirt-uri and one per other host a LibvirtCluster's
+// failure domains name, opened on first use, kept with keepalive and
+// reconnect, and closed once no cluster names the host any more.
+//
+// A connection is keyed by its URI and, when it needs credentials, by the
+// namespace and Secret they come from: an object of another namespace
+// that names the same URI gets a connection of its own, made with its own
+// Secret, never one opened with someone else's credentials.
+package hosts
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"sync"
+	"time"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// Ref names a libvirt host the way a failure domain does.
+type Ref struct {
+	// URI is the host's libvirt URI; empty means the manager's own host.
+	URI string
+	// Namespace and Secret locate the connection's credentials; Secret is
+	// empty when the manager connects with its own.
+	Namespace, Secret string
+}
+
+// IsDefault tells whether ref is the manager's own host.
+func (r Ref) IsDefault(managerURI string) bool {
+	return r.URI == "" || r.URI == managerURI && r.Secret == ""
+}
+
+// String is the URI, with the Secret when there is one, for conditions
+// and logs (never the credentials themselves).
+func (r Ref) String() string {
+	if r.Secret == "" {
+		return r.URI
+	}
+	return fmt.Sprintf("%s (credentials %s/%s)", r.URI, r.Namespace, r.Secret)
+}
+
+// FailureDomainRef is the host of failure domain name of lc; false when
+// lc lists no such failure domain. A cluster listing no failure domain
+// has the manager's host as its one, whatever its name.
+func FailureDomainRef(lc *infrav1.LibvirtCluster, name string) (Ref, bool) {
+	if lc == nil || len(lc.Spec.FailureDomains) == 0 {
+		return Ref{}, true
+	}
+	for _, fd := range lc.Spec.FailureDomains {
+		if fd.Name == name {
+			return refOf(lc.Namespace, fd), true
+		}
+	}
+	return Ref{}, false
+}
+
+// ClusterRefs are the hosts lc's failure domains name.
+func ClusterRefs(lc *infrav1.LibvirtCluster) []Ref {
+	refs := make([]Ref, 0, len(lc.Spec.FailureDomains))
+	for _, fd := range lc.Spec.FailureDomains {
+		refs = append(refs, refOf(lc.Namespace, fd))
+	}
+	return refs
+}
+
+func refOf(namespace string, fd infrav1.FailureDomainSpec) Ref {
+	r := Ref{URI: fd.URI}
+	if fd.CredentialsRef != nil {
+		r.Namespace, r.Secret = namespace, fd.CredentialsRef.Name
+	}
+	return r
+}
+
+// Hosts counts the distinct hosts lc's failure domains name, the
+// manager's own counting once however it is named.
+func Hosts(lc *infrav1.LibvirtCluster, managerURI string) int {
+	seen := map[string]bool{}
+	for _, r := range ClusterRefs(lc) {
+		uri := r.URI
+		if r.IsDefault(managerURI) {
+			uri = managerURI
+		}
+		seen[uri] = true
+	}
+	return max(len(seen), 1)
+}
+
+// Reachable returns nil when h holds a live connection to its libvirtd,
+// else why not. A Host that cannot tell (a test's wrapper) is reachable.
+func Reachable(h virt.Host) error {
+	if r, ok := h.(interface{ Reachable() error }); ok {
+		return r.Reachable()
+	}
+	return nil
+}
+
+// DefaultReconnectBudget bounds how long one call to another host waits
+// for a reconnect: a host that is down is reported unreachable, and its
+// machines requeued, rather than holding up a reconcile worker.
+const DefaultReconnectBudget = 10 * time.Second
+
+// Set is the manager's libvirt hosts. It is safe for concurrent use.
+type Set struct {
+	managerURI string
+	def        virt.Host
+	defName    string
+	secrets    client.Reader
+	dial       func(ctx context.Context, uri string) (*virt.Client, error)
+
+	mu     sync.Mutex
+	closed bool
+	hosts  map[Ref]*member
+	subs   map[*subscriber]struct{}
+}
+
+// member is one connection to another host.
+type member struct {
+	client *virt.Client
+	creds  *credentials // nil without credentials
+}
+
+// NewSet returns a Set around the manager's own host def (at managerURI,
+// named defName, or after managerURI when empty), which it never closes.
+// secrets reads credentials Secrets; it should not be a cache of every
+// Secret (the manager's API reader).
+func NewSet(def virt.Host, managerURI, defName string, secrets client.Reader) *Set {
+	if defName == "" {
+		defName = HostName(managerURI)
+	}
+	return &Set{
+		managerURI: managerURI, def: def, defName: defName, secrets: secrets,
+		dial: func(ctx context.Context, uri string) (*virt.Client, error) {
+			return virt.Dial(ctx, uri, virt.WithLazyConnect(), virt.WithReconnectBudget(DefaultReconnectBudget))
+		},
+		hosts: map[Ref]*member{},
+		subs:  map[*subscriber]struct{}{},
+	}
+}
+
+// ManagerURI is the URI of the manager's own host.
+func (s *Set) ManagerURI() string { return s.managerURI }
+
+// Default is the manager's own host.
+func (s *Set) Default() virt.Host { return s.def }
+
+// Get returns the host ref names, opening its connection in the
+// background on first use: Get never waits for the network. Check
+// Reachable before calling the host; a host that is down answers every
+// call only after the reconnect budget.
+func (s *Set) Get(ctx context.Context, ref Ref) (virt.Host, error) {
+	if ref.IsDefault(s.managerURI) {
+		return s.def, nil
+	}
+	s.mu.Lock()
+	m, ok := s.hosts[ref]
+	s.mu.Unlock()
+	if ok {
+		if m.creds != nil && Reachable(m.client) != nil {
+			// The Secret may have been fixed or rotated since: the next
+			// reconnect uses what it holds now.
+			if err := m.creds.refresh(ctx, s.secrets); err != nil {
+				return nil, err
+			}
+		}
+		return m.client, nil
+	}
+	return s.open(ctx, ref)
+}
+
+func (s *Set) open(ctx context.Context, ref Ref) (virt.Host, error) {
+	uri := ref.URI
+	var creds *credentials
+	if ref.Secret != "" {
+		var err error
+		if creds, err = newCredentials(ref); err != nil {
+			return nil, err
+		}
+		if err := creds.refresh(ctx, s.secrets); err != nil {
+			creds.remove()
+			return nil, err
+		}
+		uri = creds.uri
+	}
+	c, err := s.dial(ctx, uri)
+	if err != nil {
+		creds.remove()
+		return nil, fmt.Errorf("connecting to %s: %w", ref.URI, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		_ = c.Close()
+		creds.remove()
+		return nil, virt.ErrClosed
+	}
+	if m, ok := s.hosts[ref]; ok { // another reconcile opened it meanwhile
+		_ = c.Close()
+		creds.remove()
+		return m.client, nil
+	}
+	s.hosts[ref] = &member{client: c, creds: creds}
+	for sub := range s.subs {
+		sub.follow(c)
+	}
+	ctrl.Log.WithName("hosts").Info("Opened a libvirt host", "host", ref.String())
+	return c, nil
+}
+
+// Prune closes the connections to the hosts inUse no longer names.
+func (s *Set) Prune(inUse map[Ref]bool) {
+	s.mu.Lock()
+	var gone []*member
+	for ref, m := range s.hosts {
+		if !inUse[ref] {
+			gone = append(gone, m)
+			delete(s.hosts, ref)
+			ctrl.Log.WithName("hosts").Info("Closing a libvirt host no cluster names", "host", ref.String())
+		}
+	}
+	s.mu.Unlock()
+	for _, m := range gone {
+		_ = m.client.Close()
+		m.creds.remove()
+	}
+}
+
+// Open lists the hosts with an open connection, the manager's own aside.
+func (s *Set) Open() []Ref {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	refs := make([]Ref, 0, len(s.hosts))
+	for r := range s.hosts {
+		refs = append(refs, r)
+	}
+	return refs
+}
+
+// Close closes every connection but the manager's own host's.
+func (s *Set) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.Prune(nil)
+	return nil
+}
+
+// Subscribe streams the events of every host, those opened later
+// included, until ctx ends.
+func (s *Set) Subscribe(ctx context.Context) <-chan virt.Event {
+	sub := &subscriber{ctx: ctx, out: make(chan virt.Event, 256)}
+	s.mu.Lock()
+	sub.follow(s.def)
+	for _, m := range s.hosts {
+		sub.follow(m.client)
+	}
+	s.subs[sub] = struct{}{}
+	s.mu.Unlock()
+	go func() {
+		<-ctx.Done()
+		s.mu.Lock()
+		delete(s.subs, sub)
+		s.mu.Unlock()
+		sub.wg.Wait()
+		close(sub.out)
+	}()
+	return sub.out
+}
+
+// subscriber merges the events of several hosts into out.
+type subscriber struct {
+	ctx context.Context
+	out chan virt.Event
+	wg  sync.WaitGroup
+}
+
+// follow forwards h's events to out until the subscriber's context ends
+// or h is closed. Called with Set.mu held, so never after the goroutine
+// of Subscribe stopped waiting.
+func (sub *subscriber) follow(h virt.Host) {
+	if sub.ctx.Err() != nil {
+		return
+	}
+	sub.wg.Add(1)
+	go func() {
+		defer sub.wg.Done()
+		for ev := range h.Subscribe(sub.ctx) {
+			select {
+			case sub.out <- ev:
+			case <-sub.ctx.Done():
+				return
+			}
+		}
+	}()
+}
+
+// HostName names the libvirt host of uri: the host part of a remote URI,
+// this machine's hostname for a local one.
+func HostName(uri string) string {
+	if u, err := url.Parse(uri); err == nil && u.Hostname() != "" {
+		return u.Hostname()
+	}
+	if h, err := os.Hostname(); err == nil {
+		return h
+	}
+	return "localhost"
+}
+
+// Name names ref's host in status.domain.host: the hostname of its URI,
+// the manager's host's for the manager's own.
+func (s *Set) Name(ref Ref) string {
+	if ref.IsDefault(s.managerURI) {
+		return s.defName
+	}
+	return HostName(ref.URI)
+}
+
+// Pruner is a manager Runnable that closes, every Interval, the
+// connections to hosts no LibvirtCluster names any more, and all of them
+// when the manager stops.
+type Pruner struct {
+	Set      *Set
+	Clusters client.Reader
+	Interval time.Duration
+}
+
+// Start prunes until ctx ends, then closes the Set.
+func (p *Pruner) Start(ctx context.Context) error {
+	defer func() { _ = p.Set.Close() }()
+	if p.Interval <= 0 {
+		<-ctx.Done()
+		return nil
+	}
+	t := time.NewTicker(p.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			p.prune(ctx)
+		}
+	}
+}
+
+// NeedLeaderElection is false: every replica holds its own connections.
+func (p *Pruner) NeedLeaderElection() bool { return false }
+
+func (p *Pruner) prune(ctx context.Context) {
+	list := &infrav1.LibvirtClusterList{}
+	if err := p.Clusters.List(ctx, list); err != nil {
+		ctrl.Log.WithName("hosts").Error(err, "Listing LibvirtClusters to close unused host connections")
+		return
+	}
+	inUse := map[Ref]bool{}
+	for i := range list.Items {
+		for _, r := range ClusterRefs(&list.Items[i]) {
+			inUse[r] = true
+		}
+	}
+	p.Set.Prune(inUse)
+}
+
+// LoadBalancerFailureDomain is the failure domain of lc's HAProxy VM (and
+// of its network): spec.loadBalancer.failureDomain, else the first
+// failure domain whose controlPlane is true, else the first listed; ""
+// when lc lists none.
+func LoadBalancerFailureDomain(lc *infrav1.LibvirtCluster) string {
+	if lc.Spec.LoadBalancer.FailureDomain != "" {
+		return lc.Spec.LoadBalancer.FailureDomain
+	}
+	for _, fd := range lc.Spec.FailureDomains {
+		if fd.ControlPlane != nil && *fd.ControlPlane {
+			return fd.Name
+		}
+	}
+	if len(lc.Spec.FailureDomains) > 0 {
+		return lc.Spec.FailureDomains[0].Name
+	}
+	return ""
+}
