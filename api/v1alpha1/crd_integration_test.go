@@ -141,7 +141,7 @@ func TestRoundTrip(t *testing.T) {
 
 	machineSpecs := []infrav1.LibvirtMachineSpec{
 		{ProviderID: infrav1.ProviderIDPrefix + domain.UUID, Image: urlImage, VirtualHardware: tcg, DiskSizeGiB: 20,
-			Network: &infrav1.NetworkAttachment{Bridge: "br0"}},
+			Network: &infrav1.NetworkAttachment{Bridge: "br0"}, FailureDomain: "host-a"},
 		{Image: volumeImage, VirtualHardware: kvm, DiskSizeGiB: 40, Network: &infrav1.NetworkAttachment{Name: "default"}},
 		{Image: volumeImage, VirtualHardware: customCPU},
 	}
@@ -161,7 +161,12 @@ func TestRoundTrip(t *testing.T) {
 		ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: "10.0.0.10", Port: 7443},
 		Network:              infrav1.ClusterNetwork{Bridge: "br0"},
 		// domainType is the CRD's default, so the object read back has it.
-		LoadBalancer: infrav1.LoadBalancer{Type: infrav1.LoadBalancerNone, VirtualHardware: infrav1.VirtualHardware{DomainType: infrav1.DomainTypeKVM}},
+		LoadBalancer: infrav1.LoadBalancer{Type: infrav1.LoadBalancerNone, FailureDomain: "kvm1",
+			VirtualHardware: infrav1.VirtualHardware{DomainType: infrav1.DomainTypeKVM}},
+		FailureDomains: []infrav1.FailureDomainSpec{
+			{Name: "kvm1", ControlPlane: ptr.To(true), URI: "qemu+ssh://root@kvm1/system", CredentialsRef: &infrav1.SecretReference{Name: "kvm-hosts"}},
+			{Name: "kvm2", URI: "qemu+tls://kvm2/system"},
+		},
 	}}
 	templateMeta := clusterv1.ObjectMeta{Labels: map[string]string{"role": "worker"}, Annotations: map[string]string{"note": "roundtrip"}}
 
@@ -182,7 +187,7 @@ func TestRoundTrip(t *testing.T) {
 			FailureMessage: ptr.To("the domain could not be defined"),
 		}}
 		machines = append(machines, m)
-		spec.ProviderID = "" // refused in templates
+		spec.ProviderID, spec.FailureDomain = "", "" // refused in templates
 		mt := &infrav1.LibvirtMachineTemplate{ObjectMeta: objectMeta("machinetemplate", i)}
 		mt.Spec.Template = infrav1.LibvirtMachineTemplateResource{ObjectMeta: templateMeta, Spec: spec}
 		machineTemplates = append(machineTemplates, mt)
@@ -219,7 +224,7 @@ func TestRoundTrip(t *testing.T) {
 		{machines, func() client.Object { return &infrav1.LibvirtMachine{} }, nil, true},
 		{clusters, func() client.Object { return &infrav1.LibvirtCluster{} }, nil, true},
 		{machineTemplates, func() client.Object { return &infrav1.LibvirtMachineTemplate{} },
-			[]string{"spec.template.spec.providerID"}, false},
+			[]string{"spec.template.spec.providerID", "spec.template.spec.failureDomain"}, false},
 		{clusterTemplates, func() client.Object { return &infrav1.LibvirtClusterTemplate{} }, nil, false},
 	} {
 		if missing := roundTripCoverage(kind.objs, kind.exempt); len(missing) > 0 {
@@ -421,6 +426,9 @@ func TestInvalidObjectsAreRejected(t *testing.T) {
 		{"cidr host bits", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.Network.CIDR = "192.168.150.1/24" }), "no host bits set"},
 		{"network name and cidr", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.Network.Name = "default" }), "at most one of name, bridge and cidr"},
 		{"unknown load balancer", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.LoadBalancer.Type = "Nginx" }), "spec.loadBalancer.type"},
+		{"credentials without a uri", cluster(func(c *infrav1.LibvirtCluster) {
+			c.Spec.FailureDomains[0].CredentialsRef = &infrav1.SecretReference{Name: "kvm-hosts"}
+		}), "credentialsRef needs a uri"},
 		{"image without HAProxy", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.LoadBalancer.Type = infrav1.LoadBalancerNone }), "loadBalancer.image applies only to type HAProxy"},
 		{"load balancer with no memory", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.LoadBalancer.MemoryMiB = 16 }), "spec.loadBalancer.memoryMiB"},
 		{"endpoint port out of range", cluster(func(c *infrav1.LibvirtCluster) { c.Spec.ControlPlaneEndpoint.Port = 70000 }), "spec.controlPlaneEndpoint.port"},

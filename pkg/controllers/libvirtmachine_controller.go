@@ -155,6 +155,11 @@ func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope
 			return ctrl.Result{}, err
 		}
 	}
+	// Recorded early, so that machines created together count each other
+	// when the provider spreads them.
+	if err := s.RecordFailureDomain(ctx); err != nil {
+		return ctrl.Result{}, err
+	}
 	if !s.ClusterInfrastructureProvisioned() {
 		s.MarkWaiting(infrav1.WaitingForClusterInfrastructureReason, "Waiting for the cluster infrastructure to be provisioned")
 		return ctrl.Result{}, nil
@@ -162,9 +167,6 @@ func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope
 	if s.BootstrapDataSecretName() == nil {
 		s.MarkWaiting(infrav1.WaitingForBootstrapDataReason, "Waiting for the bootstrap provider to set spec.bootstrap.dataSecretName")
 		return ctrl.Result{}, nil
-	}
-	if err := s.RecordFailureDomain(ctx); err != nil {
-		return ctrl.Result{}, err
 	}
 	s.ClearWaiting(infrav1.WaitingForClusterInfrastructureReason, infrav1.WaitingForBootstrapDataReason)
 	// From here until the domain is defined, the machine's creation is in
