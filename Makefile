@@ -104,6 +104,10 @@ test-e2e: envtest images node-image build clusterctl ## End-to-end on real VMs: 
 test-e2e-kubeadm: ## test-e2e plus MachineHealthCheck remediation and worker scaling 1 → 2 → 1 (outside CI: a third TCG guest next to two starves a 2-core host).
 	$(MAKE) test-e2e E2E_TIMEOUT=150m E2E_ARGS="-e2e.lifecycle $(E2E_ARGS)"
 
+.PHONY: test-e2e-multihost
+test-e2e-multihost: ## A kubeadm cluster over two libvirt hosts (hack/testbed-hosts.sh: libvirtds in their own namespaces, bridges on one LAN): placement, a Service across hosts, a host's libvirtd stopped and back, deletion; outside CI like test-e2e-kubeadm.
+	$(MAKE) test-e2e E2E_TIMEOUT=90m E2E_ARGS="-e2e.multihost $(E2E_ARGS)"
+
 .PHONY: test-e2e-move
 test-e2e-move: ## Bootstrap and pivot on real VMs: a kubeadm cluster moved by the real clusterctl to a second plane (nothing in libvirt changes), the first plane's down leaves it alone, workers scaled from the second, a host power cut; outside CI like test-e2e-kubeadm.
 	$(MAKE) test-e2e E2E_TIMEOUT=120m E2E_ARGS="-e2e.move $(E2E_ARGS)"

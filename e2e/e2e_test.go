@@ -55,6 +55,8 @@ func TestE2E(t *testing.T) {
 	switch {
 	case *moveFlag:
 		s.moveScenario(t)
+	case *multiHost:
+		s.multiHostScenario(t)
 	case *standIn:
 		s.standInScenario(t)
 	default:

@@ -28,6 +28,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // The kubeadm scenario's cluster: templates/cluster-template.yaml rendered
@@ -52,6 +53,9 @@ type kubeadmState struct {
 	// durableEtcd keeps etcd's fsync that TCGTuning turns off, so that the
 	// control plane survives its VM being killed.
 	durableEtcd bool
+	// guestHost runs the control-plane node's domain when that is not the
+	// suite's own host (the multi-host scenario).
+	guestHost virt.GuestHost
 }
 
 // createKubeadm renders the template and the CNI's ClusterResourceSet as
@@ -326,11 +330,15 @@ func (s *suite) kubeadmService(t *testing.T) {
 	want := pod.Name + " " + apiService.Spec.ClusterIP
 	url := fmt.Sprintf("http://%s/", svc.Spec.ClusterIP)
 	cpDomain := s.domainOfNode(t, cpNode)
+	var guests virt.GuestHost = s.host
+	if s.k8s.guestHost != nil {
+		guests = s.k8s.guestHost
+	}
 	var answer string
 	s.waitWorkload(t, "the echo Service answering on the control-plane node", 5*time.Minute, func() (bool, string) {
 		ctx, cancel := context.WithTimeout(s.ctx, time.Minute)
 		defer cancel()
-		res, err := s.host.GuestExec(ctx, cpDomain, "/usr/bin/curl", []string{"-sS", "-m", "10", url}, nil)
+		res, err := guests.GuestExec(ctx, cpDomain, "/usr/bin/curl", []string{"-sS", "-m", "10", url}, nil)
 		if err != nil {
 			return false, err.Error()
 		}

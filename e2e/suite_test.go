@@ -36,6 +36,7 @@ var (
 	standIn    = flag.Bool("e2e.stand-in", false, "run the checks and faults against the stand-in cluster of devplane.Demo, whose guests run no Kubernetes (`make test-soak`), instead of a kubeadm cluster from the template (CI: `make test-e2e`)")
 	lifecycle  = flag.Bool("e2e.lifecycle", false, "add MachineHealthCheck remediation and worker scaling 1 → 2 → 1 to the kubeadm scenario (`make test-e2e-kubeadm`)")
 	soak       = flag.Bool("e2e.soak", false, "size the stand-in cluster 3 + 2 and add worker scaling with batch figures (`make test-soak`)")
+	multiHost  = flag.Bool("e2e.multihost", false, "a kubeadm cluster over two libvirt hosts of hack/testbed-hosts.sh instead: placement, a Service across hosts, a host's libvirtd stopped and back, deletion (`make test-e2e-multihost`)")
 	moveFlag   = flag.Bool("e2e.move", false, "bootstrap and pivot instead: a kubeadm cluster moved by the real clusterctl to a second plane, the first plane taken down, workers scaled from the second, a host power cut (`make test-e2e-move`)")
 	seedFlag   = flag.Uint64("e2e.seed", 0, "seed of the random fault timings; 0 picks one from the clock (the log prints it)")
 )
@@ -93,6 +94,7 @@ type suite struct {
 	k8s       kubeadmState
 	bootStart time.Time
 	move      moveState
+	mh        multiHostState
 	rec       *recorder
 	rep       *report
 
@@ -229,8 +231,17 @@ func (s *suite) planeOptions(state string) plane.Options {
 		ImageDir:      filepath.Dir(s.image),
 		// The bad-input image servers listen on 127.0.0.1; 127.0.0.2
 		// stands for the addresses the operator denies.
-		ManagerArgs: []string{"--image-url-deny-cidrs=" + e2eDeniedCIDR + ",169.254.0.0/16,fe80::/10"},
+		ManagerArgs: append([]string{"--image-url-deny-cidrs=" + e2eDeniedCIDR + ",169.254.0.0/16,fe80::/10"}, multiHostArgs()...),
 	}
+}
+
+// multiHostArgs let the manager use the multi-host scenario's hosts.
+func multiHostArgs() []string {
+	if !*multiHost {
+		return nil
+	}
+	// pprof, for a goroutine dump should a host's connection hang.
+	return []string{"--libvirt-uris=*", "--profiler-address=127.0.0.1:16060"}
 }
 
 // inOrder returns a function that calls steps in the order given.

@@ -8,7 +8,7 @@
 # the "router" is a namespace with the LAN bridge and a dnsmasq handing out
 # addresses. This machine (the management side) is on the LAN too.
 #
-#   LAN 10.231.0.0/24: .1 this machine (capl-lan), .2 router + DHCP (.100-.199),
+#   LAN 10.231.0.0/24: .1 this machine (capl-lan), .2 router: DHCP (.100-.199) and DNS,
 #   .11, .12, ... the hosts' br0, in the order named.
 #
 # Usage:
@@ -59,9 +59,11 @@ router_up() {
   ip addr add "$lan_prefix.1/24" dev "$root_link"
   ip link set "$root_link" up
   mkdir -p "$dir/router"
-  # No DNS (port 0); the default route points at this machine, which the
-  # kubelet needs to pick its node address.
-  ip netns exec "$router_ns" dnsmasq --port=0 --interface=lan0 --bind-interfaces \
+  # Like a home router it is also the LAN's DNS server (without upstream:
+  # the testbed is offline), which DHCP hands out: a node without
+  # /etc/resolv.conf runs no pod. The default route points at this machine,
+  # which the kubelet needs to pick its node address.
+  ip netns exec "$router_ns" dnsmasq --no-resolv --no-hosts --interface=lan0 --bind-interfaces \
     --dhcp-range="$lan_prefix.100,$lan_prefix.199,255.255.255.0,12h" \
     --dhcp-option=option:router,"$lan_prefix.1" --dhcp-authoritative \
     --dhcp-leasefile="$dir/router/leases" --pid-file="$dir/router/dnsmasq.pid" \

@@ -416,13 +416,21 @@ func (c *Client) connectLocked() error {
 }
 
 // dropConnLocked releases the current connection, if any. Called with c.mu
-// held.
+// held. A dead connection is released in the background: deregistering
+// callbacks and closing a connection whose server went away can wait on
+// libvirt's own locks, and the reconnect, which every caller waits for
+// under c.mu, must not wait with it.
 func (c *Client) dropConnLocked() {
-	if c.cur == nil {
+	st := c.cur
+	if st == nil {
 		return
 	}
-	c.cur.release()
 	c.cur = nil
+	if st.dead.Load() {
+		go st.release()
+		return
+	}
+	st.release()
 }
 
 // release runs the hook cleanups and closes the connection; callbacks

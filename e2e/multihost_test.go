@@ -1,0 +1,410 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// The multi-host scenario's endpoint: hack/testbed-hosts.sh puts this
+// machine at 10.231.0.1 on the hosts' LAN, and the scenario serves the
+// control-plane endpoint there itself, as the external load balancer a
+// loadBalancer type None cluster brings (a host bridge has no DHCP of
+// libvirt's to reserve the HAProxy VM's address in).
+const (
+	multiHostEndpointHost = "10.231.0.1"
+	multiHostEndpointPort = 16443
+)
+
+// multiHostState is what the multi-host scenario holds.
+type multiHostState struct {
+	testbed      string // hack/testbed-hosts.sh
+	testbedDir   string
+	hostA, hostB *virt.Client
+	uriA, uriB   string
+}
+
+// testbed runs hack/testbed-hosts.sh with args.
+func (s *suite) testbed(args ...string) (string, error) {
+	cmd := exec.Command(s.mh.testbed, args...)
+	cmd.Env = append(os.Environ(), "CAPL_TESTBED_DIR="+s.mh.testbedDir)
+	out, err := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+func (s *suite) mustTestbed(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := s.testbed(args...)
+	if err != nil {
+		t.Fatalf("hack/testbed-hosts.sh %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// multiHostScenario is `make test-e2e-multihost`'s: a kubeadm cluster from
+// the template over two libvirt hosts of hack/testbed-hosts.sh, control
+// plane on host a and the worker on host b, their nodes on one LAN through
+// the hosts' bridges; a Service answers across hosts; host b's libvirtd
+// stops and comes back; the cluster is deleted and nothing is left on
+// either host.
+func (s *suite) multiHostScenario(t *testing.T) {
+	root, err := filepath.Abs("..")
+	must(t, err)
+	s.mh.testbed = filepath.Join(root, "hack", "testbed-hosts.sh")
+	// Not in the plane's state directory, which plane.Down removes whole.
+	s.mh.testbedDir, err = os.MkdirTemp("", "capl-e2e-testbed-")
+	must(t, err)
+	stop := s.rep.phase("multi-host: start two libvirt hosts (hack/testbed-hosts.sh)")
+	s.mustTestbed(t, "up", "a", "b")
+	stop()
+	t.Cleanup(func() {
+		if out, err := s.testbed("down"); err != nil {
+			t.Errorf("testbed down: %v\n%s", err, out)
+		}
+		if left, _ := exec.Command("ip", "netns", "list").CombinedOutput(); strings.Contains(string(left), "capl-") {
+			t.Errorf("testbed namespaces left behind:\n%s", left)
+		}
+	})
+	s.mh.uriA, s.mh.uriB = s.mustTestbed(t, "uri", "a"), s.mustTestbed(t, "uri", "b")
+	for _, h := range []struct {
+		uri string
+		dst **virt.Client
+	}{{s.mh.uriA, &s.mh.hostA}, {s.mh.uriB, &s.mh.hostB}} {
+		c, err := virt.Dial(s.ctx, h.uri, virt.WithReconnectBudget(5*time.Second))
+		must(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		*h.dst = c
+	}
+	s.serveEndpoint(t)
+
+	s.createMultiHost(t)
+	t.Run("kubeadm nodes ready across hosts", s.multiHostReady)
+	if !s.k8s.ready {
+		return
+	}
+	s.k8s.guestHost = s.mh.hostA
+	t.Run("kubeadm service across hosts", s.kubeadmService)
+	t.Run("host b unreachable and back", s.hostBUnreachable)
+	t.Run("delete cluster across hosts", s.deleteMultiHost)
+}
+
+// serveEndpoint forwards the control-plane endpoint to the API server of
+// the control-plane machine (the first with an address), looked up on
+// every connection: an external load balancer of one backend.
+func (s *suite) serveEndpoint(t *testing.T) {
+	l, err := net.Listen("tcp", net.JoinHostPort(multiHostEndpointHost, fmt.Sprint(multiHostEndpointPort)))
+	must(t, err)
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		conns = map[net.Conn]bool{}
+	)
+	// Clients whose VM is gone never close their end: the cleanup closes
+	// every connection rather than wait for them.
+	t.Cleanup(func() {
+		_ = l.Close()
+		mu.Lock()
+		for c := range conns {
+			_ = c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns[conn] = true
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				s.forward(conn)
+				mu.Lock()
+				delete(conns, conn)
+				mu.Unlock()
+			}()
+		}
+	}()
+}
+
+func (s *suite) forward(conn net.Conn) {
+	defer conn.Close()
+	backend := s.controlPlaneAddress()
+	if backend == "" {
+		return
+	}
+	up, err := net.DialTimeout("tcp", net.JoinHostPort(backend, "6443"), 10*time.Second)
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	// Either side closing ends both: the cleanup closes the client side.
+	done := make(chan struct{}, 2)
+	copyHalf := func(dst, src net.Conn) {
+		_, _ = io.Copy(dst, src)
+		if tc, ok := dst.(*net.TCPConn); ok {
+			_ = tc.CloseWrite()
+		}
+		done <- struct{}{}
+	}
+	go copyHalf(up, conn)
+	go copyHalf(conn, up)
+	<-done
+	_ = conn.Close()
+	_ = up.Close()
+	<-done
+}
+
+// controlPlaneAddress is the first address of a control-plane
+// LibvirtMachine of the cluster; "" when none has one yet.
+func (s *suite) controlPlaneAddress() string {
+	lms := &infrav1.LibvirtMachineList{}
+	if err := s.c.List(s.ctx, lms, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: kubeadmName},
+		client.HasLabels{clusterv1.MachineControlPlaneLabel}); err != nil {
+		return ""
+	}
+	for _, lm := range lms.Items {
+		for _, a := range lm.Status.Addresses {
+			if a.Type == clusterv1.MachineInternalIP {
+				return a.Address
+			}
+		}
+	}
+	return ""
+}
+
+// createMultiHost renders the template as createKubeadm does and spreads
+// it over the two hosts: failure domains with their URIs, the hosts'
+// bridge, the endpoint the scenario serves, images by file:// URL (each
+// host imports them into its own pool) and the workers in host b.
+func (s *suite) createMultiHost(t *testing.T) {
+	nodeImage := testlibvirt.NodeImage(t)
+	version := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(nodeImage), "capl-node-"), ".qcow2")
+	root, err := filepath.Abs("..")
+	must(t, err)
+	s.k8s.opts = devplane.ClusterOptions{
+		Namespace: namespace, Name: kubeadmName, ControlPlane: 1, Workers: 1,
+		KubernetesVersion: version,
+		Template:          filepath.Join(root, "templates", "cluster-template.yaml"),
+		CNI:               filepath.Join(root, "templates", "cni-flannel.yaml"),
+		ImageDir:          filepath.Dir(nodeImage),
+		DomainType:        string(infrav1.DomainTypeQEMU),
+		StoragePool:       e2ePool,
+	}.TCGTuning()
+	must(t, devplane.RecordClusterScope(s.state, s.k8s.opts))
+	imgs, err := devplane.ImageVolumes(s.k8s.opts)
+	must(t, err)
+	objs, err := devplane.RenderCluster(s.k8s.opts, devplane.ClusterVariables(s.k8s.opts, imgs))
+	must(t, err)
+	cni, err := devplane.CNIObjects(s.k8s.opts)
+	must(t, err)
+	image := map[string]any{"url": "file://" + imgs.Node.Path, "checksum": "sha256:" + imgs.Node.SHA256}
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "LibvirtCluster":
+			must(t, unstructured.SetNestedMap(o.Object, map[string]any{"bridge": "br0"}, "spec", "network"))
+			must(t, unstructured.SetNestedMap(o.Object, map[string]any{"type": string(infrav1.LoadBalancerNone)}, "spec", "loadBalancer"))
+			must(t, unstructured.SetNestedMap(o.Object, map[string]any{"host": multiHostEndpointHost, "port": int64(multiHostEndpointPort)},
+				"spec", "controlPlaneEndpoint"))
+			must(t, unstructured.SetNestedSlice(o.Object, []any{
+				map[string]any{"name": "host-a", "uri": s.mh.uriA, "controlPlane": true},
+				map[string]any{"name": "host-b", "uri": s.mh.uriB},
+			}, "spec", "failureDomains"))
+		case "LibvirtMachineTemplate":
+			must(t, unstructured.SetNestedMap(o.Object, image, "spec", "template", "spec", "image"))
+		case "MachineDeployment":
+			must(t, unstructured.SetNestedField(o.Object, "host-b", "spec", "template", "spec", "failureDomain"))
+		}
+	}
+	must(t, devplane.ApplyCluster(s.ctx, s.c, cni, objs))
+	s.k8s.applied = time.Now()
+	t.Logf("multi-host kubeadm cluster %s applied: control plane on %s, worker on %s, endpoint %s:%d",
+		kubeadmName, s.mh.uriA, s.mh.uriB, multiHostEndpointHost, multiHostEndpointPort)
+	s.rep.note("Multi-host: Kubernetes %s over two libvirt hosts of hack/testbed-hosts.sh (libvirtds in their own network and mount namespaces on this machine, bridges on one LAN with dnsmasq DHCP), control plane in failure domain host-a, worker in host-b, loadBalancer None with the endpoint served by the suite; TCG tuning as make up.", version)
+}
+
+// multiHostReady waits for both nodes Ready and checks placement: each
+// machine in its failure domain, its domain on that host only, its
+// providerID the domain's UUID, its address on the LAN.
+func (s *suite) multiHostReady(t *testing.T) {
+	k := &s.k8s
+	s.waitFor(t, "multi-host: workload kubeconfig", kubeadmReadyTimeout, func() (bool, string) {
+		wc, _, err := devplane.WorkloadClient(s.ctx, s.c, namespace, kubeadmName)
+		if err != nil {
+			return false, err.Error()
+		}
+		k.wc = wc
+		return true, ""
+	})
+	cpCtx, cancel := context.WithTimeout(s.ctx, kubeadmReadyTimeout)
+	defer cancel()
+	must(t, devplane.WaitControlPlaneNode(cpCtx, s.c, namespace, kubeadmName, func(line string) { t.Logf("multi-host: %s", line) }))
+	s.rep.phaseSince("multi-host: apply → control-plane node Ready (host a)", k.applied)()
+	if k.opts.StagedWorkers {
+		must(t, devplane.ScaleWorkers(s.ctx, s.c, k.opts, k.opts.Workers))
+	}
+	s.waitNodes(t, kubeadmReadyTimeout)
+	s.rep.phaseSince("multi-host: apply → both nodes Ready (control plane on host a, worker on host b)", k.applied)()
+	k.ready = true
+
+	lms, err := s.clusterMachines(kubeadmName)
+	must(t, err)
+	for _, lm := range lms {
+		_, cp := lm.Labels[clusterv1.MachineControlPlaneLabel]
+		want, on, other := "host-b", s.mh.hostB, s.mh.hostA
+		if cp {
+			want, on, other = "host-a", s.mh.hostA, s.mh.hostB
+		}
+		if lm.Spec.FailureDomain != want || lm.Status.FailureDomain != want {
+			t.Errorf("%s: spec.failureDomain %q, status.failureDomain %q; want %q", lm.Name, lm.Spec.FailureDomain, lm.Status.FailureDomain, want)
+		}
+		info, err := on.DomainInfo(s.ctx, lm.Status.Domain.Name)
+		if err != nil || infrav1.ProviderIDPrefix+info.UUID != lm.Spec.ProviderID || info.State != "running" {
+			t.Errorf("%s: domain on %s: %+v, %v; providerID %s", lm.Name, on.URI(), info, err, lm.Spec.ProviderID)
+		}
+		if _, err := other.DomainInfo(s.ctx, lm.Status.Domain.Name); !virt.IsNotFound(err) {
+			t.Errorf("%s: domain also on %s (%v)", lm.Name, other.URI(), err)
+		}
+		if len(lm.Status.Addresses) == 0 || !strings.HasPrefix(lm.Status.Addresses[0].Address, "10.231.0.") {
+			t.Errorf("%s: addresses %v, want one on the testbed LAN 10.231.0.0/24", lm.Name, lm.Status.Addresses)
+		}
+		t.Logf("%s (%s) on %s: %s, node address %v", lm.Name, want, on.URI(), lm.Spec.ProviderID, lm.Status.Addresses)
+	}
+}
+
+// hostBUnreachable stops host b's libvirtd: the worker's machine reports
+// HostUnreachable within a minute while host a's machine stays Ready and
+// is reconciled; libvirtd back, the worker recovers with the same domain
+// and its node stays Ready.
+func (s *suite) hostBUnreachable(t *testing.T) {
+	s.needReady(t)
+	lms, err := s.clusterMachines(kubeadmName)
+	must(t, err)
+	var worker, cp string
+	for _, lm := range lms {
+		if _, ok := lm.Labels[clusterv1.MachineControlPlaneLabel]; ok {
+			cp = lm.Name
+		} else {
+			worker = lm.Name
+		}
+	}
+	before := s.lm(worker)
+	stopping := time.Now()
+	s.mustTestbed(t, "stop", "b")
+	stopped := time.Now()
+	s.waitFor(t, "worker HostUnreachable", time.Minute, func() (bool, string) {
+		st, reason, msg := condition(s.lm(worker), infrav1.DomainReadyCondition)
+		return st == metav1.ConditionFalse && reason == infrav1.HostUnreachableReason, fmt.Sprintf("%s %s: %s", st, reason, msg)
+	})
+	s.rep.phaseSince("multi-host: host b's libvirtd gone → its machine HostUnreachable", stopped)()
+	t.Logf("HostUnreachable %s after libvirtd exited (stopping took %s)", time.Since(stopped).Round(100*time.Millisecond), stopped.Sub(stopping).Round(100*time.Millisecond))
+	// Host a's machine is reconciled meanwhile: a change to it is seen.
+	lm := s.lm(cp)
+	patch := client.MergeFrom(lm.DeepCopy())
+	if lm.Annotations == nil {
+		lm.Annotations = map[string]string{}
+	}
+	lm.Annotations["e2e.capl/poke"] = time.Now().Format(time.RFC3339Nano)
+	must(t, s.c.Patch(s.ctx, lm, patch))
+	if st, reason, msg := condition(s.lm(cp), infrav1.DomainReadyCondition); st != metav1.ConditionTrue {
+		t.Errorf("control-plane machine on host a: DomainReady %s %s: %s", st, reason, msg)
+	}
+	time.Sleep(20 * time.Second)
+	if st, reason, msg := condition(s.lm(cp), infrav1.DomainReadyCondition); st != metav1.ConditionTrue {
+		t.Errorf("control-plane machine on host a while host b is down: DomainReady %s %s: %s", st, reason, msg)
+	}
+	restarted := time.Now()
+	s.mustTestbed(t, "start", "b")
+	if err := s.poll(t, "worker DomainReady again", 2*time.Minute, func() (bool, string) {
+		st, reason, msg := condition(s.lm(worker), infrav1.DomainReadyCondition)
+		return st == metav1.ConditionTrue, fmt.Sprintf("%s %s: %s", st, reason, msg)
+	}); err != nil {
+		s.saveManagerGoroutines(t)
+		t.Fatal(err)
+	}
+	s.rep.phaseSince("multi-host: host b's libvirtd back → its machine DomainReady", restarted)()
+	after := s.lm(worker)
+	if after.Spec.ProviderID != before.Spec.ProviderID || after.UID != before.UID {
+		t.Errorf("worker replaced: providerID %s → %s", before.Spec.ProviderID, after.Spec.ProviderID)
+	}
+	info, err := s.mh.hostB.DomainInfo(s.ctx, after.Status.Domain.Name)
+	if err != nil || infrav1.ProviderIDPrefix+info.UUID != after.Spec.ProviderID || info.State != "running" {
+		t.Errorf("worker's domain after host b came back: %+v, %v", info, err)
+	}
+	s.waitNodes(t, 5*time.Minute)
+}
+
+// deleteMultiHost deletes the cluster and checks that nothing of it is
+// left on either host (the base images the hosts imported stay, as on one
+// host).
+func (s *suite) deleteMultiHost(t *testing.T) {
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: kubeadmName}}
+	start := time.Now()
+	s.deleteAndWait(t, cluster, 15*time.Minute)
+	s.rep.phaseSince("multi-host: cluster deleted → nothing left on either host", start)()
+	for _, h := range []*virt.Client{s.mh.hostA, s.mh.hostB} {
+		owned, err := h.ListOwned(s.ctx)
+		must(t, err)
+		for _, o := range owned {
+			if o.Kind == virt.OwnedVolume && strings.HasPrefix(o.Name, scope.ImageVolumeName("")) {
+				continue
+			}
+			t.Errorf("%s: %s %s/%s left behind", h.URI(), o.Kind, o.Pool, o.Name)
+		}
+	}
+	if err := s.c.Get(s.ctx, client.ObjectKeyFromObject(cluster), cluster); err == nil || !strings.Contains(err.Error(), "not found") {
+		t.Errorf("Cluster still there: %v", errors.Join(err))
+	}
+}
+
+// saveManagerGoroutines keeps the manager's goroutines (its pprof, which
+// multiHostArgs turns on) in the artifacts, for a connection that hangs.
+func (s *suite) saveManagerGoroutines(t *testing.T) {
+	ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:16060/debug/pprof/goroutine?debug=2", nil)
+	if err != nil {
+		return
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Logf("manager goroutines: %v", err)
+		return
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	path := filepath.Join(s.arts, "e2e-manager-goroutines.txt")
+	if err := os.WriteFile(path, body, 0o644); err == nil {
+		t.Logf("manager goroutines in %s", path)
+	}
+}
