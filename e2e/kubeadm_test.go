@@ -150,17 +150,7 @@ func (s *suite) kubeadmReady(t *testing.T) {
 		return st == metav1.ConditionTrue, fmt.Sprintf("LoadBalancerReady %s %s: %s", st, reason, msg)
 	})
 	s.rep.phaseSince("kubeadm: apply → load balancer serving", k.applied)()
-	s.waitFor(t, "kubeadm cluster: workload kubeconfig", kubeadmReadyTimeout, func() (bool, string) {
-		wc, _, err := devplane.WorkloadClient(s.ctx, s.c, namespace, kubeadmName)
-		if err != nil {
-			return false, err.Error()
-		}
-		k.wc = wc
-		return true, ""
-	})
-	cpCtx, cancel := context.WithTimeout(s.ctx, kubeadmReadyTimeout)
-	defer cancel()
-	must(t, devplane.WaitControlPlaneNode(cpCtx, s.c, namespace, kubeadmName, func(line string) { t.Logf("kubeadm cluster: %s", line) }))
+	s.waitControlPlaneNode(t, "kubeadm cluster")
 	s.rep.phaseSince("kubeadm: apply → first control-plane node Ready", k.applied)()
 	joining := s.snapshotCPU(t)
 	if k.opts.StagedWorkers {
@@ -171,6 +161,24 @@ func (s *suite) kubeadmReady(t *testing.T) {
 	s.recordJoinCost(t, joining)
 	k.ready = true
 	s.checkKubeadmMachines(t)
+}
+
+// waitControlPlaneNode waits for the workload cluster's kubeconfig, keeps
+// its client, and waits for the first control-plane node to be Ready;
+// what prefixes the progress lines.
+func (s *suite) waitControlPlaneNode(t *testing.T, what string) {
+	t.Helper()
+	s.waitFor(t, what+": workload kubeconfig", kubeadmReadyTimeout, func() (bool, string) {
+		wc, _, err := devplane.WorkloadClient(s.ctx, s.c, namespace, kubeadmName)
+		if err != nil {
+			return false, err.Error()
+		}
+		s.k8s.wc = wc
+		return true, ""
+	})
+	ctx, cancel := context.WithTimeout(s.ctx, kubeadmReadyTimeout)
+	defer cancel()
+	must(t, devplane.WaitControlPlaneNode(ctx, s.c, namespace, kubeadmName, func(line string) { t.Logf("%s: %s", what, line) }))
 }
 
 // waitNodes waits until every Machine of the kubeadm cluster has a Ready

@@ -258,17 +258,7 @@ func (s *suite) createMultiHost(t *testing.T) {
 // providerID the domain's UUID, its address on the LAN.
 func (s *suite) multiHostReady(t *testing.T) {
 	k := &s.k8s
-	s.waitFor(t, "multi-host: workload kubeconfig", kubeadmReadyTimeout, func() (bool, string) {
-		wc, _, err := devplane.WorkloadClient(s.ctx, s.c, namespace, kubeadmName)
-		if err != nil {
-			return false, err.Error()
-		}
-		k.wc = wc
-		return true, ""
-	})
-	cpCtx, cancel := context.WithTimeout(s.ctx, kubeadmReadyTimeout)
-	defer cancel()
-	must(t, devplane.WaitControlPlaneNode(cpCtx, s.c, namespace, kubeadmName, func(line string) { t.Logf("multi-host: %s", line) }))
+	s.waitControlPlaneNode(t, "multi-host")
 	s.rep.phaseSince("multi-host: apply → control-plane node Ready (host a)", k.applied)()
 	if k.opts.StagedWorkers {
 		must(t, devplane.ScaleWorkers(s.ctx, s.c, k.opts, k.opts.Workers))
