@@ -62,24 +62,13 @@ type kubeadmState struct {
 // `make up` does, with one control-plane machine and workers, and applies
 // them.
 func (s *suite) createKubeadm(t *testing.T, workers int32) {
-	nodeImage := testlibvirt.NodeImage(t)
-	version := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(nodeImage), "capl-node-"), ".qcow2")
-	root, err := filepath.Abs("..")
-	must(t, err)
-	s.k8s.opts = devplane.ClusterOptions{
-		Namespace: namespace, Name: kubeadmName, ControlPlane: 1, Workers: workers,
-		KubernetesVersion: version,
-		Template:          filepath.Join(root, "templates", "cluster-template.yaml"),
-		CNI:               filepath.Join(root, "templates", "cni-flannel.yaml"),
-		ImageDir:          filepath.Dir(nodeImage),
-		DomainType:        string(infrav1.DomainTypeQEMU),
-		StoragePool:       e2ePool,
-	}.TCGTuning()
+	s.k8s.opts = kubeadmOptions(t, workers)
+	version := s.k8s.opts.KubernetesVersion
 	if s.k8s.durableEtcd {
 		s.k8s.opts.EtcdUnsafeNoFsync = "false"
 	}
 	if filepath.Dir(s.image) != s.k8s.opts.ImageDir {
-		t.Fatalf("the node image %s and the HAProxy image must share a directory (%s)", nodeImage, filepath.Dir(s.image))
+		t.Fatalf("the node image (in %s) and the HAProxy image must share a directory (%s)", s.k8s.opts.ImageDir, filepath.Dir(s.image))
 	}
 	must(t, devplane.RecordClusterScope(s.state, s.k8s.opts))
 	stop := s.rep.phase("kubeadm: import node and load-balancer images into the pool")
@@ -119,6 +108,26 @@ func (s *suite) createKubeadm(t *testing.T, workers int32) {
 		cmp.Or(s.k8s.opts.EtcdProgressNotifyInterval, "5s"), cmp.Or(s.k8s.opts.EtcdHeartbeatIntervalMS, "100"),
 		cmp.Or(s.k8s.opts.EtcdElectionTimeoutMS, "1000"), cmp.Or(s.k8s.opts.CoreDNSReplicas, 2))
 	s.rep.mu.Unlock()
+}
+
+// kubeadmOptions are the options of the scenarios' kubeadm cluster:
+// templates/cluster-template.yaml and flannel rendered as `make up` renders
+// them under TCG, one control-plane machine and workers, the node image
+// the suite was given.
+func kubeadmOptions(t *testing.T, workers int32) devplane.ClusterOptions {
+	nodeImage := testlibvirt.NodeImage(t)
+	version := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(nodeImage), "capl-node-"), ".qcow2")
+	root, err := filepath.Abs("..")
+	must(t, err)
+	return devplane.ClusterOptions{
+		Namespace: namespace, Name: kubeadmName, ControlPlane: 1, Workers: workers,
+		KubernetesVersion: version,
+		Template:          filepath.Join(root, "templates", "cluster-template.yaml"),
+		CNI:               filepath.Join(root, "templates", "cni-flannel.yaml"),
+		ImageDir:          filepath.Dir(nodeImage),
+		DomainType:        string(infrav1.DomainTypeQEMU),
+		StoragePool:       e2ePool,
+	}.TCGTuning()
 }
 
 // extraBootstrapSecret is the bootstrap data of the machines the suite

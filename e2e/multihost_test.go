@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -42,27 +41,9 @@ const (
 
 // multiHostState is what the multi-host scenario holds.
 type multiHostState struct {
-	testbed      string // hack/testbed-hosts.sh
-	testbedDir   string
+	testbed      *testlibvirt.Testbed
 	hostA, hostB *virt.Client
 	uriA, uriB   string
-}
-
-// testbed runs hack/testbed-hosts.sh with args.
-func (s *suite) testbed(args ...string) (string, error) {
-	cmd := exec.Command(s.mh.testbed, args...)
-	cmd.Env = append(os.Environ(), "CAPL_TESTBED_DIR="+s.mh.testbedDir)
-	out, err := cmd.CombinedOutput()
-	return strings.TrimSpace(string(out)), err
-}
-
-func (s *suite) mustTestbed(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := s.testbed(args...)
-	if err != nil {
-		t.Fatalf("hack/testbed-hosts.sh %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return out
 }
 
 // multiHostScenario is `make test-e2e-multihost`'s: a kubeadm cluster from
@@ -72,24 +53,10 @@ func (s *suite) mustTestbed(t *testing.T, args ...string) string {
 // stops and comes back; the cluster is deleted and nothing is left on
 // either host.
 func (s *suite) multiHostScenario(t *testing.T) {
-	root, err := filepath.Abs("..")
-	must(t, err)
-	s.mh.testbed = filepath.Join(root, "hack", "testbed-hosts.sh")
-	// Not in the plane's state directory, which plane.Down removes whole.
-	s.mh.testbedDir, err = os.MkdirTemp("", "capl-e2e-testbed-")
-	must(t, err)
 	stop := s.rep.phase("multi-host: start two libvirt hosts (hack/testbed-hosts.sh)")
-	s.mustTestbed(t, "up", "a", "b")
+	s.mh.testbed = testlibvirt.StartTestbed(t, "a", "b")
 	stop()
-	t.Cleanup(func() {
-		if out, err := s.testbed("down"); err != nil {
-			t.Errorf("testbed down: %v\n%s", err, out)
-		}
-		if left, _ := exec.Command("ip", "netns", "list").CombinedOutput(); strings.Contains(string(left), "capl-") {
-			t.Errorf("testbed namespaces left behind:\n%s", left)
-		}
-	})
-	s.mh.uriA, s.mh.uriB = s.mustTestbed(t, "uri", "a"), s.mustTestbed(t, "uri", "b")
+	s.mh.uriA, s.mh.uriB = s.mh.testbed.URI("a"), s.mh.testbed.URI("b")
 	for _, h := range []struct {
 		uri string
 		dst **virt.Client
@@ -208,19 +175,8 @@ func (s *suite) controlPlaneAddress() string {
 // bridge, the endpoint the scenario serves, images by file:// URL (each
 // host imports them into its own pool) and the workers in host b.
 func (s *suite) createMultiHost(t *testing.T) {
-	nodeImage := testlibvirt.NodeImage(t)
-	version := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(nodeImage), "capl-node-"), ".qcow2")
-	root, err := filepath.Abs("..")
-	must(t, err)
-	s.k8s.opts = devplane.ClusterOptions{
-		Namespace: namespace, Name: kubeadmName, ControlPlane: 1, Workers: 1,
-		KubernetesVersion: version,
-		Template:          filepath.Join(root, "templates", "cluster-template.yaml"),
-		CNI:               filepath.Join(root, "templates", "cni-flannel.yaml"),
-		ImageDir:          filepath.Dir(nodeImage),
-		DomainType:        string(infrav1.DomainTypeQEMU),
-		StoragePool:       e2ePool,
-	}.TCGTuning()
+	s.k8s.opts = kubeadmOptions(t, 1)
+	version := s.k8s.opts.KubernetesVersion
 	must(t, devplane.RecordClusterScope(s.state, s.k8s.opts))
 	imgs, err := devplane.ImageVolumes(s.k8s.opts)
 	must(t, err)
@@ -310,7 +266,7 @@ func (s *suite) hostBUnreachable(t *testing.T) {
 	}
 	before := s.lm(worker)
 	stopping := time.Now()
-	s.mustTestbed(t, "stop", "b")
+	s.mh.testbed.Stop("b")
 	stopped := time.Now()
 	s.waitFor(t, "worker HostUnreachable", time.Minute, func() (bool, string) {
 		st, reason, msg := condition(s.lm(worker), infrav1.DomainReadyCondition)
@@ -334,7 +290,7 @@ func (s *suite) hostBUnreachable(t *testing.T) {
 		t.Errorf("control-plane machine on host a while host b is down: DomainReady %s %s: %s", st, reason, msg)
 	}
 	restarted := time.Now()
-	s.mustTestbed(t, "start", "b")
+	s.mh.testbed.Start("b")
 	if err := s.poll(t, "worker DomainReady again", 2*time.Minute, func() (bool, string) {
 		st, reason, msg := condition(s.lm(worker), infrav1.DomainReadyCondition)
 		return st == metav1.ConditionTrue, fmt.Sprintf("%s %s: %s", st, reason, msg)

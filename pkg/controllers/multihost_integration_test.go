@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -25,82 +22,8 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
-// testbed is hack/testbed-hosts.sh's homelab: libvirt hosts, each a
-// libvirtd in its own network and mount namespace, whose br0 bridges share
-// one LAN with a DHCP server.
-type testbed struct {
-	t      *testing.T
-	script string
-	dir    string
-}
-
 // lanPrefix is the testbed's LAN (hack/testbed-hosts.sh).
 var lanPrefix = netip.MustParsePrefix("10.231.0.0/24")
-
-// startTestbed brings up hosts and tears everything down after the test,
-// then checks that nothing is left: no namespace, link, process or
-// directory.
-func startTestbed(t *testing.T, hostNames ...string) *testbed {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the multi-host testbed needs root (network namespaces, bridges)")
-	}
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tb := &testbed{t: t, script: filepath.Join(root, "hack", "testbed-hosts.sh"), dir: filepath.Join(os.TempDir(), "capl-testbed-"+testlibvirt.Name(t))}
-	t.Cleanup(tb.down)
-	out, err := tb.run(append([]string{"up"}, hostNames...)...)
-	if err != nil {
-		t.Fatalf("testbed up: %v\n%s", err, out)
-	}
-	return tb
-}
-
-func (tb *testbed) run(args ...string) (string, error) {
-	cmd := exec.Command(tb.script, args...)
-	cmd.Env = append(os.Environ(), "CAPL_TESTBED_DIR="+tb.dir)
-	out, err := cmd.CombinedOutput()
-	return string(out), err
-}
-
-// uri is host's libvirt URI.
-func (tb *testbed) uri(host string) string {
-	tb.t.Helper()
-	out, err := tb.run("uri", host)
-	if err != nil {
-		tb.t.Fatalf("testbed uri %s: %v\n%s", host, err, out)
-	}
-	return strings.TrimSpace(out)
-}
-
-// stop stops host's libvirtd (its guests keep running); start starts it.
-func (tb *testbed) stop(host string)  { tb.must("stop", host) }
-func (tb *testbed) start(host string) { tb.must("start", host) }
-
-func (tb *testbed) must(args ...string) {
-	tb.t.Helper()
-	if out, err := tb.run(args...); err != nil {
-		tb.t.Fatalf("testbed %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-}
-
-func (tb *testbed) down() {
-	if out, err := tb.run("down"); err != nil {
-		tb.t.Errorf("testbed down: %v\n%s", err, out)
-	}
-	if _, err := os.Stat(tb.dir); !os.IsNotExist(err) {
-		tb.t.Errorf("testbed directory %s left behind (%v)", tb.dir, err)
-	}
-	netns, _ := exec.Command("ip", "netns", "list").CombinedOutput()
-	if strings.Contains(string(netns), "capl-host-") || strings.Contains(string(netns), "capl-lan") {
-		tb.t.Errorf("testbed network namespaces left behind:\n%s", netns)
-	}
-	if out, err := exec.Command("ip", "link", "show", "capl-lan").CombinedOutput(); err == nil {
-		tb.t.Errorf("testbed link capl-lan left behind:\n%s", out)
-	}
-}
 
 // TestMultiHost places one cluster's machines on two real libvirt hosts
 // sharing a LAN through their bridges: each machine runs on the host of
@@ -111,8 +34,8 @@ func (tb *testbed) down() {
 // deleted while its host is down is removed once the host returns.
 func TestMultiHost(t *testing.T) {
 	testlibvirt.URI(t)
-	tb := startTestbed(t, "a", "b")
-	uriA, uriB := tb.uri("a"), tb.uri("b")
+	tb := testlibvirt.StartTestbed(t, "a", "b")
+	uriA, uriB := tb.URI("a"), tb.URI("b")
 	h := newHarness(t)
 	h.options = func(o *manager.Options) { o.LibvirtURIs = []string{uriA, uriB} }
 	h.startProvider(nil)
@@ -167,7 +90,7 @@ func TestMultiHost(t *testing.T) {
 
 	// Host B goes away: its machine says so within a minute.
 	stopping := time.Now()
-	tb.stop("b")
+	tb.Stop("b")
 	stopped := time.Now()
 	lm := h.waitCondition("mh-b", infrav1.DomainReadyCondition, metav1.ConditionFalse, infrav1.HostUnreachableReason, time.Minute)
 	t.Logf("FIGURE HostUnreachable %s after libvirtd exited (stopping it took %s): %s", time.Since(stopped).Round(100*time.Millisecond),
@@ -188,7 +111,7 @@ func TestMultiHost(t *testing.T) {
 
 	// Host B is back: the machine recovers, same domain, never restarted.
 	restarted := time.Now()
-	tb.start("b")
+	tb.Start("b")
 	h.waitCondition("mh-b", infrav1.DomainReadyCondition, metav1.ConditionTrue, infrav1.ReadyReason, time.Minute)
 	t.Logf("FIGURE recovered after libvirtd restarted: %s", time.Since(restarted).Round(100*time.Millisecond))
 	after, err := hostB.DomainInfo(h.ctx, domB)
@@ -198,7 +121,7 @@ func TestMultiHost(t *testing.T) {
 	}
 
 	// Deleting a machine whose host is down waits for the host.
-	tb.stop("b")
+	tb.Stop("b")
 	h.waitCondition("mh-b", infrav1.DomainReadyCondition, metav1.ConditionFalse, infrav1.HostUnreachableReason, time.Minute)
 	must(t, h.c.Delete(h.ctx, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "mh-b"}}))
 	time.Sleep(5 * time.Second)
@@ -209,7 +132,7 @@ func TestMultiHost(t *testing.T) {
 	if c := conditions.Get(lm, infrav1.DomainReadyCondition); c == nil || c.Reason != infrav1.HostUnreachableReason {
 		t.Errorf("mh-b deleting while its host is down: DomainReady %+v; want reason HostUnreachable", c)
 	}
-	tb.start("b")
+	tb.Start("b")
 	h.deleteMachine("mh-b", 2*time.Minute)
 	h.deleteMachine("mh-a", 2*time.Minute)
 	h.deleteMachine("mh-c", 2*time.Minute)

@@ -145,9 +145,6 @@ func NewSet(def virt.Host, managerURI, defName string, secrets client.Reader) *S
 	}
 }
 
-// ManagerURI is the URI of the manager's own host.
-func (s *Set) ManagerURI() string { return s.managerURI }
-
 // Default is the manager's own host.
 func (s *Set) Default() virt.Host { return s.def }
 
@@ -230,17 +227,6 @@ func (s *Set) Prune(inUse map[Ref]bool) {
 		_ = m.client.Close()
 		m.creds.remove()
 	}
-}
-
-// Open lists the hosts with an open connection, the manager's own aside.
-func (s *Set) Open() []Ref {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	refs := make([]Ref, 0, len(s.hosts))
-	for r := range s.hosts {
-		refs = append(refs, r)
-	}
-	return refs
 }
 
 // Close closes every connection but the manager's own host's.
