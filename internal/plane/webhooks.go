@@ -98,6 +98,11 @@ func (e *Environment) StartManager(setups ...Setup) (*Manager, error) {
 		case <-waitCtx.Done():
 			_ = m.Stop()
 			return nil, errors.New("the webhook server did not start")
+		case err := <-m.done:
+			// The manager gave up (e.g. its webhook port was taken): say why
+			// rather than wait out the minute.
+			m.done <- err
+			return nil, fmt.Errorf("the manager stopped before its webhook server served: %v", err)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
