@@ -7,12 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,15 +27,11 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
-// The multi-host scenario's endpoint: hack/testbed-hosts.sh puts this
-// machine at 10.231.0.1 on the hosts' LAN, and the scenario serves the
-// control-plane endpoint there itself, as the external load balancer a
-// loadBalancer type None cluster brings (a host bridge has no DHCP of
-// libvirt's to reserve the HAProxy VM's address in).
-const (
-	multiHostEndpointHost = "10.231.0.1"
-	multiHostEndpointPort = 16443
-)
+// multiHostEndpoint is the multi-host scenario's control-plane endpoint:
+// a free address of the LAN of hack/testbed-hosts.sh (outside its DHCP
+// range, .100-.199), which the HAProxy VM on host a holds as a static
+// address.
+const multiHostEndpoint = "10.231.0.240"
 
 // multiHostState is what the multi-host scenario holds.
 type multiHostState struct {
@@ -66,7 +60,6 @@ func (s *suite) multiHostScenario(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		*h.dst = c
 	}
-	s.serveEndpoint(t)
 
 	s.createMultiHost(t)
 	t.Run("kubeadm nodes ready across hosts", s.multiHostReady)
@@ -79,101 +72,11 @@ func (s *suite) multiHostScenario(t *testing.T) {
 	t.Run("delete cluster across hosts", s.deleteMultiHost)
 }
 
-// serveEndpoint forwards the control-plane endpoint to the API server of
-// the control-plane machine (the first with an address), looked up on
-// every connection: an external load balancer of one backend.
-func (s *suite) serveEndpoint(t *testing.T) {
-	l, err := net.Listen("tcp", net.JoinHostPort(multiHostEndpointHost, fmt.Sprint(multiHostEndpointPort)))
-	must(t, err)
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns = map[net.Conn]bool{}
-	)
-	// Clients whose VM is gone never close their end: the cleanup closes
-	// every connection rather than wait for them.
-	t.Cleanup(func() {
-		_ = l.Close()
-		mu.Lock()
-		for c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			conn, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns[conn] = true
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				s.forward(conn)
-				mu.Lock()
-				delete(conns, conn)
-				mu.Unlock()
-			}()
-		}
-	}()
-}
-
-func (s *suite) forward(conn net.Conn) {
-	defer conn.Close()
-	backend := s.controlPlaneAddress()
-	if backend == "" {
-		return
-	}
-	up, err := net.DialTimeout("tcp", net.JoinHostPort(backend, "6443"), 10*time.Second)
-	if err != nil {
-		return
-	}
-	defer up.Close()
-	// Either side closing ends both: the cleanup closes the client side.
-	done := make(chan struct{}, 2)
-	copyHalf := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
-		if tc, ok := dst.(*net.TCPConn); ok {
-			_ = tc.CloseWrite()
-		}
-		done <- struct{}{}
-	}
-	go copyHalf(up, conn)
-	go copyHalf(conn, up)
-	<-done
-	_ = conn.Close()
-	_ = up.Close()
-	<-done
-}
-
-// controlPlaneAddress is the first address of a control-plane
-// LibvirtMachine of the cluster; "" when none has one yet.
-func (s *suite) controlPlaneAddress() string {
-	lms := &infrav1.LibvirtMachineList{}
-	if err := s.c.List(s.ctx, lms, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: kubeadmName},
-		client.HasLabels{clusterv1.MachineControlPlaneLabel}); err != nil {
-		return ""
-	}
-	for _, lm := range lms.Items {
-		for _, a := range lm.Status.Addresses {
-			if a.Type == clusterv1.MachineInternalIP {
-				return a.Address
-			}
-		}
-	}
-	return ""
-}
-
 // createMultiHost renders the template as createKubeadm does and spreads
 // it over the two hosts: failure domains with their URIs, the hosts'
-// bridge, the endpoint the scenario serves, images by file:// URL (each
-// host imports them into its own pool) and the workers in host b.
+// bridge, the endpoint the HAProxy VM holds on the LAN, images by file://
+// URL (each host imports them into its own pool) and the workers in host
+// b.
 func (s *suite) createMultiHost(t *testing.T) {
 	s.k8s.opts = kubeadmOptions(t, 1)
 	version := s.k8s.opts.KubernetesVersion
@@ -189,9 +92,9 @@ func (s *suite) createMultiHost(t *testing.T) {
 		switch o.GetKind() {
 		case "LibvirtCluster":
 			must(t, unstructured.SetNestedMap(o.Object, map[string]any{"bridge": "br0"}, "spec", "network"))
-			must(t, unstructured.SetNestedMap(o.Object, map[string]any{"type": string(infrav1.LoadBalancerNone)}, "spec", "loadBalancer"))
-			must(t, unstructured.SetNestedMap(o.Object, map[string]any{"host": multiHostEndpointHost, "port": int64(multiHostEndpointPort)},
-				"spec", "controlPlaneEndpoint"))
+			must(t, unstructured.SetNestedMap(o.Object, map[string]any{"url": "file://" + imgs.LoadBalancer.Path, "checksum": "sha256:" + imgs.LoadBalancer.SHA256},
+				"spec", "loadBalancer", "image"))
+			must(t, unstructured.SetNestedMap(o.Object, map[string]any{"host": multiHostEndpoint, "port": int64(6443)}, "spec", "controlPlaneEndpoint"))
 			must(t, unstructured.SetNestedSlice(o.Object, []any{
 				map[string]any{"name": "host-a", "uri": s.mh.uriA, "controlPlane": true},
 				map[string]any{"name": "host-b", "uri": s.mh.uriB},
@@ -204,9 +107,9 @@ func (s *suite) createMultiHost(t *testing.T) {
 	}
 	must(t, devplane.ApplyCluster(s.ctx, s.c, cni, objs))
 	s.k8s.applied = time.Now()
-	t.Logf("multi-host kubeadm cluster %s applied: control plane on %s, worker on %s, endpoint %s:%d",
-		kubeadmName, s.mh.uriA, s.mh.uriB, multiHostEndpointHost, multiHostEndpointPort)
-	s.rep.note("Multi-host: Kubernetes %s over two libvirt hosts of hack/testbed-hosts.sh (libvirtds in their own network and mount namespaces on this machine, bridges on one LAN with dnsmasq DHCP), control plane in failure domain host-a, worker in host-b, loadBalancer None with the endpoint served by the suite; TCG tuning as make up.", version)
+	t.Logf("multi-host kubeadm cluster %s applied: control plane and HAProxy VM on %s, worker on %s, endpoint %s:6443",
+		kubeadmName, s.mh.uriA, s.mh.uriB, multiHostEndpoint)
+	s.rep.note("Multi-host: Kubernetes %s over two libvirt hosts of hack/testbed-hosts.sh (libvirtds in their own network and mount namespaces on this machine, bridges on one LAN with dnsmasq DHCP), control plane and the HAProxy VM (holding the endpoint %s as a static address on the LAN) in failure domain host-a, worker in host-b; TCG tuning as make up.", version, multiHostEndpoint)
 }
 
 // multiHostReady waits for both nodes Ready and checks placement: each
@@ -222,6 +125,21 @@ func (s *suite) multiHostReady(t *testing.T) {
 	s.waitNodes(t, kubeadmReadyTimeout)
 	s.rep.phaseSince("multi-host: apply → both nodes Ready (control plane on host a, worker on host b)", k.applied)()
 	k.ready = true
+
+	// The HAProxy VM: on host a (the first control-plane failure domain),
+	// holding the endpoint the nodes joined through.
+	lb := scope.LoadBalancerDomainName(namespace, kubeadmName)
+	if _, err := s.mh.hostA.DomainInfo(s.ctx, lb); err != nil {
+		t.Errorf("HAProxy VM %s not on host a: %v", lb, err)
+	}
+	if _, err := s.mh.hostB.DomainInfo(s.ctx, lb); !virt.IsNotFound(err) {
+		t.Errorf("HAProxy VM %s also on host b (%v)", lb, err)
+	}
+	lc := &infrav1.LibvirtCluster{}
+	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: kubeadmName}, lc))
+	if lc.Status.LoadBalancer == nil || lc.Status.LoadBalancer.Address != multiHostEndpoint || lc.Spec.ControlPlaneEndpoint.Host != multiHostEndpoint {
+		t.Errorf("endpoint %+v, load balancer %+v; want the HAProxy VM holding %s", lc.Spec.ControlPlaneEndpoint, lc.Status.LoadBalancer, multiHostEndpoint)
+	}
 
 	lms, err := s.clusterMachines(kubeadmName)
 	must(t, err)

@@ -30,15 +30,17 @@ const (
 	// exists and runs.
 	StoragePoolReadyCondition = "StoragePoolReady"
 
-	// ControlPlaneEndpointMissingReason: load balancer type None and
+	// ControlPlaneEndpointMissingReason: load balancer type None, or the
+	// HAProxy VM on a host bridge (which holds it as a static address), and
 	// spec.controlPlaneEndpoint is not set.
 	ControlPlaneEndpointMissingReason = "ControlPlaneEndpointMissing"
 	// ControlPlaneEndpointConflictReason: spec.controlPlaneEndpoint.host
 	// names another address than the HAProxy VM's.
 	ControlPlaneEndpointConflictReason = "ControlPlaneEndpointConflict"
-	// UnsupportedNetworkReason: the HAProxy VM needs a libvirt network
-	// whose DHCP libvirt serves, so that its address is reserved before it
-	// boots; host bridges and networks without DHCP need type None.
+	// UnsupportedNetworkReason: the HAProxy VM on a libvirt network needs
+	// DHCP served by libvirt, so that its address is reserved before it
+	// boots; a network without it needs type None (on a host bridge the VM
+	// holds the user's endpoint as a static address instead).
 	UnsupportedNetworkReason = "UnsupportedNetwork"
 	// LoadBalancerConfigInvalidReason: `haproxy -c` rejected the rendered
 	// configuration; the running one was kept.

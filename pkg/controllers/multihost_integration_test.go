@@ -68,18 +68,18 @@ func TestMultiHost(t *testing.T) {
 	h.createMachine("mh-a", machineOpts{cluster: cluster, withData: true, userData: bootUserData(), failureDomain: "host-a"})
 	h.createMachine("mh-b", machineOpts{cluster: cluster, withData: true, userData: bootUserData(), failureDomain: "host-b"})
 	for _, m := range []struct{ name, fd, addr string }{{"mh-a", "host-a", "10.231.0.11"}, {"mh-b", "host-b", "10.231.0.12"}} {
-		lm := h.waitCondition(m.name, infrav1.AddressAssignedCondition, metav1.ConditionTrue, infrav1.ReadyReason, 6*time.Minute)
+		lm := h.waitAddress(m.name, 6*time.Minute)
 		if lm.Spec.FailureDomain != m.fd || lm.Status.FailureDomain != m.fd {
 			t.Errorf("%s: spec.failureDomain %q, status.failureDomain %q; want %q", m.name, lm.Spec.FailureDomain, lm.Status.FailureDomain, m.fd)
 		}
 		if lm.Status.Domain == nil || lm.Status.Domain.Host != m.addr {
 			t.Errorf("%s: status.domain %+v; want host %s", m.name, lm.Status.Domain, m.addr)
 		}
-		ip, err := netip.ParseAddr(lm.Status.Addresses[0].Address)
+		ip, err := netip.ParseAddr(internalIP(lm))
 		if err != nil || !lanPrefix.Contains(ip) {
 			t.Errorf("%s: address %v is not on the testbed LAN %s (%v)", m.name, lm.Status.Addresses, lanPrefix, err)
 		}
-		t.Logf("%s on %s: %s", m.name, m.fd, lm.Status.Addresses[0].Address)
+		t.Logf("%s on %s: %s", m.name, m.fd, ip)
 	}
 	t.Logf("FIGURE two machines on two hosts with addresses: %s", time.Since(start).Round(time.Second))
 	domA, domB := scope.DomainName(h.ns, "mh-a"), scope.DomainName(h.ns, "mh-b")
@@ -101,7 +101,7 @@ func TestMultiHost(t *testing.T) {
 	// ...while host A's machines go on: a new machine, placed on the least
 	// used failure domain (a tie: the first listed), boots there.
 	h.createMachine("mh-c", machineOpts{cluster: cluster, withData: true, userData: bootUserData()})
-	lm = h.waitCondition("mh-c", infrav1.AddressAssignedCondition, metav1.ConditionTrue, infrav1.ReadyReason, 6*time.Minute)
+	lm = h.waitAddress("mh-c", 6*time.Minute)
 	if lm.Spec.FailureDomain != "host-a" {
 		t.Errorf("mh-c placed in %q while host-b is down and tied; want host-a", lm.Spec.FailureDomain)
 	}

@@ -142,11 +142,14 @@ func validateClusterSpec(spec *infrav1.LibvirtClusterSpec, path *field.Path, tem
 	}
 
 	lb := path.Child("loadBalancer")
-	// The HAProxy VM's address, the endpoint, is reserved in a DHCP server
-	// libvirt runs before the VM boots; a host bridge has none.
-	if spec.LoadBalancer.Type == infrav1.LoadBalancerHAProxy && spec.Network.Bridge != "" {
-		errs = append(errs, field.Invalid(lb.Child("type"), spec.LoadBalancer.Type,
-			"the HAProxy VM needs a libvirt network whose DHCP libvirt serves, not a host bridge: with network.bridge use type None and bring the endpoint (e.g. kube-vip)"))
+	// On a libvirt network the HAProxy VM's address, the endpoint, is
+	// reserved in the DHCP server libvirt runs; a host bridge has none of
+	// ours, so there the VM holds the user's endpoint as a static address.
+	if h := spec.ControlPlaneEndpoint.Host; !template && spec.LoadBalancer.Type == infrav1.LoadBalancerHAProxy && spec.Network.Bridge != "" {
+		if _, err := netip.ParseAddr(h); err != nil {
+			errs = append(errs, field.Invalid(endpoint, h,
+				"on a host bridge the HAProxy VM holds the endpoint as a static address: name a free IP address of the LAN, outside its DHCP range"))
+		}
 	}
 	if spec.LoadBalancer.Type == infrav1.LoadBalancerNone {
 		// domainType is left out: the CRD defaults it whatever the type.

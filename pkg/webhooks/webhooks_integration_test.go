@@ -316,7 +316,11 @@ func TestRejections(t *testing.T) {
 			noneWithHost(s)
 			s.LoadBalancer.CPUMode = infrav1.CPUModeHostModel
 		}), field: "spec.loadBalancer.cpuMode"},
-		{name: "HAProxy on a host bridge", obj: cluster(func(s *infrav1.LibvirtClusterSpec) { s.Network = infrav1.ClusterNetwork{Bridge: "br0"} }), field: "spec.loadBalancer.type"},
+		{name: "HAProxy on a host bridge without an endpoint", obj: cluster(func(s *infrav1.LibvirtClusterSpec) { s.Network = infrav1.ClusterNetwork{Bridge: "br0"} }), field: "spec.controlPlaneEndpoint.host"},
+		{name: "HAProxy on a host bridge with a DNS name as endpoint", obj: cluster(func(s *infrav1.LibvirtClusterSpec) {
+			s.Network = infrav1.ClusterNetwork{Bridge: "br0"}
+			s.ControlPlaneEndpoint.Host = "api.lan"
+		}), field: "spec.controlPlaneEndpoint.host", detail: "static address"},
 		{name: "load-balancer image url with credentials", obj: cluster(func(s *infrav1.LibvirtClusterSpec) {
 			s.LoadBalancer.Image = &infrav1.ImageSource{URL: "https://user:secret@images.example/haproxy.qcow2", Checksum: sum}
 		}), field: "spec.loadBalancer.image.url"},

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
@@ -97,5 +98,35 @@ func TestHardwareWarnings(t *testing.T) {
 	spec.DomainType, spec.CPUMode = infrav1.DomainTypeQEMU, infrav1.CPUModeMaximum
 	if w, _ := (&LibvirtMachine{}).ValidateCreate(context.Background(), &infrav1.LibvirtMachine{Spec: spec}); len(w) != 0 {
 		t.Fatalf("qemu machine with a TCG cache: warnings %q", w)
+	}
+}
+
+// TestHAProxyOnBridgeEndpoint checks the endpoint the HAProxy VM holds as
+// a static address on a host bridge: an IP address, required of a
+// cluster, left to the Cluster of a template.
+func TestHAProxyOnBridgeEndpoint(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		host     string
+		template bool
+		wantErr  bool
+	}{
+		{name: "an IPv4 address", host: "10.231.0.240"},
+		{name: "an IPv6 address", host: "fd00::240"},
+		{name: "no endpoint", wantErr: true},
+		{name: "a DNS name", host: "api.lan", wantErr: true},
+		{name: "a template names none", template: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := &infrav1.LibvirtClusterSpec{Network: infrav1.ClusterNetwork{Bridge: "br0"}, ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: tc.host}}
+			DefaultClusterSpec(spec)
+			errs, _ := validateClusterSpec(spec, field.NewPath("spec"), tc.template)
+			if got := len(errs) > 0; got != tc.wantErr {
+				t.Fatalf("errors %v; want some: %v", errs, tc.wantErr)
+			}
+			if tc.wantErr && errs[0].Field != "spec.controlPlaneEndpoint.host" {
+				t.Errorf("error on %s; want spec.controlPlaneEndpoint.host", errs[0].Field)
+			}
+		})
 	}
 }

@@ -4,16 +4,20 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/cloudinit"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 )
 
 // endpoint reserves the HAProxy VM's address before it first boots and
-// publishes it as the control-plane endpoint at once.
+// publishes it as the control-plane endpoint at once. On a host bridge,
+// where no DHCP server of ours can reserve it, the endpoint is the user's
+// (a free address of the LAN) and the VM holds it as a static address.
 type endpoint struct{ lb *Service }
 
 // Name labels the step in logs.
@@ -24,18 +28,19 @@ func (e endpoint) Reconcile(ctx context.Context) (services.Result, error) {
 	svc := e.lb
 	s := svc.scope
 	network := svc.vm.Network()
-	switch {
-	case network.IsZero():
+	if network.IsZero() {
 		return services.Result{}, services.Fail(infrav1.WaitingForNetworkReason, services.Requeue(0, "no network"), "Waiting for the cluster network")
-	case network.Bridge != "":
-		return services.Result{}, unsupported("host bridge " + network.Bridge)
 	}
 	if _, err := svc.address.Reconcile(ctx); err != nil {
 		return services.Result{}, onVM(svc.vm, err)
 	}
+	if network.Bridge != "" {
+		return e.static()
+	}
 	ip := svc.address.Reserved()
 	if !ip.IsValid() {
-		return services.Result{}, unsupported("network " + network.Name + ", whose DHCP libvirt does not serve,")
+		return services.Result{}, services.Fail(infrav1.UnsupportedNetworkReason, services.Requeue(0, "unsupported network"),
+			"The HAProxy VM cannot get a reserved address on network %s, whose DHCP libvirt does not serve; use loadBalancer.type None with your own endpoint", network.Name)
 	}
 	s.LoadBalancerStatus().Address = ip.String()
 	ep := &s.LibvirtCluster.Spec.ControlPlaneEndpoint
@@ -54,14 +59,51 @@ func (e endpoint) Reconcile(ctx context.Context) (services.Result, error) {
 	}
 }
 
+// static takes the user's endpoint as the HAProxy VM's static address on
+// a host bridge.
+func (e endpoint) static() (services.Result, error) {
+	s := e.lb.scope
+	ep := &s.LibvirtCluster.Spec.ControlPlaneEndpoint
+	ip, err := StaticAddress(s.LibvirtCluster)
+	if err != nil {
+		return services.Result{}, services.Fail(infrav1.ControlPlaneEndpointMissingReason, services.Requeue(0, "no static endpoint"), "%v", err)
+	}
+	ep.Port = s.EndpointPort()
+	s.LoadBalancerStatus().Address = ip.String()
+	return services.Result{}, nil
+}
+
+// StaticAddress is the address the HAProxy VM holds on a host bridge: the
+// endpoint's host, which must be an IP address.
+func StaticAddress(lc *infrav1.LibvirtCluster) (netip.Addr, error) {
+	host := lc.Spec.ControlPlaneEndpoint.Host
+	if host == "" {
+		return netip.Addr{}, fmt.Errorf("on host bridge %s the HAProxy VM serves spec.controlPlaneEndpoint.host as a static address: set it to a free address of the LAN, outside its DHCP range", lc.Spec.Network.Bridge)
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("on host bridge %s the HAProxy VM serves spec.controlPlaneEndpoint.host as a static address: %q is not an IP address", lc.Spec.Network.Bridge, host)
+	}
+	return ip, nil
+}
+
+// networkConfig is the HAProxy VM's network-config: on a host bridge, DHCP
+// from the LAN plus the endpoint as a static address; on a libvirt
+// network, none (DHCP hands it the reserved address).
+func (svc *Service) networkConfig() ([]byte, error) {
+	if svc.vm.Network().Bridge == "" {
+		return nil, nil
+	}
+	ip, err := StaticAddress(svc.scope.LibvirtCluster)
+	if err != nil {
+		return nil, err
+	}
+	return cloudinit.DHCPWithStaticAddress{MAC: svc.vm.MAC(), InterfaceName: guestInterface, Static: ip}.NetworkConfig()
+}
+
 // Delete releases the VM's address reservation.
 func (e endpoint) Delete(ctx context.Context) error {
 	return haproxyVM{e.lb.address, e.lb.vm}.Delete(ctx)
-}
-
-func unsupported(what string) error {
-	return services.Fail(infrav1.UnsupportedNetworkReason, services.Requeue(0, "unsupported network"),
-		"The HAProxy VM cannot get a reserved address on %s; use loadBalancer.type None with your own endpoint", what)
 }
 
 // userEndpoint: with type None the user serves the endpoint, which must be

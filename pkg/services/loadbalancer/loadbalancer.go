@@ -1,6 +1,7 @@
 // Package loadbalancer serves a cluster's control-plane endpoint: an
 // HAProxy VM built by the machine services (address, disk, seed, domain)
-// on a scope.LoadBalancerScope, whose reserved address is the endpoint and
+// on a scope.LoadBalancerScope, whose reserved address is the endpoint (on
+// a host bridge it holds the user's endpoint as a static address) and
 // whose configuration follows the cluster's control-plane machines. The
 // configuration is written, checked and reloaded through the guest agent,
 // only when it changes. With load balancer type None the user's endpoint
@@ -37,6 +38,11 @@ const (
 	// than that it is on its way: a TCG VM on a busy host boots in minutes.
 	servingBound = 15 * time.Minute
 )
+
+// guestInterface is the HAProxy VM's NIC as the capl images name it on
+// the q35 machine type (images/README.md); cloud-init renames the NIC with
+// the VM's MAC to it if the kernel chose another name.
+const guestInterface = "enp1s0"
 
 // userData is the HAProxy VM's cloud-config. It configures nothing: the
 // controller writes haproxy.cfg through the guest agent once the VM runs,
@@ -88,7 +94,7 @@ func (svc *Service) plan(haproxy bool) services.Plan {
 		{Service: haproxyVM{identity.New(svc.vm), svc.vm}, Condition: ready},
 		{Service: endpoint{svc}, Condition: ready, Setup: true},
 		{Service: haproxyVM{disk.New(svc.vm, svc.images), svc.vm}, Condition: ready, Setup: true},
-		{Service: haproxyVM{seed.NewWithUserData(svc.vm, []byte(userData)), svc.vm}, Condition: ready, Setup: true},
+		{Service: haproxyVM{seed.NewWithUserData(svc.vm, []byte(userData)).WithNetworkConfig(svc.networkConfig), svc.vm}, Condition: ready, Setup: true},
 		{Service: haproxyVM{domain.New(svc.vm, domain.Options{ShutdownTimeout: shutdownTimeout, TrafficFilter: svc.trafficFilter}), svc.vm}, Condition: ready},
 		{Service: provisioned{svc}, Condition: ready},
 		{Service: configSync{svc}, Condition: ready},

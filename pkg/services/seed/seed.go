@@ -54,6 +54,9 @@ type Service struct {
 	// userData returns the seed's user-data: the machine's bootstrap
 	// Secret, or what the caller generated.
 	userData func(context.Context) ([]byte, error)
+	// networkConfig returns the seed's network-config; nil or empty for
+	// none (cloud-init's DHCP on the first NIC).
+	networkConfig func() ([]byte, error)
 }
 
 var _ services.Service = (*Service)(nil)
@@ -69,6 +72,14 @@ func New(s *scope.MachineScope) *Service {
 // read from a Secret and may be rebuilt at any time.
 func NewWithUserData(s Scope, userData []byte) *Service {
 	return &Service{scope: s, host: s.LibvirtHost(), userData: func(context.Context) ([]byte, error) { return userData, nil }}
+}
+
+// WithNetworkConfig gives the seed a network-config document, which
+// networkConfig returns when the seed is built; like generated user-data
+// it must not be secret.
+func (svc *Service) WithNetworkConfig(networkConfig func() ([]byte, error)) *Service {
+	svc.networkConfig = networkConfig
+	return svc
 }
 
 // Name labels the service in logs.
@@ -94,10 +105,17 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	if err != nil {
 		return services.Result{}, err
 	}
+	var networkConfig []byte
+	if svc.networkConfig != nil {
+		if networkConfig, err = svc.networkConfig(); err != nil {
+			return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, services.Requeue(0, "invalid network-config"), "Building the seed: %v", err)
+		}
+	}
 	iso, err := cloudinit.BuildISO(cloudinit.Seed{
 		InstanceID:    s.DomainUUID(),
 		LocalHostname: s.Hostname(),
 		UserData:      userData,
+		NetworkConfig: networkConfig,
 	})
 	if err != nil {
 		// Validation errors name the instance-id and hostname only.

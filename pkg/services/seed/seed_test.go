@@ -155,3 +155,34 @@ func TestEmptiedTellsAnEarlierBootstrap(t *testing.T) {
 		t.Error("a failed read was taken for an answer")
 	}
 }
+
+func TestSeedCarriesGeneratedNetworkConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		config  func() ([]byte, error)
+		wantISO string
+		wantErr bool
+	}{
+		{name: "written next to user-data", config: func() ([]byte, error) { return []byte("version: 1 # capl-network-marker"), nil }, wantISO: "capl-network-marker"},
+		{name: "a failure uploads nothing", config: func() ([]byte, error) { return nil, errors.New("no MAC") }, wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := servicetest.NewFixture(t)
+			s := f.Scope()
+			svc := seed.NewWithUserData(s, []byte("#cloud-config\n")).WithNetworkConfig(tc.config)
+			err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, svc)
+			if tc.wantErr {
+				if err == nil || f.Host.Called("UploadVolume") {
+					t.Fatalf("err %v, uploaded %v; want an error and no upload", err, f.Host.Called("UploadVolume"))
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if iso := string(f.Host.Data["pool/"+s.SeedVolume()]); !strings.Contains(iso, tc.wantISO) || !strings.Contains(iso, "network-config") {
+				t.Errorf("the seed lacks its network-config")
+			}
+		})
+	}
+}
