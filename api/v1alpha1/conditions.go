@@ -39,8 +39,9 @@ const (
 	ControlPlaneEndpointConflictReason = "ControlPlaneEndpointConflict"
 	// UnsupportedNetworkReason: the HAProxy VM on a libvirt network needs
 	// DHCP served by libvirt, so that its address is reserved before it
-	// boots; a network without it needs type None (on a host bridge the VM
-	// holds the user's endpoint as a static address instead).
+	// boots; a network without it needs type None. On a host bridge the VM
+	// holds the user's endpoint as a static address instead, which the
+	// manager's traffic filter, when on, forbids.
 	UnsupportedNetworkReason = "UnsupportedNetwork"
 	// LoadBalancerConfigInvalidReason: `haproxy -c` rejected the rendered
 	// configuration; the running one was kept.

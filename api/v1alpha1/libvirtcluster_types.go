@@ -15,7 +15,9 @@ type LoadBalancerType string
 
 const (
 	// LoadBalancerHAProxy runs an HAProxy VM on the cluster network whose
-	// reserved address becomes the control-plane endpoint; the default.
+	// reserved address becomes the control-plane endpoint (on a host
+	// bridge it holds spec.controlPlaneEndpoint.host, a free IP address of
+	// the LAN, as a static address); the default.
 	LoadBalancerHAProxy LoadBalancerType = "HAProxy"
 	// LoadBalancerNone leaves the endpoint to the user (kube-vip, an
 	// external load balancer): spec.controlPlaneEndpoint must be set.
@@ -46,7 +48,9 @@ const (
 type LibvirtClusterSpec struct {
 	// controlPlaneEndpoint is where the cluster's API server is reached.
 	// With the HAProxy load balancer the provider sets it to the VM's
-	// reserved address; with type None the user sets it.
+	// reserved address (on a host bridge the user sets it to a free IP
+	// address of the LAN, which the VM holds); with type None the user
+	// sets it.
 	// +optional
 	ControlPlaneEndpoint clusterv1.APIEndpoint `json:"controlPlaneEndpoint,omitempty,omitzero"`
 
@@ -264,7 +268,8 @@ type LoadBalancerStatus struct {
 	// domain shows the HAProxy VM.
 	// +optional
 	Domain *DomainStatus `json:"domain,omitempty"`
-	// address is the VM's reserved address, the control-plane endpoint host.
+	// address is the VM's reserved (on a host bridge: static) address,
+	// the control-plane endpoint host.
 	// +optional
 	Address string `json:"address,omitempty"`
 	// backends HAProxy currently forwards to.

@@ -333,6 +333,19 @@ func (p Policy) CheckNetwork(namespace, name string) error {
 		strings.Join(p.Networks, ", "))
 }
 
+// CheckStaticAddress refuses a VM of ours holding an address on a host
+// bridge that it did not get from the LAN's DHCP server (the HAProxy VM's
+// endpoint) while trafficFilter guards the bridge's NICs: the filter lets
+// a guest use only the address it was leased, and an address a tenant
+// chose could be another machine's.
+func CheckStaticAddress(trafficFilter string) error {
+	if trafficFilter == "" {
+		return nil
+	}
+	return fmt.Errorf("on a host bridge the HAProxy VM holds the endpoint as a static address, which the manager's traffic filter %s drops as spoofing (a guest may use only the address the LAN's DHCP server gave it): "+
+		"on a LAN whose guests are all trusted the operator can turn the filter off (--traffic-filter=none); otherwise use loadBalancer.type None with an external load balancer, or a libvirt network", trafficFilter)
+}
+
 // CheckBridge refuses the bridge of a network the provider created (it
 // would plug a machine into another cluster's network behind its back)
 // and, when the operator listed bridges, any bridge not listed.

@@ -52,6 +52,11 @@ func (r references) cluster(namespace string, spec *infrav1.LibvirtClusterSpec, 
 		errs = append(errs, r.imageURL(img.URL, path.Child("loadBalancer", "image", "url"))...)
 	}
 	errs = append(errs, r.hosts(spec, path)...)
+	if spec.LoadBalancer.Type == infrav1.LoadBalancerHAProxy && spec.Network.Bridge != "" {
+		if err := tenancy.CheckStaticAddress(p.TrafficFilter); err != nil {
+			errs = append(errs, field.Forbidden(path.Child("loadBalancer", "type"), err.Error()))
+		}
+	}
 	return append(errs, r.annotations(namespace, annotations, annPath)...)
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // The tenant of these tests is namespace team-b; team-a is the neighbour
@@ -48,6 +49,20 @@ var (
 		return p
 	}()
 )
+
+// filteredPolicy guards shared segments with the flag's default filter.
+var filteredPolicy = func() tenancy.Policy {
+	p := hostsPolicy
+	p.TrafficFilter = virt.CleanTrafficFilter
+	return p
+}()
+
+// haproxyOnBridge puts twoHosts' cluster behind an HAProxy VM holding a
+// static endpoint on the bridge.
+func haproxyOnBridge(s *infrav1.LibvirtClusterSpec, m *metav1.ObjectMeta) {
+	twoHosts(s, m)
+	s.LoadBalancer.Type = infrav1.LoadBalancerHAProxy
+}
 
 // twoHosts spreads a cluster over the manager's host and kvm1.
 func twoHosts(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
@@ -144,6 +159,8 @@ func TestClusterReferences(t *testing.T) {
 			s.LoadBalancer.Image = &infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: "haproxy.qcow2"}}
 		}, []string{"spec.loadBalancer.image.volume.name"}},
 		{"two hosts on a bridge", hostsPolicy, twoHosts, nil},
+		{"the HAProxy VM on a bridge without a traffic filter", hostsPolicy, haproxyOnBridge, nil},
+		{"the HAProxy VM on a bridge under the traffic filter", filteredPolicy, haproxyOnBridge, []string{"spec.loadBalancer.type"}},
 		{"the manager's host named twice", hostsPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
 			s.FailureDomains = []infrav1.FailureDomainSpec{{Name: "a", ControlPlane: ptr.To(true)}, {Name: "b", URI: "qemu:///system"}}
 		}, nil},

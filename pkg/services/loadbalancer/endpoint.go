@@ -12,6 +12,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/cloudinit"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
 
 // endpoint reserves the HAProxy VM's address before it first boots and
@@ -64,6 +65,9 @@ func (e endpoint) Reconcile(ctx context.Context) (services.Result, error) {
 func (e endpoint) static() (services.Result, error) {
 	s := e.lb.scope
 	ep := &s.LibvirtCluster.Spec.ControlPlaneEndpoint
+	if err := tenancy.CheckStaticAddress(e.lb.trafficFilter); err != nil {
+		return services.Result{}, services.Fail(infrav1.UnsupportedNetworkReason, services.Requeue(0, "static address filtered"), "%v", err)
+	}
 	ip, err := StaticAddress(s.LibvirtCluster)
 	if err != nil {
 		return services.Result{}, services.Fail(infrav1.ControlPlaneEndpointMissingReason, services.Requeue(0, "no static endpoint"), "%v", err)
