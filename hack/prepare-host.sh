@@ -9,7 +9,7 @@ set -euo pipefail
 packages=(
   libvirt-daemon-system libvirt-dev pkg-config gcc libseccomp-dev
   qemu-system-x86 qemu-utils dnsmasq-base iproute2
-  genisoimage haproxy
+  genisoimage haproxy openssh-server
   mmdebstrap grub-pc-bin grub2-common fdisk e2fsprogs util-linux
   curl ca-certificates
 )
@@ -25,6 +25,14 @@ for p in "${packages[@]}"; do
 done
 if (( ${#missing[@]} )); then
   echo "prepare-host: installing ${missing[*]}"
+  # Packages must not start their daemons: this script starts libvirtd
+  # itself, and sshd runs only inside the multi-host test bed's namespaces
+  # (hack/testbed-hosts.sh), never on this machine's own addresses.
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+    chmod 0755 /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi

@@ -3,7 +3,9 @@
 # each host is a libvirtd (with its virtlogd) in its own network and mount
 # namespace, with its own /run, /etc/libvirt, /var/lib/libvirt,
 # /var/log/libvirt and /var/cache/libvirt, listening on qemu+tcp:// at its
-# address on a shared LAN. Each host's bridge br0 is joined to the LAN
+# address on a shared LAN, and reachable over qemu+ssh:// through an sshd
+# in the same namespaces (when openssh-server is installed) that lets in
+# root with the test bed's key only. Each host's bridge br0 is joined to the LAN
 # through a veth pair, like a machine plugged into a home router's switch;
 # the "router" is a namespace with the LAN bridge and a dnsmasq handing out
 # addresses. This machine (the management side) is on the LAN too.
@@ -16,6 +18,10 @@
 #   hack/testbed-hosts.sh stop HOST         stop HOST's libvirtd (its guests keep running)
 #   hack/testbed-hosts.sh start HOST        start HOST's libvirtd again
 #   hack/testbed-hosts.sh uri HOST          print HOST's libvirt URI
+#   hack/testbed-hosts.sh ssh-uri HOST      print HOST's libvirt URI over SSH
+#   hack/testbed-hosts.sh ssh-key           print the path of the SSH private key
+#                                           the hosts let in
+#   hack/testbed-hosts.sh known-hosts       print the hosts' SSH keys (known_hosts)
 #   hack/testbed-hosts.sh down              remove everything: guests, daemons,
 #                                           namespaces, links, directories
 # State lives in $CAPL_TESTBED_DIR (default /var/tmp/capl-testbed).
@@ -35,6 +41,8 @@ ns_of() { echo "capl-host-$1"; }
 addr_of() { cat "$dir/hosts/$1/addr"; }
 
 uri_of() { echo "qemu+tcp://$(addr_of "$1")/system"; }
+
+ssh_uri_of() { echo "qemu+ssh://root@$(addr_of "$1")/system"; }
 
 # pid_alive tells whether the process in pid file $1 runs (and is no zombie).
 pid_alive() {
@@ -117,6 +125,45 @@ libvirtd_stop() {
   kill -9 "$pid" || true
 }
 
+# ssh_client_key makes the key pair the hosts' sshds let in, once.
+ssh_client_key() {
+  [[ -f $dir/ssh/id_ed25519 ]] && return 0
+  mkdir -p "$dir/ssh"
+  chmod 0700 "$dir/ssh"
+  ssh-keygen -q -t ed25519 -N '' -C capl-testbed -f "$dir/ssh/id_ed25519"
+  cp "$dir/ssh/id_ed25519.pub" "$dir/ssh/authorized_keys"
+}
+
+# sshd_start runs host $1's sshd in its namespaces (where virt-ssh-helper
+# finds the host's libvirtd socket), if openssh-server is installed.
+sshd_start() {
+  local h=$1 hd="$dir/hosts/$1"
+  if [[ ! -x /usr/sbin/sshd ]]; then
+    log "no /usr/sbin/sshd (openssh-server): host $h is reachable over qemu+tcp only"
+    return 0
+  fi
+  pid_alive "$hd/sshd.pid" && return 0
+  ssh_client_key
+  if [[ ! -f $hd/ssh/ssh_host_ed25519_key ]]; then
+    mkdir -p "$hd/ssh"
+    ssh-keygen -q -t ed25519 -N '' -C "capl-testbed-$h" -f "$hd/ssh/ssh_host_ed25519_key"
+    cat >"$hd/ssh/sshd_config" <<EOF
+ListenAddress $(addr_of "$h")
+HostKey $hd/ssh/ssh_host_ed25519_key
+PidFile $hd/sshd.pid
+AuthorizedKeysFile $dir/ssh/authorized_keys
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+EOF
+  fi
+  nsenter --target "$(cat "$hd/virtlogd.pid")" --mount --net sh -ec "
+    mkdir -p /run/sshd
+    /usr/sbin/sshd -f '$hd/ssh/sshd_config' -E '$hd/sshd.log'"
+}
+
 host_up() {
   local h=$1 n=$2 hd="$dir/hosts/$1" ns
   ns=$(ns_of "$h")
@@ -148,6 +195,7 @@ EOF
     ip -n "$ns" route add default via "$lan_prefix.1"
   fi
   libvirtd_start "$h"
+  sshd_start "$h"
   echo "$h $(uri_of "$h")"
 }
 
@@ -193,6 +241,14 @@ case $cmd in
   stop) libvirtd_stop "$1" ;;
   start) libvirtd_start "$1" ;;
   uri) uri_of "$1" ;;
+  ssh-uri) ssh_uri_of "$1" ;;
+  ssh-key) echo "$dir/ssh/id_ed25519" ;;
+  known-hosts)
+    for hd in "$dir"/hosts/*/; do
+      [[ -f $hd/ssh/ssh_host_ed25519_key.pub ]] || continue
+      echo "$(cat "$hd/addr") $(cut -d' ' -f1,2 "$hd/ssh/ssh_host_ed25519_key.pub")"
+    done
+    ;;
   down)
     if [[ -d $dir/hosts ]]; then
       for hd in "$dir"/hosts/*/; do

@@ -28,10 +28,17 @@ func TestCredentials(t *testing.T) {
 		wantErr   string
 	}{
 		{
-			name:    "ssh through libssh with known_hosts",
+			name:    "ssh through libssh2 with known_hosts",
 			uri:     "qemu+ssh://root@kvm1/system",
 			data:    map[string][]byte{SSHPrivateKeyKey: []byte("KEY"), KnownHostsKey: []byte("kvm1 ssh-ed25519 AAAA")},
-			wantURI: "qemu+libssh://root@kvm1/system", wantQuery: []string{"keyfile", "known_hosts", "known_hosts_verify=normal", "sshauth=privkey"},
+			wantURI: "qemu+libssh2://root@kvm1/system", wantQuery: []string{"keyfile", "known_hosts", "known_hosts_verify=normal", "sshauth=privkey"},
+			wantFiles: map[string]string{"id": "KEY", "known_hosts": "kvm1 ssh-ed25519 AAAA"},
+		},
+		{
+			name:    "libssh through libssh2, whose client does not crash",
+			uri:     "qemu+libssh://root@kvm1/system",
+			data:    map[string][]byte{SSHPrivateKeyKey: []byte("KEY"), KnownHostsKey: []byte("kvm1 ssh-ed25519 AAAA")},
+			wantURI: "qemu+libssh2://root@kvm1/system", wantQuery: []string{"keyfile", "known_hosts", "known_hosts_verify=normal", "sshauth=privkey"},
 			wantFiles: map[string]string{"id": "KEY", "known_hosts": "kvm1 ssh-ed25519 AAAA"},
 		},
 		{
@@ -131,5 +138,18 @@ func TestPlacementHelpers(t *testing.T) {
 	}
 	if (Ref{URI: "qemu:///system", Namespace: "ns1", Secret: "s"}).IsDefault("qemu:///system") {
 		t.Error("a Ref with credentials is never the manager's own connection")
+	}
+}
+
+func TestTransportURI(t *testing.T) {
+	for _, tc := range []struct{ uri, want string }{
+		{"qemu+libssh://root@kvm1/system", "qemu+libssh2://root@kvm1/system"},
+		{"qemu+libssh2://root@kvm1/system", "qemu+libssh2://root@kvm1/system"},
+		{"qemu+ssh://root@kvm1/system", "qemu+ssh://root@kvm1/system"},
+		{"qemu+tcp://kvm1/system", "qemu+tcp://kvm1/system"},
+	} {
+		if got := transportURI(tc.uri); got != tc.want {
+			t.Errorf("transportURI(%s) = %s; want %s", tc.uri, got, tc.want)
+		}
 	}
 }
