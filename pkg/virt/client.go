@@ -271,21 +271,45 @@ func (c *Client) background(fn func(ctx context.Context)) {
 // operation in the call metrics: the Host method on whose behalf fn runs.
 func (c *Client) withConn(ctx context.Context, op string, fn func(*libvirt.Connect) error) error {
 	defer observeCall(op, time.Now())
-	st, err := c.liveConn(ctx)
+	st, err := c.acquire(ctx)
 	if err != nil {
 		return err
 	}
 	err = fn(st.conn)
-	if err == nil || !isConnFailure(st, err) {
+	lost := err != nil && isConnFailure(st, err)
+	st.unref()
+	if !lost {
 		return err
 	}
 	st.dead.Store(true)
-	st, rerr := c.liveConn(ctx)
+	st, rerr := c.acquire(ctx)
 	if rerr != nil {
 		return fmt.Errorf("%w (reconnect: %v)", err, rerr)
 	}
+	defer st.unref()
 	return fn(st.conn)
 }
+
+// acquire returns a live connection with a reference held for the caller,
+// who drops it with unref once its call returned. libvirt frees a
+// connection at its last reference, and its calls take none: without it,
+// a connection released meanwhile (declared dead by another call, the
+// Client closed) would be freed under a call still using it.
+func (c *Client) acquire(ctx context.Context) (*connState, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st, err := c.liveConnLocked(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.conn.Ref(); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// unref drops a reference acquire took.
+func (st *connState) unref() { _, _ = st.conn.Close() }
 
 // reconnectRetry is how long reconnectWhenLost waits after a reconnect
 // budget ran out before it tries again.
@@ -328,6 +352,11 @@ func (c *Client) reconnectWhenLost(ctx context.Context) {
 func (c *Client) liveConn(ctx context.Context) (*connState, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.liveConnLocked(ctx)
+}
+
+// liveConnLocked is liveConn with c.mu held.
+func (c *Client) liveConnLocked(ctx context.Context) (*connState, error) {
 	if c.closed {
 		return nil, ErrClosed
 	}

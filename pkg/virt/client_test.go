@@ -130,3 +130,45 @@ func TestDialGivesUpWithinBudget(t *testing.T) {
 		t.Errorf("Dial took %v despite a 300ms budget", d)
 	}
 }
+
+// TestReleasedConnectionOutlivesItsCalls declares the connection dead over
+// and over while calls run on it: each drop releases it (in the
+// background) and reconnects, and a call still using the released
+// connection must not find it freed under it (libvirt frees a connection
+// at its last reference, and its calls take none). Without the reference
+// withConn holds, libvirt logged use of freed connections in every run
+// and the test binary crashed with SIGSEGV in one run of three.
+func TestReleasedConnectionOutlivesItsCalls(t *testing.T) {
+	c := dialTest(t)
+	ctx := context.Background()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	calls := 0
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_, _ = c.DomainInfo(ctx, "test")
+			_, _ = c.ListOwned(ctx)
+			calls++
+		}
+	}()
+	drops := 0
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); drops++ {
+		c.mu.Lock()
+		if c.cur != nil {
+			c.cur.dead.Store(true)
+		}
+		c.mu.Unlock()
+		if _, err := c.DomainInfo(ctx, "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	<-done
+	t.Logf("%d drops under %d calls", drops, calls)
+}
