@@ -77,16 +77,14 @@ func newCredentials(ref Ref) (*credentials, error) {
 // a known_hosts file (the ssh binary would read the manager's own
 // configuration) and refuses an unknown host key.
 func credentialsURI(uri, kind, dir string) (string, error) {
-	u, err := url.Parse(transportURI(uri))
+	u, err := url.Parse(uri)
 	if err != nil {
 		return "", err
 	}
 	q := u.Query()
 	switch kind {
 	case tenancy.CredentialsSSH:
-		if u.Scheme == "qemu+ssh" {
-			u.Scheme = libssh2Scheme
-		}
+		u.Scheme = "qemu+libssh2"
 		q.Set("keyfile", filepath.Join(dir, "id"))
 		q.Set("known_hosts", filepath.Join(dir, "known_hosts"))
 		q.Set("known_hosts_verify", "normal")
@@ -96,22 +94,6 @@ func credentialsURI(uri, kind, dir string) (string, error) {
 	}
 	u.RawQuery = q.Encode()
 	return u.String(), nil
-}
-
-// libssh2Scheme is libvirt's libssh2 SSH transport.
-const libssh2Scheme = "qemu+libssh2"
-
-// transportURI is the URI the manager dials for uri: a qemu+libssh URI
-// goes through libvirt's libssh2 transport instead. The libssh transport
-// of libvirt 9 (Debian 12, libssh 0.10) crashes the client process when a
-// volume upload streams while other calls run on the connection (measured:
-// a segmentation fault within seconds, every run), which would take every
-// cluster's reconcile down with it; libssh2 takes the same parameters.
-func transportURI(uri string) string {
-	if rest, ok := strings.CutPrefix(uri, "qemu+libssh://"); ok {
-		return libssh2Scheme + "://" + rest
-	}
-	return uri
 }
 
 // files maps each file of the credentials to the Secret key it comes from.

@@ -140,16 +140,3 @@ func TestPlacementHelpers(t *testing.T) {
 		t.Error("a Ref with credentials is never the manager's own connection")
 	}
 }
-
-func TestTransportURI(t *testing.T) {
-	for _, tc := range []struct{ uri, want string }{
-		{"qemu+libssh://root@kvm1/system", "qemu+libssh2://root@kvm1/system"},
-		{"qemu+libssh2://root@kvm1/system", "qemu+libssh2://root@kvm1/system"},
-		{"qemu+ssh://root@kvm1/system", "qemu+ssh://root@kvm1/system"},
-		{"qemu+tcp://kvm1/system", "qemu+tcp://kvm1/system"},
-	} {
-		if got := transportURI(tc.uri); got != tc.want {
-			t.Errorf("transportURI(%s) = %s; want %s", tc.uri, got, tc.want)
-		}
-	}
-}

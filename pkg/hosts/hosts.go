@@ -173,7 +173,7 @@ func (s *Set) Get(ctx context.Context, ref Ref) (virt.Host, error) {
 }
 
 func (s *Set) open(ctx context.Context, ref Ref) (virt.Host, error) {
-	uri := transportURI(ref.URI)
+	uri := ref.URI
 	var creds *credentials
 	if ref.Secret != "" {
 		var err error

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -395,7 +396,7 @@ func (c *Client) liveConnLocked(ctx context.Context) (*connState, error) {
 // connectLocked opens a connection and arms keepalive, the close callback
 // and the hooks. Called with c.mu held.
 func (c *Client) connectLocked() error {
-	conn, err := libvirt.NewConnect(c.uri)
+	conn, err := libvirt.NewConnect(transportURI(c.uri))
 	if err != nil {
 		return err
 	}
@@ -442,6 +443,20 @@ func (c *Client) connectLocked() error {
 		c.publish(Event{Kind: EventReconnected})
 	}
 	return nil
+}
+
+// transportURI is the URI dialled for uri: a qemu+libssh URI goes through
+// libvirt's libssh2 transport instead, which takes the same parameters.
+// The libssh client of libvirt 9 (Debian 12, libssh 0.10) crashes the
+// process when a volume upload streams while other calls run on the
+// connection (a segmentation fault within seconds, in every run of a
+// program doing both; libssh2 and TCP in none), and with the manager
+// every cluster's reconcile.
+func transportURI(uri string) string {
+	if rest, ok := strings.CutPrefix(uri, "qemu+libssh://"); ok {
+		return "qemu+libssh2://" + rest
+	}
+	return uri
 }
 
 // dropConnLocked releases the current connection, if any. Called with c.mu

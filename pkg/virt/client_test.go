@@ -172,3 +172,16 @@ func TestReleasedConnectionOutlivesItsCalls(t *testing.T) {
 	<-done
 	t.Logf("%d drops under %d calls", drops, calls)
 }
+
+func TestTransportURI(t *testing.T) {
+	for _, tc := range []struct{ uri, want string }{
+		{"qemu+libssh://root@kvm1/system?keyfile=/k", "qemu+libssh2://root@kvm1/system?keyfile=/k"},
+		{"qemu+libssh2://root@kvm1/system", "qemu+libssh2://root@kvm1/system"},
+		{"qemu+ssh://root@kvm1/system", "qemu+ssh://root@kvm1/system"},
+		{"qemu:///system", "qemu:///system"},
+	} {
+		if got := transportURI(tc.uri); got != tc.want {
+			t.Errorf("transportURI(%s) = %s; want %s", tc.uri, got, tc.want)
+		}
+	}
+}
