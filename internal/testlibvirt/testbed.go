@@ -40,26 +40,6 @@ func StartTestbed(t testing.TB, hosts ...string) *Testbed {
 // URI is host's libvirt URI.
 func (tb *Testbed) URI(host string) string { return tb.must("uri", host) }
 
-// SSHURI is host's libvirt URI over SSH, as root.
-func (tb *Testbed) SSHURI(host string) string { return tb.must("ssh-uri", host) }
-
-// SSHCredentials are the private key the hosts' sshds let root in with
-// and the hosts' keys (known_hosts). The test is skipped when the hosts
-// run no sshd (openssh-server is not installed: hack/prepare-host.sh
-// installs it).
-func (tb *Testbed) SSHCredentials() (privateKey, knownHosts []byte) {
-	tb.t.Helper()
-	knownHosts = []byte(tb.must("known-hosts"))
-	if len(knownHosts) == 0 {
-		tb.t.Skip("the test bed's hosts run no sshd: install openssh-server (hack/prepare-host.sh)")
-	}
-	privateKey, err := os.ReadFile(tb.must("ssh-key"))
-	if err != nil {
-		tb.t.Fatal(err)
-	}
-	return privateKey, append(knownHosts, '\n')
-}
-
 // Stop stops host's libvirtd (its guests keep running).
 func (tb *Testbed) Stop(host string) { tb.must("stop", host) }
 
