@@ -68,7 +68,7 @@ func (e endpoint) static() (services.Result, error) {
 	if err := tenancy.CheckStaticAddress(e.lb.trafficFilter); err != nil {
 		return services.Result{}, services.Fail(infrav1.UnsupportedNetworkReason, services.Requeue(0, "static address filtered"), "%v", err)
 	}
-	ip, err := StaticAddress(s.LibvirtCluster)
+	ip, err := staticAddress(s.LibvirtCluster)
 	if err != nil {
 		return services.Result{}, services.Fail(infrav1.ControlPlaneEndpointMissingReason, services.Requeue(0, "no static endpoint"), "%v", err)
 	}
@@ -77,9 +77,9 @@ func (e endpoint) static() (services.Result, error) {
 	return services.Result{}, nil
 }
 
-// StaticAddress is the address the HAProxy VM holds on a host bridge: the
+// staticAddress is the address the HAProxy VM holds on a host bridge: the
 // endpoint's host, which must be an IP address.
-func StaticAddress(lc *infrav1.LibvirtCluster) (netip.Addr, error) {
+func staticAddress(lc *infrav1.LibvirtCluster) (netip.Addr, error) {
 	host := lc.Spec.ControlPlaneEndpoint.Host
 	if host == "" {
 		return netip.Addr{}, fmt.Errorf("on host bridge %s the HAProxy VM serves spec.controlPlaneEndpoint.host as a static address: set it to a free address of the LAN, outside its DHCP range", lc.Spec.Network.Bridge)
@@ -98,7 +98,7 @@ func (svc *Service) networkConfig() ([]byte, error) {
 	if svc.vm.Network().Bridge == "" {
 		return nil, nil
 	}
-	ip, err := StaticAddress(svc.scope.LibvirtCluster)
+	ip, err := staticAddress(svc.scope.LibvirtCluster)
 	if err != nil {
 		return nil, err
 	}
