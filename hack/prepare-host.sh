@@ -9,7 +9,7 @@ set -euo pipefail
 packages=(
   libvirt-daemon-system libvirt-dev pkg-config gcc libseccomp-dev
   qemu-system-x86 qemu-utils dnsmasq-base iproute2
-  genisoimage haproxy openssh-server
+  genisoimage haproxy openssh-server openssl
   mmdebstrap grub-pc-bin grub2-common fdisk e2fsprogs util-linux
   curl ca-certificates
 )

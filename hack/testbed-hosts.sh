@@ -3,9 +3,10 @@
 # each host is a libvirtd (with its virtlogd) in its own network and mount
 # namespace, with its own /run, /etc/libvirt, /var/lib/libvirt,
 # /var/log/libvirt and /var/cache/libvirt, listening on qemu+tcp:// at its
-# address on a shared LAN, and reachable over qemu+ssh:// through an sshd
-# in the same namespaces (when openssh-server is installed) that lets in
-# root with the test bed's key only. Each host's bridge br0 is joined to the LAN
+# address on a shared LAN, on qemu+tls:// with certificates of the test
+# bed's own CA (client certificates required), and reachable over
+# qemu+ssh:// through an sshd in the same namespaces (when openssh-server
+# is installed) that lets in root with the test bed's key only. Each host's bridge br0 is joined to the LAN
 # through a veth pair, like a machine plugged into a home router's switch;
 # the "router" is a namespace with the LAN bridge and a dnsmasq handing out
 # addresses. This machine (the management side) is on the LAN too.
@@ -19,6 +20,10 @@
 #   hack/testbed-hosts.sh start HOST        start HOST's libvirtd again
 #   hack/testbed-hosts.sh uri HOST          print HOST's libvirt URI
 #   hack/testbed-hosts.sh ssh-uri HOST      print HOST's libvirt URI over SSH
+#   hack/testbed-hosts.sh tls-uri HOST      print HOST's libvirt URI over TLS
+#   hack/testbed-hosts.sh tls-client        print the directory of the client's
+#                                           TLS files (cacert.pem, clientcert.pem,
+#                                           clientkey.pem), libvirt's pkipath
 #   hack/testbed-hosts.sh ssh-key           print the path of the SSH private key
 #                                           the hosts let in
 #   hack/testbed-hosts.sh known-hosts       print the hosts' SSH keys (known_hosts)
@@ -43,6 +48,8 @@ addr_of() { cat "$dir/hosts/$1/addr"; }
 uri_of() { echo "qemu+tcp://$(addr_of "$1")/system"; }
 
 ssh_uri_of() { echo "qemu+ssh://root@$(addr_of "$1")/system"; }
+
+tls_uri_of() { echo "qemu+tls://$(addr_of "$1")/system"; }
 
 # pid_alive tells whether the process in pid file $1 runs (and is no zombie).
 pid_alive() {
@@ -125,6 +132,40 @@ libvirtd_stop() {
   kill -9 "$pid" || true
 }
 
+# tls_sign signs a certificate for subject $2 with extensions $3 by the
+# test bed's CA, key and certificate to $1.key and $1.pem.
+tls_sign() {
+  openssl req -new -newkey rsa:2048 -nodes -keyout "$1.key" -subj "$2" -out "$1.csr" 2>/dev/null
+  printf '%b' "$3" >"$1.ext"
+  openssl x509 -req -in "$1.csr" -CA "$dir/pki/ca.pem" -CAkey "$dir/pki/ca.key" -CAcreateserial \
+    -days 2 -extfile "$1.ext" -out "$1.pem" 2>/dev/null
+  rm -f "$1.csr" "$1.ext"
+}
+
+# tls_ca makes the test bed's CA and the client certificate it signs, once,
+# with the client's files named as libvirt's pkipath wants them.
+tls_ca() {
+  [[ -f $dir/pki/client/clientcert.pem ]] && return 0
+  mkdir -p "$dir/pki/client"
+  chmod 0700 "$dir/pki"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$dir/pki/ca.key" -out "$dir/pki/ca.pem" -days 2 \
+    -subj /CN=capl-testbed-ca 2>/dev/null
+  tls_sign "$dir/pki/client/client" /CN=capl-testbed-client \
+    'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n'
+  mv "$dir/pki/client/client.pem" "$dir/pki/client/clientcert.pem"
+  mv "$dir/pki/client/client.key" "$dir/pki/client/clientkey.pem"
+  cp "$dir/pki/ca.pem" "$dir/pki/client/cacert.pem"
+}
+
+# tls_server makes host $1's server certificate, for its LAN address.
+tls_server() {
+  local hd="$dir/hosts/$1"
+  tls_ca
+  mkdir -p "$hd/pki"
+  tls_sign "$hd/pki/server" "/CN=$(addr_of "$1")" \
+    "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:$(addr_of "$1")\n"
+}
+
 # ssh_client_key makes the key pair the hosts' sshds let in, once.
 ssh_client_key() {
   [[ -f $dir/ssh/id_ed25519 ]] && return 0
@@ -175,11 +216,16 @@ host_up() {
     # but the same nwfilters (clean-traffic) and QEMU settings.
     cp /etc/libvirt/qemu.conf /etc/libvirt/virtlogd.conf "$hd/etc/"
     cp -r /etc/libvirt/nwfilter "$hd/etc/"
+    tls_server "$h"
     cat >"$hd/etc/libvirtd.conf" <<EOF
-listen_tls = 0
+listen_tls = 1
 listen_tcp = 1
 listen_addr = "$(addr_of "$h")"
 auth_tcp = "none"
+auth_tls = "none"
+key_file = "$hd/pki/server.key"
+cert_file = "$hd/pki/server.pem"
+ca_file = "$dir/pki/ca.pem"
 EOF
     ip netns add "$ns"
     ip -n "$ns" link set lo up
@@ -243,6 +289,8 @@ case $cmd in
   uri) uri_of "$1" ;;
   ssh-uri) ssh_uri_of "$1" ;;
   ssh-key) echo "$dir/ssh/id_ed25519" ;;
+  tls-uri) tls_uri_of "$1" ;;
+  tls-client) echo "$dir/pki/client" ;;
   known-hosts)
     for hd in "$dir"/hosts/*/; do
       [[ -f $hd/ssh/ssh_host_ed25519_key.pub ]] || continue

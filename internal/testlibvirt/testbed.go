@@ -40,6 +40,45 @@ func StartTestbed(t testing.TB, hosts ...string) *Testbed {
 // URI is host's libvirt URI.
 func (tb *Testbed) URI(host string) string { return tb.must("uri", host) }
 
+// SSHURI is host's libvirt URI over SSH, as root.
+func (tb *Testbed) SSHURI(host string) string { return tb.must("ssh-uri", host) }
+
+// SSHCredentials are the private key the hosts' sshds let root in with
+// and the hosts' keys (known_hosts). The test is skipped when the hosts
+// run no sshd (openssh-server is not installed: hack/prepare-host.sh
+// installs it).
+func (tb *Testbed) SSHCredentials() (privateKey, knownHosts []byte) {
+	tb.t.Helper()
+	knownHosts = []byte(tb.must("known-hosts"))
+	if len(knownHosts) == 0 {
+		tb.t.Skip("the test bed's hosts run no sshd: install openssh-server (hack/prepare-host.sh)")
+	}
+	privateKey, err := os.ReadFile(tb.must("ssh-key"))
+	if err != nil {
+		tb.t.Fatal(err)
+	}
+	return privateKey, append(knownHosts, '\n')
+}
+
+// TLSURI is host's libvirt URI over TLS.
+func (tb *Testbed) TLSURI(host string) string { return tb.must("tls-uri", host) }
+
+// TLSCredentials are the client certificate and key the hosts' libvirtds
+// accept (signed by the test bed's CA) and that CA's certificate, which
+// signed the hosts' server certificates too.
+func (tb *Testbed) TLSCredentials() (cert, key, ca []byte) {
+	tb.t.Helper()
+	dir := tb.must("tls-client")
+	read := func(name string) []byte {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			tb.t.Fatal(err)
+		}
+		return data
+	}
+	return read("clientcert.pem"), read("clientkey.pem"), read("cacert.pem")
+}
+
 // Stop stops host's libvirtd (its guests keep running).
 func (tb *Testbed) Stop(host string) { tb.must("stop", host) }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -16,32 +17,40 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // TestLoadBalancerOnBridge runs a cluster's HAProxy VM on a libvirt host
-// whose machines sit on a host bridge, the LAN of hack/testbed-hosts.sh:
-// no DHCP server of ours can reserve the VM's address there, so it takes
-// its own from the LAN's DHCP server and holds the user's endpoint as a
-// static address. The endpoint serves from the manager's side of the LAN,
-// and deleting the cluster leaves nothing on the host.
+// reached over SSH (the OpenSSH client, with a credentialsRef Secret's
+// private key and known_hosts), whose machines sit on a host bridge, the LAN of
+// hack/testbed-hosts.sh: no DHCP server of ours can reserve the VM's
+// address there, so it takes its own from the LAN's DHCP server and holds
+// the user's endpoint as a static address. The endpoint serves from the
+// manager's side of the LAN, and deleting the cluster leaves nothing on
+// the host.
 func TestLoadBalancerOnBridge(t *testing.T) {
 	testlibvirt.URI(t)
 	tb := testlibvirt.StartTestbed(t, "a")
-	uriA := tb.URI("a")
+	sshA := tb.SSHURI("a")
+	key, knownHosts := tb.SSHCredentials()
 	h := newClusterHarness(t)
-	h.options = func(o *manager.Options) { o.LibvirtURIs = []string{uriA} }
+	h.options = func(o *manager.Options) { o.LibvirtURIs = []string{sshA} }
 	h.startProvider(nil)
-	hostA := testlibvirt.Client(t, uriA)
+	// The test itself looks at the host over TCP.
+	hostA := testlibvirt.Client(t, tb.URI("a"))
+	must(t, h.c.Create(h.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "capl-hosts"},
+		Data: map[string][]byte{hosts.SSHPrivateKeyKey: key, hosts.KnownHostsKey: knownHosts}}))
 
 	const name = "lbb"
 	const endpoint = "10.231.0.240" // outside the LAN's DHCP range (.100-.199)
 	lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: name,
 		Labels: map[string]string{clusterv1.ClusterNameLabel: name}}}
 	lc.Spec.Network.Bridge = "br0"
-	lc.Spec.FailureDomains = []infrav1.FailureDomainSpec{{Name: "host-a", URI: uriA, ControlPlane: ptr.To(true)}}
+	lc.Spec.FailureDomains = []infrav1.FailureDomainSpec{{Name: "host-a", URI: sshA, ControlPlane: ptr.To(true),
+		CredentialsRef: &infrav1.SecretReference{Name: "capl-hosts"}}}
 	lc.Spec.ControlPlaneEndpoint = clusterv1.APIEndpoint{Host: endpoint, Port: 6443}
 	lc.Spec.StoragePool = infrav1.StoragePool{Name: "capl-lbb", Path: "/var/lib/libvirt/capl-lbb"}
 	lc.Spec.LoadBalancer = infrav1.LoadBalancer{Type: infrav1.LoadBalancerHAProxy, VirtualHardware: tcgHardware(),

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -17,6 +18,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -26,7 +28,8 @@ import (
 var lanPrefix = netip.MustParsePrefix("10.231.0.0/24")
 
 // TestMultiHost places one cluster's machines on two real libvirt hosts
-// sharing a LAN through their bridges: each machine runs on the host of
+// sharing a LAN through their bridges, one over TCP, the other over TLS
+// with a credentialsRef: each machine runs on the host of
 // its failure domain with an address from the LAN's DHCP server read
 // through the guest agent; a host whose libvirtd stops marks its machine
 // HostUnreachable while the other host's machines go on; the machine
@@ -35,10 +38,15 @@ var lanPrefix = netip.MustParsePrefix("10.231.0.0/24")
 func TestMultiHost(t *testing.T) {
 	testlibvirt.URI(t)
 	tb := testlibvirt.StartTestbed(t, "a", "b")
-	uriA, uriB := tb.URI("a"), tb.URI("b")
+	// Host b is reached over TLS with a credentialsRef Secret (client
+	// certificate, key and CA); the test itself looks at it over TCP.
+	uriA, uriB := tb.URI("a"), tb.TLSURI("b")
 	h := newHarness(t)
 	h.options = func(o *manager.Options) { o.LibvirtURIs = []string{uriA, uriB} }
 	h.startProvider(nil)
+	cert, key, ca := tb.TLSCredentials()
+	must(t, h.c.Create(h.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "capl-host-b"},
+		Data: map[string][]byte{hosts.TLSCertKey: cert, hosts.TLSKeyKey: key, hosts.CACertKey: ca}}))
 
 	const cluster = "mh"
 	const pool = "capl-mh"
@@ -51,7 +59,7 @@ func TestMultiHost(t *testing.T) {
 	lc.Spec.StoragePool = infrav1.StoragePool{Name: pool, Path: "/var/lib/libvirt/" + pool}
 	lc.Spec.FailureDomains = []infrav1.FailureDomainSpec{
 		{Name: "host-a", URI: uriA, ControlPlane: ptr.To(true)},
-		{Name: "host-b", URI: uriB},
+		{Name: "host-b", URI: uriB, CredentialsRef: &infrav1.SecretReference{Name: "capl-host-b"}},
 	}
 	must(t, h.c.Create(h.ctx, lc))
 	c := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: cluster}}
@@ -63,7 +71,7 @@ func TestMultiHost(t *testing.T) {
 	lc.Status.Ready = true
 	must(t, h.c.Status().Update(h.ctx, lc))
 
-	hostA, hostB := testlibvirt.Client(t, uriA), testlibvirt.Client(t, uriB)
+	hostA, hostB := testlibvirt.Client(t, uriA), testlibvirt.Client(t, tb.URI("b"))
 	start := time.Now()
 	h.createMachine("mh-a", machineOpts{cluster: cluster, withData: true, userData: bootUserData(), failureDomain: "host-a"})
 	h.createMachine("mh-b", machineOpts{cluster: cluster, withData: true, userData: bootUserData(), failureDomain: "host-b"})

@@ -1,11 +1,13 @@
 package hosts
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -35,7 +37,9 @@ const (
 
 // CredentialsDir is where connections' credentials are written, one
 // directory (0700, files 0600) per connection, removed when it closes:
-// libvirt's transports read keys and certificates from files only.
+// libvirt's transports read keys and certificates from files only. A
+// qemu+ssh connection also runs a wrapper script from there, so it must
+// not be mounted noexec.
 var CredentialsDir = os.TempDir()
 
 // credentials are the files one connection's transport reads, written
@@ -65,36 +69,136 @@ func newCredentials(ref Ref) (*credentials, error) {
 		return nil, fmt.Errorf("making a directory for the credentials of %s: %w", ref.String(), err)
 	}
 	c := &credentials{ref: ref, kind: kind, dir: dir}
-	if c.uri, err = credentialsURI(ref.URI, kind, dir); err != nil {
+	if c.uri, err = credentialsURI(ref.URI, kind, dir); err == nil {
+		err = c.writeSSHClient()
+	}
+	if err != nil {
 		c.remove()
 		return nil, err
 	}
 	return c, nil
 }
 
+// writeSSHClient writes the OpenSSH client's configuration and wrapper
+// when the connection runs it.
+func (c *credentials) writeSSHClient() error {
+	if !runsOpenSSH(c.ref.URI) {
+		return nil
+	}
+	ssh, err := exec.LookPath("ssh")
+	if err != nil {
+		return fmt.Errorf("libvirt URI %s runs the OpenSSH client, which the manager cannot find: %w", c.ref.URI, err)
+	}
+	if strings.ContainsAny(c.dir, "\"\n") {
+		return fmt.Errorf("credentials directory %q: a double quote or a line break cannot be written into an ssh_config", c.dir)
+	}
+	if err := writePrivate(filepath.Join(c.dir, sshConfigFile), []byte(sshConfig(c.dir))); err != nil {
+		return err
+	}
+	wrapper := filepath.Join(c.dir, sshWrapperFile)
+	if err := writePrivate(wrapper, []byte(sshWrapper(ssh, c.dir))); err != nil {
+		return err
+	}
+	return os.Chmod(wrapper, 0o700)
+}
+
 // credentialsURI is uri with the transport options that make it use the
-// files in dir. SSH goes through libvirt's libssh2 transport, which takes
-// a known_hosts file (the ssh binary would read the manager's own
-// configuration) and refuses an unknown host key.
+// files in dir.
+//
+// qemu+ssh runs the OpenSSH client, as libvirt does by default, but
+// through a wrapper in dir that hands it a configuration of its own
+// (sshConfig): the tenant's key and known_hosts only, never the manager's
+// keys, agent or ~/.ssh/config. The URI's libssh transports go through
+// libvirt's libssh2 client, which takes a key file and a known_hosts file
+// as parameters. The OpenSSH client is the default because libvirt's
+// embedded SSH clients proved fragile under a volume stream (libssh
+// crashed the process; libssh2 once stalled a read-back for minutes),
+// while to libvirt the OpenSSH client is a pipe, like a TCP socket.
 func credentialsURI(uri, kind, dir string) (string, error) {
 	u, err := url.Parse(uri)
 	if err != nil {
 		return "", err
 	}
 	q := u.Query()
-	switch kind {
-	case tenancy.CredentialsSSH:
+	switch {
+	case kind == tenancy.CredentialsTLS:
+		q.Set("pkipath", dir)
+	case runsOpenSSH(uri):
+		q.Set("command", filepath.Join(dir, sshWrapperFile))
+		q.Set("no_tty", "1")
+	default:
 		u.Scheme = "qemu+libssh2"
 		q.Set("keyfile", filepath.Join(dir, "id"))
 		q.Set("known_hosts", filepath.Join(dir, "known_hosts"))
 		q.Set("known_hosts_verify", "normal")
 		q.Set("sshauth", "privkey")
-	case tenancy.CredentialsTLS:
-		q.Set("pkipath", dir)
 	}
 	u.RawQuery = q.Encode()
 	return u.String(), nil
 }
+
+// runsOpenSSH tells whether libvirt reaches uri through the OpenSSH client.
+func runsOpenSSH(uri string) bool {
+	u, err := url.Parse(uri)
+	return err == nil && strings.EqualFold(u.Scheme, "qemu+ssh")
+}
+
+// The files the OpenSSH transport adds to a credentials directory.
+const (
+	sshConfigFile  = "ssh_config"
+	sshWrapperFile = "ssh"
+)
+
+// sshConfig is the OpenSSH client configuration of a connection whose
+// files are in dir. It is the only configuration the client reads (-F):
+// strict host key checking against the Secret's known_hosts, public-key
+// authentication with the Secret's key alone (no agent, no default
+// identities, no Kerberos), no proxy, multiplexing or forwarding that a
+// configuration on the manager's side could have added, and keepalives
+// that end a connection whose host went silent.
+func sshConfig(dir string) string {
+	return strings.Join([]string{
+		"Host *",
+		"  UserKnownHostsFile " + quoteSSHConfig(filepath.Join(dir, "known_hosts")),
+		"  GlobalKnownHostsFile none",
+		"  StrictHostKeyChecking yes",
+		"  UpdateHostKeys no",
+		"  CheckHostIP no",
+		"  IdentityFile " + quoteSSHConfig(filepath.Join(dir, "id")),
+		"  IdentitiesOnly yes",
+		"  IdentityAgent none",
+		"  PreferredAuthentications publickey",
+		"  PasswordAuthentication no",
+		"  KbdInteractiveAuthentication no",
+		"  GSSAPIAuthentication no",
+		"  BatchMode yes",
+		"  ProxyCommand none",
+		"  ProxyJump none",
+		"  ControlMaster no",
+		"  ControlPath none",
+		"  PermitLocalCommand no",
+		"  ForwardAgent no",
+		"  ForwardX11 no",
+		"  ClearAllForwardings yes",
+		"  ConnectTimeout 15",
+		"  ServerAliveInterval 10",
+		"  ServerAliveCountMax 3",
+		"",
+	}, "\n")
+}
+
+// sshWrapper is the program libvirt runs instead of ssh: the ssh binary
+// with the connection's own configuration, libvirt's arguments passed on.
+func sshWrapper(ssh, dir string) string {
+	return "#!/bin/sh\nexec " + quoteShell(ssh) + " -F " + quoteShell(filepath.Join(dir, sshConfigFile)) + " \"$@\"\n"
+}
+
+// quoteSSHConfig quotes a path for ssh_config, which takes double quotes;
+// credentials directories never hold a double quote (checked on creation).
+func quoteSSHConfig(path string) string { return `"` + path + `"` }
+
+// quoteShell quotes s for sh in single quotes.
+func quoteShell(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // files maps each file of the credentials to the Secret key it comes from.
 func (c *credentials) files() map[string]string {
@@ -127,7 +231,13 @@ func (c *credentials) refresh(ctx context.Context, secrets client.Reader) error 
 			c.kind, strings.Join(missing, ", "))
 	}
 	for name, key := range c.files() {
-		if err := writePrivate(filepath.Join(c.dir, name), secret.Data[key]); err != nil {
+		data := secret.Data[key]
+		if key == SSHPrivateKeyKey && !bytes.HasSuffix(data, []byte("\n")) {
+			// OpenSSH reads no key whose last line is unterminated, as
+			// one pasted into a Secret's stringData often is.
+			data = append(bytes.Clone(data), '\n')
+		}
+		if err := writePrivate(filepath.Join(c.dir, name), data); err != nil {
 			return err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -25,21 +26,30 @@ func TestCredentials(t *testing.T) {
 		wantURI   string // scheme://host/path the transport uses
 		wantQuery []string
 		wantFiles map[string]string
+		wantExec  []string // files the transport runs (0700)
 		wantErr   string
 	}{
 		{
-			name:    "ssh through libssh2 with known_hosts",
+			name:    "ssh through the OpenSSH client with a configuration of its own",
 			uri:     "qemu+ssh://root@kvm1/system",
 			data:    map[string][]byte{SSHPrivateKeyKey: []byte("KEY"), KnownHostsKey: []byte("kvm1 ssh-ed25519 AAAA")},
-			wantURI: "qemu+libssh2://root@kvm1/system", wantQuery: []string{"keyfile", "known_hosts", "known_hosts_verify=normal", "sshauth=privkey"},
-			wantFiles: map[string]string{"id": "KEY", "known_hosts": "kvm1 ssh-ed25519 AAAA"},
+			wantURI: "qemu+ssh://root@kvm1/system", wantQuery: []string{"command", "no_tty=1"},
+			wantFiles: map[string]string{"id": "KEY\n", "known_hosts": "kvm1 ssh-ed25519 AAAA"},
+			wantExec:  []string{sshWrapperFile},
 		},
 		{
 			name:    "libssh through libssh2, whose client does not crash",
 			uri:     "qemu+libssh://root@kvm1/system",
-			data:    map[string][]byte{SSHPrivateKeyKey: []byte("KEY"), KnownHostsKey: []byte("kvm1 ssh-ed25519 AAAA")},
+			data:    map[string][]byte{SSHPrivateKeyKey: []byte("KEY\n"), KnownHostsKey: []byte("kvm1 ssh-ed25519 AAAA")},
 			wantURI: "qemu+libssh2://root@kvm1/system", wantQuery: []string{"keyfile", "known_hosts", "known_hosts_verify=normal", "sshauth=privkey"},
-			wantFiles: map[string]string{"id": "KEY", "known_hosts": "kvm1 ssh-ed25519 AAAA"},
+			wantFiles: map[string]string{"id": "KEY\n", "known_hosts": "kvm1 ssh-ed25519 AAAA"},
+		},
+		{
+			name:    "libssh2 as asked",
+			uri:     "qemu+libssh2://root@kvm1/system",
+			data:    map[string][]byte{SSHPrivateKeyKey: []byte("KEY\n"), KnownHostsKey: []byte("kvm1 ssh-ed25519 AAAA")},
+			wantURI: "qemu+libssh2://root@kvm1/system", wantQuery: []string{"keyfile", "known_hosts", "known_hosts_verify=normal", "sshauth=privkey"},
+			wantFiles: map[string]string{"id": "KEY\n", "known_hosts": "kvm1 ssh-ed25519 AAAA"},
 		},
 		{
 			name:    "tls through pkipath",
@@ -101,11 +111,76 @@ func TestCredentials(t *testing.T) {
 					t.Errorf("%s mode %v (%v); want 0600", name, info.Mode(), err)
 				}
 			}
+			for _, name := range tc.wantExec {
+				if info, err := os.Stat(filepath.Join(c.dir, name)); err != nil || info.Mode().Perm() != 0o700 {
+					t.Errorf("%s mode %v (%v); want 0700", name, info.Mode(), err)
+				}
+			}
 			c.remove()
 			if _, err := os.Stat(c.dir); !os.IsNotExist(err) {
 				t.Errorf("credentials directory %s left after remove (%v)", c.dir, err)
 			}
 		})
+	}
+}
+
+// TestOpenSSHConfiguration asks the OpenSSH client itself (ssh -G, which
+// prints the configuration it would connect with, without connecting)
+// what the wrapper of a qemu+ssh connection makes it do: only the
+// Secret's key and known_hosts, strict host key checking, no agent and
+// nothing from the manager's own ~/.ssh/config.
+func TestOpenSSHConfiguration(t *testing.T) {
+	if _, err := exec.LookPath("ssh"); err != nil {
+		t.Skip("no OpenSSH client (openssh-client)")
+	}
+	CredentialsDir = t.TempDir()
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("SSH_AUTH_SOCK", filepath.Join(home, "agent.sock"))
+	must(t, os.MkdirAll(filepath.Join(home, ".ssh"), 0o700))
+	// What an operator's own configuration might say, none of which may
+	// reach a tenant's connection.
+	must(t, os.WriteFile(filepath.Join(home, ".ssh", "config"), []byte(
+		"Host *\n  StrictHostKeyChecking no\n  ProxyCommand nc %h %p\n  IdentityFile ~/.ssh/operator\n  ForwardAgent yes\n"), 0o600))
+	c, err := newCredentials(Ref{URI: "qemu+ssh://root@kvm1:2222/system", Namespace: "ns1", Secret: "kvm1"})
+	must(t, err)
+	defer c.remove()
+	out, err := exec.Command(filepath.Join(c.dir, sshWrapperFile), "-G", "-p", "2222", "-l", "root", "--", "kvm1").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ssh -G through the wrapper: %v\n%s", err, out)
+	}
+	got := map[string][]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		k, v, _ := strings.Cut(line, " ")
+		got[k] = append(got[k], v)
+	}
+	for key, want := range map[string]string{
+		"stricthostkeychecking": "true",
+		"userknownhostsfile":    filepath.Join(c.dir, "known_hosts"),
+		"globalknownhostsfile":  "none",
+		"identityfile":          filepath.Join(c.dir, "id"),
+		"identitiesonly":        "yes",
+		"identityagent":         "none",
+		"batchmode":             "yes",
+		"forwardagent":          "no",
+		"port":                  "2222",
+		"user":                  "root",
+		"hostname":              "kvm1",
+		"serveraliveinterval":   "10",
+	} {
+		if strings.Join(got[key], ",") != want {
+			t.Errorf("ssh -G %s = %q; want %q", key, got[key], want)
+		}
+	}
+	if p := got["proxycommand"]; len(p) > 0 && p[0] != "none" {
+		t.Errorf("ssh -G proxycommand = %q: the manager's ~/.ssh/config reached a tenant's connection", p)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
