@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -23,6 +24,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -50,11 +52,22 @@ func (s *suite) multiHostScenario(t *testing.T) {
 	stop := s.rep.phase("multi-host: start two libvirt hosts (hack/testbed-hosts.sh)")
 	s.mh.testbed = testlibvirt.StartTestbed(t, "a", "b")
 	stop()
-	s.mh.uriA, s.mh.uriB = s.mh.testbed.URI("a"), s.mh.testbed.URI("b")
+	// The manager reaches host a over SSH and host b over TLS, each with a
+	// credentialsRef Secret, as a homelab would; the test looks at the
+	// hosts over TCP.
+	s.mh.uriA, s.mh.uriB = s.mh.testbed.SSHURI("a"), s.mh.testbed.TLSURI("b")
+	key, knownHosts := s.mh.testbed.SSHCredentials()
+	cert, certKey, ca := s.mh.testbed.TLSCredentials()
+	for name, data := range map[string]map[string][]byte{
+		"capl-host-a": {hosts.SSHPrivateKeyKey: key, hosts.KnownHostsKey: knownHosts},
+		"capl-host-b": {hosts.TLSCertKey: cert, hosts.TLSKeyKey: certKey, hosts.CACertKey: ca},
+	} {
+		must(t, s.c.Create(s.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name}, Data: data}))
+	}
 	for _, h := range []struct {
 		uri string
 		dst **virt.Client
-	}{{s.mh.uriA, &s.mh.hostA}, {s.mh.uriB, &s.mh.hostB}} {
+	}{{s.mh.testbed.URI("a"), &s.mh.hostA}, {s.mh.testbed.URI("b"), &s.mh.hostB}} {
 		c, err := virt.Dial(s.ctx, h.uri, virt.WithReconnectBudget(5*time.Second))
 		must(t, err)
 		t.Cleanup(func() { _ = c.Close() })
@@ -96,8 +109,8 @@ func (s *suite) createMultiHost(t *testing.T) {
 				"spec", "loadBalancer", "image"))
 			must(t, unstructured.SetNestedMap(o.Object, map[string]any{"host": multiHostEndpoint, "port": int64(6443)}, "spec", "controlPlaneEndpoint"))
 			must(t, unstructured.SetNestedSlice(o.Object, []any{
-				map[string]any{"name": "host-a", "uri": s.mh.uriA, "controlPlane": true},
-				map[string]any{"name": "host-b", "uri": s.mh.uriB},
+				map[string]any{"name": "host-a", "uri": s.mh.uriA, "controlPlane": true, "credentialsRef": map[string]any{"name": "capl-host-a"}},
+				map[string]any{"name": "host-b", "uri": s.mh.uriB, "credentialsRef": map[string]any{"name": "capl-host-b"}},
 			}, "spec", "failureDomains"))
 		case "LibvirtMachineTemplate":
 			must(t, unstructured.SetNestedMap(o.Object, image, "spec", "template", "spec", "image"))
@@ -109,7 +122,7 @@ func (s *suite) createMultiHost(t *testing.T) {
 	s.k8s.applied = time.Now()
 	t.Logf("multi-host kubeadm cluster %s applied: control plane and HAProxy VM on %s, worker on %s, endpoint %s:6443",
 		kubeadmName, s.mh.uriA, s.mh.uriB, multiHostEndpoint)
-	s.rep.note("Multi-host: Kubernetes %s over two libvirt hosts of hack/testbed-hosts.sh (libvirtds in their own network and mount namespaces on this machine, bridges on one LAN with dnsmasq DHCP), control plane and the HAProxy VM (holding the endpoint %s as a static address on the LAN) in failure domain host-a, worker in host-b; TCG tuning as make up.", version, multiHostEndpoint)
+	s.rep.note("Multi-host: Kubernetes %s over two libvirt hosts of hack/testbed-hosts.sh (libvirtds in their own network and mount namespaces on this machine, bridges on one LAN with dnsmasq DHCP; host a reached over qemu+ssh, host b over qemu+tls, each with a credentialsRef Secret), control plane and the HAProxy VM (holding the endpoint %s as a static address on the LAN) in failure domain host-a, worker in host-b; TCG tuning as make up.", version, multiHostEndpoint)
 }
 
 // multiHostReady waits for both nodes Ready and checks placement: each

@@ -6,10 +6,11 @@
 # address on a shared LAN, on qemu+tls:// with certificates of the test
 # bed's own CA (client certificates required), and reachable over
 # qemu+ssh:// through an sshd in the same namespaces (when openssh-server
-# is installed) that lets in root with the test bed's key only. Each host's bridge br0 is joined to the LAN
-# through a veth pair, like a machine plugged into a home router's switch;
-# the "router" is a namespace with the LAN bridge and a dnsmasq handing out
-# addresses. This machine (the management side) is on the LAN too.
+# is installed) that lets in root with the test bed's key only. Each
+# host's bridge br0 is joined to the LAN through a veth pair, like a
+# machine plugged into a home router's switch; the "router" is a namespace
+# with the LAN bridge and a dnsmasq handing out addresses. This machine
+# (the management side) is on the LAN too.
 #
 #   LAN 10.231.0.0/24: .1 this machine (capl-lan), .2 router: DHCP (.100-.199) and DNS,
 #   .11, .12, ... the hosts' br0, in the order named.
