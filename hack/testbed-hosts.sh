@@ -19,6 +19,10 @@
 #   hack/testbed-hosts.sh up [host...]      start hosts (default: a b); prints their URIs
 #   hack/testbed-hosts.sh stop HOST         stop HOST's libvirtd (its guests keep running)
 #   hack/testbed-hosts.sh start HOST        start HOST's libvirtd again
+#   hack/testbed-hosts.sh unplug HOST       pull HOST's cable: its link to the LAN
+#                                           goes down (a power cut, as the network
+#                                           sees it: nothing answers, nothing closes)
+#   hack/testbed-hosts.sh plug HOST         plug it back in
 #   hack/testbed-hosts.sh uri HOST          print HOST's libvirt URI
 #   hack/testbed-hosts.sh ssh-uri HOST      print HOST's libvirt URI over SSH
 #   hack/testbed-hosts.sh tls-uri HOST      print HOST's libvirt URI over TLS
@@ -287,6 +291,8 @@ case $cmd in
     ;;
   stop) libvirtd_stop "$1" ;;
   start) libvirtd_start "$1" ;;
+  unplug) ip -n "$router_ns" link set "capl-$1-lan" down ;;
+  plug) ip -n "$router_ns" link set "capl-$1-lan" up ;;
   uri) uri_of "$1" ;;
   ssh-uri) ssh_uri_of "$1" ;;
   ssh-key) echo "$dir/ssh/id_ed25519" ;;

@@ -85,6 +85,14 @@ func (tb *Testbed) Stop(host string) { tb.must("stop", host) }
 // Start starts host's libvirtd again.
 func (tb *Testbed) Start(host string) { tb.must("start", host) }
 
+// Unplug takes host off the LAN, its daemons and guests running: to the
+// manager it is a host that lost power, whose connections end only when
+// keepalive gives up.
+func (tb *Testbed) Unplug(host string) { tb.must("unplug", host) }
+
+// Plug puts host back on the LAN.
+func (tb *Testbed) Plug(host string) { tb.must("plug", host) }
+
 func (tb *Testbed) run(args ...string) (string, error) {
 	cmd := exec.Command(tb.script, args...)
 	cmd.Env = append(os.Environ(), "CAPL_TESTBED_DIR="+tb.dir)

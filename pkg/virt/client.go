@@ -376,7 +376,7 @@ func (c *Client) liveConnLocked(ctx context.Context) (*connState, error) {
 			return c.cur, nil
 		}
 		if time.Now().Add(delay).After(deadline) {
-			err = fmt.Errorf("connecting to %s: %w", c.uri, err)
+			err = fmt.Errorf("connecting to %s: %w", displayURI(c.uri), err)
 			c.setReachable(false, err)
 			return nil, err
 		}
@@ -384,7 +384,7 @@ func (c *Client) liveConnLocked(ctx context.Context) (*connState, error) {
 		// pile onto the same dead socket; they wait for this attempt instead.
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("connecting to %s: %w (last error: %v)", c.uri, ctx.Err(), err)
+			return nil, fmt.Errorf("connecting to %s: %w (last error: %v)", displayURI(c.uri), ctx.Err(), err)
 		case <-c.ctx.Done():
 			return nil, ErrClosed
 		case <-time.After(delay):
@@ -443,6 +443,14 @@ func (c *Client) connectLocked() error {
 		c.publish(Event{Kind: EventReconnected})
 	}
 	return nil
+}
+
+// displayURI is uri as errors name it, which end up in conditions that
+// tenants read: without its query, whose transport parameters (pkipath,
+// command, keyfile) name files on the manager's side.
+func displayURI(uri string) string {
+	base, _, _ := strings.Cut(uri, "?")
+	return base
 }
 
 // transportURI is the URI dialled for uri: a qemu+libssh URI goes through

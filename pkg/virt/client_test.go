@@ -173,6 +173,18 @@ func TestReleasedConnectionOutlivesItsCalls(t *testing.T) {
 	t.Logf("%d drops under %d calls", drops, calls)
 }
 
+func TestDisplayURI(t *testing.T) {
+	for _, tc := range []struct{ uri, want string }{
+		{"qemu+tls://kvm1/system?pkipath=%2Ftmp%2Fcapl-credentials-1", "qemu+tls://kvm1/system"},
+		{"qemu+ssh://root@kvm1:2222/system?command=%2Ftmp%2Fx%2Fssh&no_tty=1", "qemu+ssh://root@kvm1:2222/system"},
+		{"qemu:///system", "qemu:///system"},
+	} {
+		if got := displayURI(tc.uri); got != tc.want {
+			t.Errorf("displayURI(%s) = %s; want %s", tc.uri, got, tc.want)
+		}
+	}
+}
+
 func TestTransportURI(t *testing.T) {
 	for _, tc := range []struct{ uri, want string }{
 		{"qemu+libssh://root@kvm1/system?keyfile=/k", "qemu+libssh2://root@kvm1/system?keyfile=/k"},
