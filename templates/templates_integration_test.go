@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/util/retry"
@@ -398,6 +399,50 @@ func TestTopology(t *testing.T) {
 		t.Errorf("LibvirtCluster spec %+v", ownLC.Spec)
 	}
 	topologyReconciled(t, own)
+
+	// Several hosts: the failure domains, the HAProxy VM's host and the
+	// endpoint it holds on the hosts' bridge come from variables.
+	multi := cluster.DeepCopy()
+	multi.SetName("multi-host")
+	multi.SetResourceVersion("")
+	vars, _, _ = unstructured.NestedSlice(multi.Object, "spec", "topology", "variables")
+	vars = append(vars,
+		map[string]any{"name": "network", "value": map[string]any{"bridge": "br0"}},
+		map[string]any{"name": "failureDomains", "value": []any{
+			map[string]any{"name": "kvm1", "uri": "qemu+ssh://root@kvm1/system", "credentialsRef": map[string]any{"name": "capl-hosts"}, "controlPlane": true},
+			map[string]any{"name": "kvm2", "uri": "qemu+tls://kvm2/system", "credentialsRef": map[string]any{"name": "kvm2-tls"}, "controlPlane": true},
+			map[string]any{"name": "kvm3", "uri": "qemu+ssh://root@kvm3/system", "credentialsRef": map[string]any{"name": "capl-hosts"}},
+		}},
+		map[string]any{"name": "loadBalancerFailureDomain", "value": "kvm2"},
+		map[string]any{"name": "loadBalancerEndpoint", "value": map[string]any{"host": "192.168.1.241"}})
+	_ = unstructured.SetNestedSlice(multi.Object, vars, "spec", "topology", "variables")
+	if err := c.Create(ctx(t), multi); err != nil {
+		t.Fatal(err)
+	}
+	multiLC := &infrav1.LibvirtCluster{}
+	eventually(t, "the LibvirtCluster over several hosts is created", func() error {
+		cl := &clusterv1.Cluster{}
+		if err := c.Get(ctx(t), client.ObjectKeyFromObject(multi), cl); err != nil {
+			return err
+		}
+		if !cl.Spec.InfrastructureRef.IsDefined() {
+			return fmt.Errorf("no infrastructureRef: %s", conditions(cl.Status.Conditions))
+		}
+		return c.Get(ctx(t), client.ObjectKey{Namespace: ns, Name: cl.Spec.InfrastructureRef.Name}, multiLC)
+	})
+	wantFDs := []infrav1.FailureDomainSpec{
+		{Name: "kvm1", URI: "qemu+ssh://root@kvm1/system", CredentialsRef: &infrav1.SecretReference{Name: "capl-hosts"}, ControlPlane: ptr.To(true)},
+		{Name: "kvm2", URI: "qemu+tls://kvm2/system", CredentialsRef: &infrav1.SecretReference{Name: "kvm2-tls"}, ControlPlane: ptr.To(true)},
+		{Name: "kvm3", URI: "qemu+ssh://root@kvm3/system", CredentialsRef: &infrav1.SecretReference{Name: "capl-hosts"}},
+	}
+	if !equality.Semantic.DeepEqual(multiLC.Spec.FailureDomains, wantFDs) {
+		t.Errorf("LibvirtCluster failureDomains %+v, want %+v", multiLC.Spec.FailureDomains, wantFDs)
+	}
+	if lb := multiLC.Spec.LoadBalancer; lb.Type != infrav1.LoadBalancerHAProxy || lb.FailureDomain != "kvm2" ||
+		multiLC.Spec.Network.Bridge != "br0" || multiLC.Spec.ControlPlaneEndpoint != (clusterv1.APIEndpoint{Host: "192.168.1.241", Port: 6443}) {
+		t.Errorf("LibvirtCluster over several hosts: loadBalancer %+v, network %+v, endpoint %+v", lb, multiLC.Spec.Network, multiLC.Spec.ControlPlaneEndpoint)
+	}
+	topologyReconciled(t, multi)
 }
 
 func checkMachineTemplate(t *testing.T, mt *infrav1.LibvirtMachineTemplate, cpus, memoryMiB int32) {

@@ -181,10 +181,12 @@ type FailureDomainSpec struct {
 	URI string `json:"uri,omitempty"`
 
 	// credentialsRef names a Secret in the cluster's namespace with what the
-	// connection to uri needs: ssh-privatekey and known_hosts for SSH (the
-	// connection then uses libvirt's libssh transport), or tls.crt, tls.key
-	// and ca.crt for TLS. Without it the manager connects with its own
-	// credentials (its SSH configuration, its /etc/pki/libvirt).
+	// connection to uri needs: ssh-privatekey and known_hosts for SSH (a
+	// qemu+ssh URI then runs the OpenSSH client with that key and those host
+	// keys only and nothing of the manager's SSH configuration; qemu+libssh
+	// and qemu+libssh2 URIs use libvirt's libssh2 client with them), or
+	// tls.crt, tls.key and ca.crt for TLS. Without it the manager connects
+	// with its own credentials (its SSH configuration, its /etc/pki/libvirt).
 	// +optional
 	CredentialsRef *SecretReference `json:"credentialsRef,omitempty"`
 
