@@ -373,26 +373,8 @@ func TestTopology(t *testing.T) {
 	topologyReconciled(t, cluster)
 
 	// An endpoint of the user's own: no HAProxy VM.
-	own := cluster.DeepCopy()
-	own.SetName("own-endpoint")
-	own.SetResourceVersion("")
-	vars, _, _ := unstructured.NestedSlice(own.Object, "spec", "topology", "variables")
-	vars = append(vars, map[string]any{"name": "controlPlaneEndpoint", "value": map[string]any{"host": "192.168.1.240"}})
-	_ = unstructured.SetNestedSlice(own.Object, vars, "spec", "topology", "variables")
-	if err := c.Create(ctx(t), own); err != nil {
-		t.Fatal(err)
-	}
-	ownLC := &infrav1.LibvirtCluster{}
-	eventually(t, "the LibvirtCluster with the user's endpoint is created", func() error {
-		cl := &clusterv1.Cluster{}
-		if err := c.Get(ctx(t), client.ObjectKeyFromObject(own), cl); err != nil {
-			return err
-		}
-		if !cl.Spec.InfrastructureRef.IsDefined() {
-			return fmt.Errorf("no infrastructureRef: %s", conditions(cl.Status.Conditions))
-		}
-		return c.Get(ctx(t), client.ObjectKey{Namespace: ns, Name: cl.Spec.InfrastructureRef.Name}, ownLC)
-	})
+	own, ownLC := topologyVariant(t, cluster, "own-endpoint",
+		map[string]any{"name": "controlPlaneEndpoint", "value": map[string]any{"host": "192.168.1.240"}})
 	want := infrav1.LoadBalancer{Type: infrav1.LoadBalancerNone, VirtualHardware: infrav1.VirtualHardware{DomainType: infrav1.DomainTypeKVM}}
 	if ownLC.Spec.LoadBalancer.Type != want.Type || ownLC.Spec.LoadBalancer.CPUs != 0 || ownLC.Spec.LoadBalancer.Image != nil ||
 		ownLC.Spec.ControlPlaneEndpoint != (clusterv1.APIEndpoint{Host: "192.168.1.240", Port: 6443}) {
@@ -402,11 +384,7 @@ func TestTopology(t *testing.T) {
 
 	// Several hosts: the failure domains, the HAProxy VM's host and the
 	// endpoint it holds on the hosts' bridge come from variables.
-	multi := cluster.DeepCopy()
-	multi.SetName("multi-host")
-	multi.SetResourceVersion("")
-	vars, _, _ = unstructured.NestedSlice(multi.Object, "spec", "topology", "variables")
-	vars = append(vars,
+	multi, multiLC := topologyVariant(t, cluster, "multi-host",
 		map[string]any{"name": "network", "value": map[string]any{"bridge": "br0"}},
 		map[string]any{"name": "failureDomains", "value": []any{
 			map[string]any{"name": "kvm1", "uri": "qemu+ssh://root@kvm1/system", "credentialsRef": map[string]any{"name": "capl-hosts"}, "controlPlane": true},
@@ -415,21 +393,6 @@ func TestTopology(t *testing.T) {
 		}},
 		map[string]any{"name": "loadBalancerFailureDomain", "value": "kvm2"},
 		map[string]any{"name": "loadBalancerEndpoint", "value": map[string]any{"host": "192.168.1.241"}})
-	_ = unstructured.SetNestedSlice(multi.Object, vars, "spec", "topology", "variables")
-	if err := c.Create(ctx(t), multi); err != nil {
-		t.Fatal(err)
-	}
-	multiLC := &infrav1.LibvirtCluster{}
-	eventually(t, "the LibvirtCluster over several hosts is created", func() error {
-		cl := &clusterv1.Cluster{}
-		if err := c.Get(ctx(t), client.ObjectKeyFromObject(multi), cl); err != nil {
-			return err
-		}
-		if !cl.Spec.InfrastructureRef.IsDefined() {
-			return fmt.Errorf("no infrastructureRef: %s", conditions(cl.Status.Conditions))
-		}
-		return c.Get(ctx(t), client.ObjectKey{Namespace: ns, Name: cl.Spec.InfrastructureRef.Name}, multiLC)
-	})
 	wantFDs := []infrav1.FailureDomainSpec{
 		{Name: "kvm1", URI: "qemu+ssh://root@kvm1/system", CredentialsRef: &infrav1.SecretReference{Name: "capl-hosts"}, ControlPlane: ptr.To(true)},
 		{Name: "kvm2", URI: "qemu+tls://kvm2/system", CredentialsRef: &infrav1.SecretReference{Name: "kvm2-tls"}, ControlPlane: ptr.To(true)},
@@ -443,6 +406,33 @@ func TestTopology(t *testing.T) {
 		t.Errorf("LibvirtCluster over several hosts: loadBalancer %+v, network %+v, endpoint %+v", lb, multiLC.Spec.Network, multiLC.Spec.ControlPlaneEndpoint)
 	}
 	topologyReconciled(t, multi)
+}
+
+// topologyVariant creates a copy of cluster named name with variables
+// added and returns it with the LibvirtCluster the topology controller
+// makes for it.
+func topologyVariant(t *testing.T, cluster *unstructured.Unstructured, name string, variables ...any) (*unstructured.Unstructured, *infrav1.LibvirtCluster) {
+	t.Helper()
+	variant := cluster.DeepCopy()
+	variant.SetName(name)
+	variant.SetResourceVersion("")
+	vars, _, _ := unstructured.NestedSlice(variant.Object, "spec", "topology", "variables")
+	_ = unstructured.SetNestedSlice(variant.Object, append(vars, variables...), "spec", "topology", "variables")
+	if err := c.Create(ctx(t), variant); err != nil {
+		t.Fatal(err)
+	}
+	lc := &infrav1.LibvirtCluster{}
+	eventually(t, "the LibvirtCluster of "+name+" is created", func() error {
+		cl := &clusterv1.Cluster{}
+		if err := c.Get(ctx(t), client.ObjectKeyFromObject(variant), cl); err != nil {
+			return err
+		}
+		if !cl.Spec.InfrastructureRef.IsDefined() {
+			return fmt.Errorf("no infrastructureRef: %s", conditions(cl.Status.Conditions))
+		}
+		return c.Get(ctx(t), client.ObjectKey{Namespace: cluster.GetNamespace(), Name: cl.Spec.InfrastructureRef.Name}, lc)
+	})
+	return variant, lc
 }
 
 func checkMachineTemplate(t *testing.T, mt *infrav1.LibvirtMachineTemplate, cpus, memoryMiB int32) {
