@@ -29,6 +29,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hostevents"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/quota"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
@@ -56,6 +57,9 @@ type LibvirtClusterReconciler struct {
 	// Tenancy is what a cluster's namespace may name (pool, network,
 	// HAProxy image); checked before anything is created.
 	Tenancy tenancy.Policy
+	// Quota admits new clusters within their namespace's totals; nil
+	// admits all.
+	Quota *quota.Ledger
 	// Images imports the HAProxy VM's image when given by URL.
 	Images *imageimport.Importer
 }
@@ -149,10 +153,10 @@ func (r *LibvirtClusterReconciler) reconcileNormal(ctx context.Context, s *scope
 // load balancer reports LoadBalancerReady through its own plan.
 func (r *LibvirtClusterReconciler) plan(s *scope.ClusterScope) services.Plan {
 	return services.Plan{
-		{Service: references.NewCluster(s, r.Tenancy)},
+		{Service: references.NewCluster(s, r.Tenancy, r.Quota)},
 		{Service: pool.New(s), Condition: infrav1.StoragePoolReadyCondition},
 		{Service: network.New(s), Condition: infrav1.NetworkReadyCondition},
-		{Service: loadbalancer.New(s, r.Images, r.Tenancy.TrafficFilter)},
+		{Service: loadbalancer.New(s, r.Images, r.Tenancy.TrafficFilter).WithMaxDiskBytes(r.Tenancy.Machine.DiskBytes())},
 	}
 }
 
@@ -177,6 +181,7 @@ func (r *LibvirtClusterReconciler) reconcileDelete(ctx context.Context, s *scope
 		return services.Outcome(s, err)
 	}
 	controllerutil.RemoveFinalizer(s.LibvirtCluster, infrav1.ClusterFinalizer)
+	r.Quota.Forget(s.LibvirtCluster)
 	return ctrl.Result{}, nil
 }
 

@@ -25,6 +25,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hostevents"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/quota"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/address"
@@ -63,6 +64,9 @@ type LibvirtMachineReconciler struct {
 	// Tenancy is what a machine's namespace may name (pools, base images,
 	// networks); checked before anything is created.
 	Tenancy tenancy.Policy
+	// Quota admits new machines within their namespace's totals; nil
+	// admits all.
+	Quota *quota.Ledger
 	// Images imports base images given by URL, outside the reconciles.
 	Images *imageimport.Importer
 
@@ -185,6 +189,7 @@ func (r *LibvirtMachineReconciler) reconcileDelete(ctx context.Context, s *scope
 		return services.Outcome(s, err)
 	}
 	controllerutil.RemoveFinalizer(s.LibvirtMachine, infrav1.MachineFinalizer)
+	r.Quota.Forget(s.LibvirtMachine)
 	return ctrl.Result{}, nil
 }
 
@@ -199,10 +204,10 @@ func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
 	return services.Plan{
 		// The reference check names the condition of the step a refused
 		// reference belongs to.
-		{Service: references.NewMachine(s, r.Tenancy), Setup: true},
+		{Service: references.NewMachine(s, r.Tenancy, r.Quota), Setup: true},
 		{Service: identity.New(s)},
 		{Service: address.New(s), Condition: infrav1.AddressReservedCondition, Setup: true},
-		{Service: disk.New(s, r.Images), Condition: infrav1.DiskReadyCondition, Setup: true},
+		{Service: disk.New(s, r.Images).WithMaxBytes(r.Tenancy.Machine.DiskBytes()), Condition: infrav1.DiskReadyCondition, Setup: true},
 		{Service: seed.New(s), Condition: infrav1.BootstrapDataReadyCondition, Setup: true},
 		{Service: domain.New(s, domain.Options{ShutdownTimeout: r.ShutdownTimeout, TrafficFilter: r.Tenancy.TrafficFilter}), Condition: infrav1.DomainReadyCondition},
 		{Service: guest.NewAddresses(s, r.events), Condition: infrav1.AddressAssignedCondition},

@@ -135,7 +135,7 @@ func (h *clusterHarness) libvirtIdentity(cluster, machine, network string) moved
 // move deletes it from the source: its annotations replaced by the
 // delete-for-move marker (clusterctl's own patch), finalizers left to the
 // provider, which must let go of it.
-func (h *clusterHarness) deleteForMove(obj client.Object, name string) {
+func (h *harness) deleteForMove(obj client.Object, name string) {
 	h.t.Helper()
 	key := client.ObjectKey{Namespace: h.ns, Name: name}
 	must(h.t, h.c.Get(h.ctx, key, obj))

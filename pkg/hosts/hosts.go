@@ -211,6 +211,19 @@ func (s *Set) open(ctx context.Context, ref Ref) (virt.Host, error) {
 	return c, nil
 }
 
+// Open returns the hosts the manager has a connection to now, by URI:
+// its own and every other host a cluster named since it was last pruned.
+// Some may not answer (Reachable tells).
+func (s *Set) Open() map[string]virt.Host {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]virt.Host{s.managerURI: s.def}
+	for ref, m := range s.hosts {
+		out[ref.URI] = m.client
+	}
+	return out
+}
+
 // Prune closes the connections to the hosts inUse no longer names.
 func (s *Set) Prune(inUse map[Ref]bool) {
 	s.mu.Lock()

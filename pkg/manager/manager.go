@@ -26,6 +26,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/controllers"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/quota"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/loadbalancer"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -163,6 +164,15 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 		return nil, err
 	}
 	libvirtHosts := hosts.NewSet(w.Host, opts.LibvirtURI, w.HostName, mgr.GetAPIReader())
+	// One ledger for both kinds: a namespace's machines and clusters share
+	// its totals, and admissions of one namespace are serialised.
+	ledger := quota.NewLedger(policy.Namespace, mgr.GetAPIReader(), func() map[string]quota.Lister {
+		out := map[string]quota.Lister{}
+		for uri, h := range libvirtHosts.Open() {
+			out[uri] = h
+		}
+		return out
+	})
 	if err := mgr.Add(&hosts.Pruner{Set: libvirtHosts, Clusters: mgr.GetClient(), Interval: opts.HostPruneInterval}); err != nil {
 		return nil, err
 	}
@@ -172,6 +182,7 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 		Recorder:         mgr.GetEventRecorderFor("libvirtcluster-controller"), //nolint:staticcheck // Cluster API's utilities take a record.EventRecorder.
 		WatchFilterValue: opts.WatchFilterValue,
 		Tenancy:          policy,
+		Quota:            ledger,
 		Images:           images,
 	}).SetupWithManager(context.Background(), mgr, controller.Options{MaxConcurrentReconciles: opts.ClusterConcurrency}); err != nil {
 		return nil, fmt.Errorf("setting up the LibvirtCluster controller: %w", err)
@@ -184,6 +195,7 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 		ShutdownTimeout:  w.MachineShutdownTimeout,
 		LoadBalancer:     &loadbalancer.Deregisterer{},
 		Tenancy:          policy,
+		Quota:            ledger,
 		Images:           images,
 	}).SetupWithManager(context.Background(), mgr, controller.Options{MaxConcurrentReconciles: opts.MachineConcurrency}); err != nil {
 		return nil, fmt.Errorf("setting up the LibvirtMachine controller: %w", err)

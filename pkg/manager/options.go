@@ -82,6 +82,11 @@ type Options struct {
 	// quantities ("64Gi"); zero sets no bound. Tenancy parses them.
 	MaxMachineVCPUs, NamespaceMaxMachines, NamespaceMaxVCPUs int
 	MaxMachineMemory, MaxMachineDisk, NamespaceMaxMemory     string
+	// NamespaceMaxClusters bounds a namespace's LibvirtClusters (each a
+	// network and maybe an HAProxy VM); NamespaceMaxDisk what its volumes
+	// take on the hosts (a quantity).
+	NamespaceMaxClusters int
+	NamespaceMaxDisk     string
 
 	// TrafficFilter is the nwfilter of machines on shared segments
 	// ("none" for none).
@@ -127,7 +132,7 @@ func (o *Options) Tenancy() (tenancy.Policy, error) {
 		Bridges: o.HostBridges, Networks: o.LibvirtNetworks, ImageFileDirs: o.ImageFileDirs,
 		ManagerURI: o.LibvirtURI, LibvirtURIs: o.LibvirtURIs,
 		Machine:   tenancy.Limits{VCPUs: int64(o.MaxMachineVCPUs)},
-		Namespace: tenancy.Limits{Machines: o.NamespaceMaxMachines, VCPUs: int64(o.NamespaceMaxVCPUs)},
+		Namespace: tenancy.Limits{Machines: o.NamespaceMaxMachines, Clusters: o.NamespaceMaxClusters, VCPUs: int64(o.NamespaceMaxVCPUs)},
 	}
 	switch o.TrafficFilter {
 	case "none", "":
@@ -142,6 +147,7 @@ func (o *Options) Tenancy() (tenancy.Policy, error) {
 		{"--max-machine-memory", o.MaxMachineMemory, &p.Machine.MemoryMiB, 1 << 20},
 		{"--max-machine-disk", o.MaxMachineDisk, &p.Machine.DiskGiB, 1 << 30},
 		{"--namespace-max-memory", o.NamespaceMaxMemory, &p.Namespace.MemoryMiB, 1 << 20},
+		{"--namespace-max-disk", o.NamespaceMaxDisk, &p.Namespace.DiskGiB, 1 << 30},
 	} {
 		if q.value == "" {
 			continue
@@ -224,10 +230,14 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.MaxMachineMemory, "max-machine-memory", "128Gi", "Most memory one LibvirtMachine may ask for (a quantity); 0 sets no bound.")
 	fs.StringVar(&o.MaxMachineDisk, "max-machine-disk", "1Ti", "Largest root disk one LibvirtMachine may ask for (a quantity); 0 sets no bound.")
 	fs.IntVar(&o.NamespaceMaxMachines, "namespace-max-machines", 0,
-		"Most LibvirtMachines of one namespace that get a domain; machines created later wait. 0 sets no bound.")
-	fs.IntVar(&o.NamespaceMaxVCPUs, "namespace-max-vcpus", 0, "Most vCPUs the LibvirtMachines of one namespace may ask for together; 0 sets no bound.")
+		"Most LibvirtMachines of one namespace that get a domain, counted as they exist in libvirt (a VM whose object is gone still counts); machines created later wait. 0 sets no bound.")
+	fs.IntVar(&o.NamespaceMaxVCPUs, "namespace-max-vcpus", 0, "Most vCPUs the VMs of one namespace (its machines and HAProxy VMs, counted as they exist in libvirt) may take together; 0 sets no bound.")
 	fs.StringVar(&o.NamespaceMaxMemory, "namespace-max-memory", "0",
-		"Most memory the LibvirtMachines of one namespace may ask for together (a quantity); 0 sets no bound.")
+		"Most memory the VMs of one namespace (its machines and HAProxy VMs, counted as they exist in libvirt) may take together (a quantity); 0 sets no bound.")
+	fs.IntVar(&o.NamespaceMaxClusters, "namespace-max-clusters", 0,
+		"Most LibvirtClusters of one namespace that get a network and HAProxy VM; clusters created later wait. 0 sets no bound.")
+	fs.StringVar(&o.NamespaceMaxDisk, "namespace-max-disk", "0",
+		"Most disk the volumes of one namespace may take on the libvirt hosts together: root disks at their full size, seeds, console logs (a quantity); 0 sets no bound.")
 	fs.StringVar(&o.TrafficFilter, "traffic-filter", virt.CleanTrafficFilter,
 		"libvirt nwfilter bound to the NIC of machines on a host bridge or on a libvirt network the provider did not make for their cluster (clean-traffic: no MAC, IP or ARP spoofing); none disables it, for segments where every guest is trusted (e.g. kube-vip announcing a VIP on a bridge).")
 	fs.StringSliceVar(&o.LibvirtURIs, "libvirt-uris", nil,

@@ -71,6 +71,9 @@ func (s *ClusterScope) Name() string { return s.LibvirtCluster.Name }
 // Namespace is the LibvirtCluster's namespace.
 func (s *ClusterScope) Namespace() string { return s.LibvirtCluster.Namespace }
 
+// Object is the LibvirtCluster.
+func (s *ClusterScope) Object() *infrav1.LibvirtCluster { return s.LibvirtCluster }
+
 // ClusterName is the Cluster API cluster the LibvirtCluster belongs to.
 func (s *ClusterScope) ClusterName() string {
 	if s.Cluster != nil {

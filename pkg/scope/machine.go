@@ -386,26 +386,8 @@ func (s *MachineScope) SeedUploaded() bool {
 // Spec is the machine's spec.
 func (s *MachineScope) Spec() *infrav1.LibvirtMachineSpec { return &s.LibvirtMachine.Spec }
 
-// MachinesAhead are the specs of the namespace's other LibvirtMachines
-// created before this one (same second: by name), read from the cache.
-func (s *MachineScope) MachinesAhead(ctx context.Context) ([]*infrav1.LibvirtMachineSpec, error) {
-	var list infrav1.LibvirtMachineList
-	if err := s.Client.List(ctx, &list, client.InNamespace(s.Namespace())); err != nil {
-		return nil, err
-	}
-	me := s.LibvirtMachine
-	var out []*infrav1.LibvirtMachineSpec
-	for i := range list.Items {
-		o := &list.Items[i]
-		if o.Name == me.Name {
-			continue
-		}
-		if c := o.CreationTimestamp.Compare(me.CreationTimestamp.Time); c < 0 || (c == 0 && o.Name < me.Name) {
-			out = append(out, &o.Spec)
-		}
-	}
-	return out, nil
-}
+// Object is the LibvirtMachine.
+func (s *MachineScope) Object() *infrav1.LibvirtMachine { return s.LibvirtMachine }
 
 // BootstrapSucceeded tells whether the guest reported its bootstrap done.
 func (s *MachineScope) BootstrapSucceeded() bool {

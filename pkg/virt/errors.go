@@ -38,6 +38,9 @@ var (
 	// ErrImageLargerThanDisk is a base image whose virtual size is larger
 	// than the disk asked for.
 	ErrImageLargerThanDisk = errors.New("base image larger than the disk")
+	// ErrDiskTooLarge is an overlay that would be larger than
+	// OverlaySpec.MaxCapacityBytes.
+	ErrDiskTooLarge = errors.New("disk larger than allowed")
 	// ErrImageTooLarge is a download longer than the operator's bound.
 	ErrImageTooLarge = errors.New("image larger than allowed")
 	// ErrImageSourceRefused is an image source the operator does not

@@ -28,6 +28,13 @@ type OwnedObject struct {
 	// Owner is nil for volumes, which carry no metadata: their owner follows
 	// from the name the caller gave them.
 	Owner *Owner
+	// VCPUs and MemoryMiB are a domain's; CapacityBytes and
+	// AllocationBytes a volume's. Quotas count them: what exists on a host
+	// is what a namespace holds, whatever the API server says.
+	VCPUs           int64
+	MemoryMiB       int64
+	CapacityBytes   uint64
+	AllocationBytes uint64
 }
 
 // ListOwned lists every domain and network whose <metadata> carries our
@@ -86,7 +93,11 @@ func ownedDomains(conn *libvirt.Connect) ([]OwnedObject, error) {
 		if err != nil || o == nil {
 			return nil, err
 		}
-		return []OwnedObject{{Kind: OwnedDomain, Name: name, Owner: o}}, nil
+		info, err := d.GetInfo()
+		if err != nil {
+			return nil, err
+		}
+		return []OwnedObject{{Kind: OwnedDomain, Name: name, Owner: o, VCPUs: int64(info.NrVirtCpu), MemoryMiB: int64(info.MaxMem / 1024)}}, nil
 	})
 }
 
@@ -140,8 +151,23 @@ func prefixedVolumes(p *libvirt.StoragePool) ([]OwnedObject, error) {
 	}
 	var out []OwnedObject
 	for _, n := range names {
-		if strings.HasPrefix(n, NamePrefix) || strings.HasPrefix(n, TestNamePrefix) {
-			out = append(out, OwnedObject{Kind: OwnedVolume, Name: n, Pool: pool})
+		if !strings.HasPrefix(n, NamePrefix) && !strings.HasPrefix(n, TestNamePrefix) {
+			continue
+		}
+		obj := OwnedObject{Kind: OwnedVolume, Name: n, Pool: pool}
+		err := withVolume(p, n, func(v *libvirt.StorageVol) error {
+			info, err := v.GetInfo()
+			if err == nil {
+				obj.CapacityBytes, obj.AllocationBytes = info.Capacity, info.Allocation
+			}
+			return err
+		})
+		switch {
+		case IsNotFound(err): // deleted while listing
+		case err != nil:
+			return nil, fmt.Errorf("reading volume %s/%s: %w", pool, n, err)
+		default:
+			out = append(out, obj)
 		}
 	}
 	return out, nil

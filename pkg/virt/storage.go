@@ -56,6 +56,10 @@ type OverlaySpec struct {
 	// CapacityBytes is the requested virtual size; zero takes the base's.
 	// A base larger than it is refused.
 	CapacityBytes uint64
+	// MaxCapacityBytes, when set, bounds the overlay whatever the base:
+	// a VM that takes its disk size from the image (the HAProxy VM) must
+	// not grow past the operator's largest disk by naming a big image.
+	MaxCapacityBytes uint64
 }
 
 // VolumeInfo describes a storage volume.
@@ -221,6 +225,9 @@ func (c *Client) EnsureOverlay(ctx context.Context, spec OverlaySpec) (VolumeInf
 			return fmt.Errorf("%w: base %s/%s is %d bytes, the disk asked for %d", ErrImageLargerThanDisk, spec.BackingPool, spec.BackingVolume, base.CapacityBytes, spec.CapacityBytes)
 		}
 		capacity := max(spec.CapacityBytes, base.CapacityBytes)
+		if spec.MaxCapacityBytes > 0 && capacity > spec.MaxCapacityBytes {
+			return fmt.Errorf("%w: base %s/%s makes a disk of %d bytes, more than the %d allowed", ErrDiskTooLarge, spec.BackingPool, spec.BackingVolume, capacity, spec.MaxCapacityBytes)
+		}
 		return withPool(conn, spec.Pool, func(p *libvirt.StoragePool) error {
 			info, err = ensureOverlayIn(p, spec, base, capacity)
 			return wrapNoSpace(spec.Pool, err)

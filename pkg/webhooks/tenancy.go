@@ -52,6 +52,7 @@ func (r references) cluster(namespace string, spec *infrav1.LibvirtClusterSpec, 
 		errs = append(errs, r.imageURL(img.URL, path.Child("loadBalancer", "image", "url"))...)
 	}
 	errs = append(errs, r.hosts(spec, path)...)
+	errs = append(errs, r.sizes(tenancy.LoadBalancerUsage(spec), path.Child("loadBalancer"))...)
 	if spec.LoadBalancer.Type == infrav1.LoadBalancerHAProxy && spec.Network.Bridge != "" {
 		if err := tenancy.CheckStaticAddress(p.TrafficFilter); err != nil {
 			errs = append(errs, field.Forbidden(path.Child("loadBalancer", "type"), err.Error()))
@@ -92,14 +93,22 @@ func (r references) machine(namespace string, spec *infrav1.LibvirtMachineSpec, 
 		errs = append(errs, r.image(*spec.Image.Volume, pool, path.Child("image", "volume"))...)
 	}
 	errs = append(errs, r.imageURL(spec.Image.URL, path.Child("image", "url"))...)
-	exceeded := r.policy.Machine.Exceeded(tenancy.MachineUsage(spec), "--max-machine-")
-	for _, f := range slices.Sorted(maps.Keys(exceeded)) {
-		errs = append(errs, field.Forbidden(path.Child(f), exceeded[f]))
-	}
+	errs = append(errs, r.sizes(tenancy.MachineUsage(spec), path)...)
 	if n := spec.Network; n != nil {
 		errs = append(errs, r.network(namespace, n.Name, n.Bridge, path.Child("network"))...)
 	}
 	return append(errs, r.annotations(namespace, annotations, annPath)...)
+}
+
+// sizes refuses a VM (a machine, or the HAProxy VM at path) larger than
+// the operator allows one VM to be.
+func (r references) sizes(u tenancy.Usage, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	exceeded := r.policy.Machine.Exceeded(u, "--max-machine-")
+	for _, f := range slices.Sorted(maps.Keys(exceeded)) {
+		errs = append(errs, field.Forbidden(path.Child(f), exceeded[f]))
+	}
+	return errs
 }
 
 func (r references) image(ref infrav1.VolumeReference, pool string, path *field.Path) field.ErrorList {

@@ -58,6 +58,8 @@ type Service struct {
 	scope  Scope
 	host   virt.StorageHost
 	images Importer
+	// maxBytes bounds the root disk whatever the image (0: no bound).
+	maxBytes uint64
 }
 
 var _ services.Service = (*Service)(nil)
@@ -65,6 +67,13 @@ var _ services.Service = (*Service)(nil)
 // New returns the disk service of s; images imports base images given by URL.
 func New(s Scope, images Importer) *Service {
 	return &Service{scope: s, host: s.LibvirtHost(), images: images}
+}
+
+// WithMaxBytes bounds the root disk at n bytes (the operator's
+// --max-machine-disk), whatever size the base image gives it.
+func (svc *Service) WithMaxBytes(n uint64) *Service {
+	svc.maxBytes = n
+	return svc
 }
 
 // Name labels the service in logs.
@@ -91,7 +100,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	info, err := svc.host.EnsureOverlay(ctx, virt.OverlaySpec{
 		Pool: pool.Name, Name: s.OverlayVolume(),
 		BackingPool: basePool, BackingVolume: baseVolume,
-		CapacityBytes: want,
+		CapacityBytes: want, MaxCapacityBytes: svc.maxBytes,
 	})
 	if err != nil {
 		return services.Result{}, fail(err, "Creating the root disk on %s/%s: %v", basePool, baseVolume, err)
@@ -178,6 +187,8 @@ func imageRefusalReason(err error) string {
 		return infrav1.ImageTooLargeReason
 	case errors.Is(err, virt.ErrImageLargerThanDisk):
 		return infrav1.ImageLargerThanDiskReason
+	case errors.Is(err, virt.ErrDiskTooLarge):
+		return infrav1.MachineSizeNotAllowedReason
 	case errors.Is(err, virt.ErrImageSourceRefused):
 		return infrav1.ImageSourceNotAllowedReason
 	}

@@ -61,6 +61,8 @@ type Service struct {
 	address *address.Service
 	// trafficFilter is the HAProxy VM's NIC filter on a shared segment.
 	trafficFilter string
+	// maxDiskBytes bounds the VM's root disk, which takes the image's size.
+	maxDiskBytes uint64
 }
 
 var _ services.Service = (*Service)(nil)
@@ -71,6 +73,14 @@ var _ services.Service = (*Service)(nil)
 func New(s *scope.ClusterScope, images disk.Importer, trafficFilter string) *Service {
 	vm := s.LoadBalancer()
 	return &Service{scope: s, vm: vm, images: images, address: address.New(vm), trafficFilter: trafficFilter}
+}
+
+// WithMaxDiskBytes bounds the HAProxy VM's root disk at n bytes (the
+// operator's --max-machine-disk): it takes its image's size, and the
+// image is the tenant's choice.
+func (svc *Service) WithMaxDiskBytes(n uint64) *Service {
+	svc.maxDiskBytes = n
+	return svc
 }
 
 // Name labels the service in logs.
@@ -93,7 +103,7 @@ func (svc *Service) plan(haproxy bool) services.Plan {
 	return services.Plan{
 		{Service: haproxyVM{identity.New(svc.vm), svc.vm}, Condition: ready},
 		{Service: endpoint{svc}, Condition: ready, Setup: true},
-		{Service: haproxyVM{disk.New(svc.vm, svc.images), svc.vm}, Condition: ready, Setup: true},
+		{Service: haproxyVM{disk.New(svc.vm, svc.images).WithMaxBytes(svc.maxDiskBytes), svc.vm}, Condition: ready, Setup: true},
 		{Service: haproxyVM{seed.NewWithUserData(svc.vm, []byte(userData)).WithNetworkConfig(svc.networkConfig), svc.vm}, Condition: ready, Setup: true},
 		{Service: haproxyVM{domain.New(svc.vm, domain.Options{ShutdownTimeout: shutdownTimeout, TrafficFilter: svc.trafficFilter}), svc.vm}, Condition: ready},
 		{Service: provisioned{svc}, Condition: ready},

@@ -14,9 +14,9 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"time"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/quota"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
@@ -38,25 +38,30 @@ type MachineScope interface {
 	Pool() virt.PoolSpec
 	Network() scope.NetworkRef
 	Image() infrav1.ImageSource
-	// Spec is the machine's spec, defaulted; MachinesAhead the specs of
-	// the namespace's LibvirtMachines created before it.
+	// Spec is the machine's spec, defaulted.
 	Spec() *infrav1.LibvirtMachineSpec
-	MachinesAhead(ctx context.Context) ([]*infrav1.LibvirtMachineSpec, error)
+	// Object is the LibvirtMachine; DomainName names its domain.
+	Object() *infrav1.LibvirtMachine
+	DomainName() string
 }
 
-// recheckQuota is how often a machine over its namespace's totals looks
-// again: the machines ahead of it go away without telling it.
-const recheckQuota = time.Minute
+// Admitter admits objects within their namespace's totals (quota.Ledger).
+type Admitter interface {
+	Admit(ctx context.Context, r quota.Request) error
+}
 
-// Machine checks a LibvirtMachine's pool, network and base image.
+// Machine checks a LibvirtMachine's pool, network and base image, and
+// admits it within its namespace's totals.
 type Machine struct {
 	scope  MachineScope
 	policy tenancy.Policy
+	quota  Admitter
 }
 
-// NewMachine returns the reference check of s under policy.
-func NewMachine(s MachineScope, policy tenancy.Policy) *Machine {
-	return &Machine{scope: s, policy: policy}
+// NewMachine returns the reference check of s under policy; q (nil for
+// none) admits it within its namespace's totals.
+func NewMachine(s MachineScope, policy tenancy.Policy, q Admitter) *Machine {
+	return &Machine{scope: s, policy: policy, quota: q}
 }
 
 // Name labels the check in logs.
@@ -93,28 +98,39 @@ func (m *Machine) Reconcile(ctx context.Context) (services.Result, error) {
 	return services.Result{}, m.checkQuota(ctx)
 }
 
-// checkQuota admits the machine when it and the namespace's machines
-// created before it stay within the namespace's totals. Counting only
-// those ahead, in creation order, lets the first machines in: counting all
+// checkQuota admits the machine when what its namespace holds on the
+// hosts, what the namespace's objects created before it ask for and what
+// it asks for stay within the namespace's totals. Counting only those
+// ahead, in creation order, lets the first machines in: counting all
 // would have every machine of a namespace one over its quota wait.
 func (m *Machine) checkQuota(ctx context.Context) error {
-	q := m.policy.Namespace
-	if q == (tenancy.Limits{}) {
+	if m.quota == nil {
 		return nil
 	}
-	specs, err := m.scope.MachinesAhead(ctx)
-	if err != nil {
-		return fmt.Errorf("counting the namespace's machines: %w", err)
+	domain := m.scope.DomainName()
+	lm := m.scope.Object().DeepCopy()
+	lm.Spec = *m.scope.Spec()
+	err := m.quota.Admit(ctx, quota.Request{
+		Object: lm,
+		Own:    func(o virt.OwnedObject) bool { return quota.OfDomain(domain, o) },
+		Ask:    func(h quota.Holdings) tenancy.Usage { return quota.MachineAsk(lm, h) },
+	})
+	return quotaOutcome(err, infrav1.DomainReadyCondition)
+}
+
+// quotaOutcome reports a refusal for the namespace's totals on condType,
+// looked at again later: what frees room says nothing to the object.
+func quotaOutcome(err error, condType string) error {
+	var exceeded *quota.ExceededError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &exceeded):
+		return services.FailOn(condType, infrav1.NamespaceQuotaExceededReason, services.Requeue(quota.Recheck(), "namespace quota"),
+			"Namespace %s with this object: %s", exceeded.Namespace, describeExceeded(exceeded.Exceeded))
+	default:
+		return fmt.Errorf("counting the namespace's holdings: %w", err)
 	}
-	total := tenancy.MachineUsage(m.scope.Spec())
-	for _, spec := range specs {
-		total = total.Add(tenancy.MachineUsage(spec))
-	}
-	if exceeded := q.Exceeded(total, "--namespace-max-"); len(exceeded) > 0 {
-		return services.FailOn(infrav1.DomainReadyCondition, infrav1.NamespaceQuotaExceededReason, services.Requeue(recheckQuota, "namespace quota"),
-			"Namespace %s with this machine: %s", m.scope.Namespace(), describeExceeded(exceeded))
-	}
-	return nil
 }
 
 // ClusterScope is what the check needs of a cluster: what it names.
@@ -127,17 +143,22 @@ type ClusterScope interface {
 	NetworkSpec() infrav1.ClusterNetwork
 	LoadBalancerEnabled() bool
 	LoadBalancer() *scope.LoadBalancerScope
+	// Object is the LibvirtCluster.
+	Object() *infrav1.LibvirtCluster
 }
 
-// Cluster checks a LibvirtCluster's pool, network and HAProxy image.
+// Cluster checks a LibvirtCluster's pool, network, HAProxy image and
+// HAProxy VM size, and admits it within its namespace's totals.
 type Cluster struct {
 	scope  ClusterScope
 	policy tenancy.Policy
+	quota  Admitter
 }
 
-// NewCluster returns the reference check of s under policy.
-func NewCluster(s ClusterScope, policy tenancy.Policy) *Cluster {
-	return &Cluster{scope: s, policy: policy}
+// NewCluster returns the reference check of s under policy; q (nil for
+// none) admits it within its namespace's totals.
+func NewCluster(s ClusterScope, policy tenancy.Policy, q Admitter) *Cluster {
+	return &Cluster{scope: s, policy: policy, quota: q}
 }
 
 // Name labels the check in logs.
@@ -147,7 +168,7 @@ func (*Cluster) Name() string { return "references" }
 // LoadBalancerReady False, when it names what its namespace may not use;
 // it runs before the steps that create the pool, the network and the
 // HAProxy VM. Every refusal is reported, not only the first.
-func (c *Cluster) Reconcile(context.Context) (services.Result, error) {
+func (c *Cluster) Reconcile(ctx context.Context) (services.Result, error) {
 	s, p := c.scope, c.policy
 	var refusals []error
 	spec := s.SpecPool()
@@ -178,8 +199,34 @@ func (c *Cluster) Reconcile(context.Context) (services.Result, error) {
 			refusals = append(refusals, refused("load balancer image", infrav1.LoadBalancerReadyCondition, infrav1.ImageNotAllowedReason,
 				"spec.loadBalancer.image.url %q %v", virt.RedactURL(u), uerr))
 		}
+		if exceeded := p.Machine.Exceeded(tenancy.LoadBalancerUsage(&s.Object().Spec), "--max-machine-"); len(exceeded) > 0 {
+			refusals = append(refusals, refused("load balancer size", infrav1.LoadBalancerReadyCondition, infrav1.MachineSizeNotAllowedReason,
+				"HAProxy VM: %s", describeExceeded(exceeded)))
+		}
 	}
-	return services.Result{}, errors.Join(refusals...)
+	if len(refusals) > 0 {
+		return services.Result{}, errors.Join(refusals...)
+	}
+	return services.Result{}, c.admit(ctx)
+}
+
+// admit admits the cluster, its network and HAProxy VM, within its
+// namespace's totals; refused, nothing of it is created.
+func (c *Cluster) admit(ctx context.Context) error {
+	if c.quota == nil {
+		return nil
+	}
+	lc := c.scope.Object()
+	network := scope.ClusterNetworkName(lc.Namespace, lc.Name)
+	lb := scope.LoadBalancerDomainName(lc.Namespace, lc.Name)
+	err := c.quota.Admit(ctx, quota.Request{
+		Object: lc,
+		Own: func(o virt.OwnedObject) bool {
+			return (o.Kind == virt.OwnedNetwork && o.Name == network) || quota.OfDomain(lb, o)
+		},
+		Ask: func(h quota.Holdings) tenancy.Usage { return quota.ClusterAsk(lc, h) },
+	})
+	return quotaOutcome(err, infrav1.NetworkReadyCondition)
 }
 
 // describeExceeded lists the limits passed, by field.

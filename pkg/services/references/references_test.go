@@ -2,9 +2,7 @@ package references_test
 
 import (
 	"context"
-	"strings"
 	"testing"
-	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -103,65 +101,8 @@ func TestMachine(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkOutcome(t, lm, run(s, references.NewMachine(s, policy)), tc.want)
+			checkOutcome(t, lm, run(s, references.NewMachine(s, policy, nil)), tc.want)
 		})
-	}
-}
-
-// TestNamespaceQuota: the machines created first get in, a machine that
-// would pass the namespace's totals waits with a reason naming the flag,
-// and gets in once a machine ahead of it is gone.
-func TestNamespaceQuota(t *testing.T) {
-	scheme, err := manager.NewScheme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	quota := policy
-	quota.Namespace = tenancy.Limits{Machines: 3, VCPUs: 6}
-	base := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
-	machine := func(ns, name string, created time.Duration, cpus int32) *infrav1.LibvirtMachine {
-		lm := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(base.Add(created))}}
-		lm.Spec.CPUs, lm.Spec.MemoryMiB = cpus, 1024
-		lm.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: scope.ImageVolumeName("ab12ab12ab12ab12ab12ab12ab12ab12")}}
-		return lm
-	}
-	objs := []*infrav1.LibvirtMachine{
-		machine("team-b", "a", 0, 2), machine("team-b", "b", time.Second, 2), machine("team-b", "c", time.Second, 2),
-		machine("team-b", "d", 2*time.Second, 1), machine("team-a", "other", 0, 8),
-	}
-	c := fake.NewClientBuilder().WithScheme(scheme)
-	for _, o := range objs {
-		c = c.WithObjects(o)
-	}
-	cl := c.Build()
-	check := func(lm *infrav1.LibvirtMachine) error {
-		lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: lm.Namespace, Name: "prod"}}
-		lc.Spec.StoragePool = infrav1.StoragePool{Name: "team-b", Path: "/var/lib/libvirt/team-b"}
-		s, err := scope.NewMachineScope(scope.MachineScopeParams{Client: cl, LibvirtCluster: lc, LibvirtMachine: lm, Host: fakehost.New()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return run(s, references.NewMachine(s, quota))
-	}
-	for _, lm := range objs[:3] {
-		if err := check(lm); err != nil {
-			t.Errorf("%s, within the quota, refused: %v", lm.Name, err)
-		}
-	}
-	d := objs[3]
-	err = check(d)
-	if rq, ok := services.AsRequeue(err); !ok || rq.After <= 0 {
-		t.Fatalf("d, the fourth machine: %v, want a timed wait", err)
-	}
-	cond := conditions.Get(d, infrav1.DomainReadyCondition)
-	if cond == nil || cond.Reason != infrav1.NamespaceQuotaExceededReason || !strings.Contains(cond.Message, "--namespace-max-machines") {
-		t.Fatalf("DomainReady %+v, want NamespaceQuotaExceeded naming --namespace-max-machines", cond)
-	}
-	if err := cl.Delete(context.Background(), objs[0]); err != nil {
-		t.Fatal(err)
-	}
-	if err := check(d); err != nil {
-		t.Errorf("d, once a machine ahead was deleted: %v", err)
 	}
 }
 
@@ -195,6 +136,13 @@ func TestCluster(t *testing.T) {
 			c.Spec.StoragePool = infrav1.StoragePool{Name: "team-b", Path: "/var/lib/libvirt/team-b"}
 		},
 			want{}},
+		{"HAProxy VM with more vCPUs than a machine may have", func(c *infrav1.LibvirtCluster) { c.Spec.LoadBalancer.CPUs = 64 },
+			want{infrav1.LoadBalancerReadyCondition, infrav1.MachineSizeNotAllowedReason}},
+		{"HAProxy VM with more memory than a machine may have", func(c *infrav1.LibvirtCluster) { c.Spec.LoadBalancer.MemoryMiB = 200 << 10 },
+			want{infrav1.LoadBalancerReadyCondition, infrav1.MachineSizeNotAllowedReason}},
+		{"large VM but no HAProxy", func(c *infrav1.LibvirtCluster) {
+			c.Spec.LoadBalancer.Type, c.Spec.LoadBalancer.CPUs = infrav1.LoadBalancerNone, 64
+		}, want{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "prod"}}
@@ -207,7 +155,7 @@ func TestCluster(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkOutcome(t, lc, run(s, references.NewCluster(s, policy)), tc.want)
+			checkOutcome(t, lc, run(s, references.NewCluster(s, policy, nil)), tc.want)
 		})
 	}
 	strict := policy
@@ -218,6 +166,6 @@ func TestCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkOutcome(t, lc, run(s, references.NewCluster(s, strict)),
+	checkOutcome(t, lc, run(s, references.NewCluster(s, strict, nil)),
 		want{infrav1.StoragePoolReadyCondition, infrav1.StoragePoolNotAllowedReason})
 }

@@ -1,0 +1,92 @@
+package controllers_test
+
+import (
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+)
+
+// TestMoveMarkerCannotOrphan: a tenant's delete-for-move marker on its own
+// running machine. With the Cluster not paused (no move can be under way)
+// the marker is ignored and the machine is deleted as any other: domain,
+// volumes and reservation gone. With the Cluster paused the provider lets
+// go of it as a move needs, leaving the VM; the VM still counts against
+// the namespace's --namespace-max-machines, so the next machine waits with
+// NamespaceQuotaExceeded and nothing is created for it.
+//
+// On the code before this test the first delete released the machine at
+// once (its domain stayed, assertClean failed) and the third machine got a
+// domain (the orphan no longer counted).
+func TestMoveMarkerCannotOrphan(t *testing.T) {
+	h := newHarness(t)
+	h.options = func(o *manager.Options) { o.NamespaceMaxMachines = 1 }
+	h.startProvider(nil)
+	const cluster = "q"
+	h.createCluster(cluster, true)
+
+	// Not paused: a real deletion.
+	h.createMachine("a", machineOpts{cluster: cluster, withData: true})
+	h.waitCondition("a", infrav1.DomainReadyCondition, metav1.ConditionTrue, infrav1.ReadyReason, 5*time.Minute)
+	macA := h.lm("a").Status.Domain.MAC
+	h.markAndDelete("a")
+	h.waitFor("a deleted", 3*time.Minute, func() (bool, string) {
+		err := h.c.Get(h.ctx, client.ObjectKey{Namespace: h.ns, Name: "a"}, &infrav1.LibvirtMachine{})
+		return apierrors.IsNotFound(err), "still there"
+	})
+	h.assertClean("a", macA)
+
+	// Paused: released as a move needs, VM left running.
+	h.createMachine("b", machineOpts{cluster: cluster, withData: true})
+	h.waitCondition("b", infrav1.DomainReadyCondition, metav1.ConditionTrue, infrav1.ReadyReason, 5*time.Minute)
+	macB := h.lm("b").Status.Domain.MAC
+	h.setClusterPaused(cluster, true)
+	h.deleteForMove(&infrav1.LibvirtMachine{}, "b")
+	h.setClusterPaused(cluster, false)
+	orphan := scope.DomainName(h.ns, "b")
+	if _, err := h.host.DomainInfo(h.ctx, orphan); err != nil {
+		t.Fatalf("the moved machine's domain: %v (a move must leave it)", err)
+	}
+
+	// The orphan still counts.
+	h.createMachine("c", machineOpts{cluster: cluster, withData: true})
+	lm := h.waitCondition("c", infrav1.DomainReadyCondition, metav1.ConditionFalse, infrav1.NamespaceQuotaExceededReason, 2*time.Minute)
+	t.Logf("c: %s", conditions.Get(lm, infrav1.DomainReadyCondition).Message)
+	h.assertNoLibvirtObjects("c")
+
+	h.deleteMachine("c", 2*time.Minute)
+	h.assertClean("c", "")
+	// The operator's clean-up of the orphan (capl-dev orphans --delete).
+	h.removeOrphan(orphan, macB)
+}
+
+// markAndDelete puts clusterctl's delete-for-move marker on a machine and
+// deletes it, as a tenant can, whatever its Cluster's state.
+func (h *harness) markAndDelete(name string) {
+	h.t.Helper()
+	lm := &infrav1.LibvirtMachine{}
+	must(h.t, h.c.Get(h.ctx, client.ObjectKey{Namespace: h.ns, Name: name}, lm))
+	must(h.t, h.c.Patch(h.ctx, lm, testenv.DeleteForMovePatch()))
+	must(h.t, h.c.Delete(h.ctx, lm))
+}
+
+// removeOrphan deletes a machine's domain, volumes and reservation that no
+// object owns any more.
+func (h *harness) removeOrphan(domain, mac string) {
+	h.t.Helper()
+	must(h.t, h.host.DeleteDomain(h.ctx, domain))
+	for _, v := range []string{scope.OverlayVolumeName(domain), scope.SeedVolumeName(domain)} {
+		must(h.t, h.host.DeleteVolume(h.ctx, h.pool, v))
+	}
+	must(h.t, h.host.DeleteLogVolume(h.ctx, h.pool, scope.ConsoleLogVolumeName(domain)))
+	must(h.t, h.host.ReleaseAddress(h.ctx, h.network.Name, mac))
+}

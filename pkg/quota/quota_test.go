@@ -1,0 +1,207 @@
+package quota_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/quota"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+const gib = 1 << 30
+
+var base = time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
+
+func machine(ns, name string, created time.Duration, cpus, memoryMiB, diskGiB int32) *infrav1.LibvirtMachine {
+	lm := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(base.Add(created))}}
+	lm.Spec.CPUs, lm.Spec.MemoryMiB, lm.Spec.DiskSizeGiB = cpus, memoryMiB, diskGiB
+	return lm
+}
+
+func cluster(ns, name string, created time.Duration, lb infrav1.LoadBalancerType) *infrav1.LibvirtCluster {
+	lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(base.Add(created))}}
+	lc.Spec.LoadBalancer.Type = lb
+	return lc
+}
+
+// domain is a VM of owner kind/ns/name as ListOwned reports it.
+func domain(kind, ns, name string, vcpus, memoryMiB int64) virt.OwnedObject {
+	n := scope.DomainName(ns, name)
+	if kind == "LibvirtCluster" {
+		n = scope.LoadBalancerDomainName(ns, name)
+	}
+	return virt.OwnedObject{Kind: virt.OwnedDomain, Name: n, Owner: &virt.Owner{Kind: kind, Namespace: ns, Name: name}, VCPUs: vcpus, MemoryMiB: memoryMiB}
+}
+
+// listing is a host's fixed listing of owned objects.
+type listing []virt.OwnedObject
+
+func (l listing) ListOwned(context.Context) ([]virt.OwnedObject, error) { return l, nil }
+
+func ledger(t *testing.T, limits tenancy.Limits, objs []virt.OwnedObject, api ...client.Object) *quota.Ledger {
+	t.Helper()
+	scheme, err := manager.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(api...).Build()
+	return quota.NewLedger(limits, c, func() map[string]quota.Lister { return map[string]quota.Lister{"test:///": listing(objs)} })
+}
+
+func admitMachine(l *quota.Ledger, lm *infrav1.LibvirtMachine) error {
+	d := scope.DomainName(lm.Namespace, lm.Name)
+	return l.Admit(context.Background(), quota.Request{
+		Object: lm,
+		Own:    func(o virt.OwnedObject) bool { return quota.OfDomain(d, o) },
+		Ask:    func(h quota.Holdings) tenancy.Usage { return quota.MachineAsk(lm, h) },
+	})
+}
+
+func admitCluster(l *quota.Ledger, lc *infrav1.LibvirtCluster) error {
+	lb := scope.LoadBalancerDomainName(lc.Namespace, lc.Name)
+	return l.Admit(context.Background(), quota.Request{
+		Object: lc,
+		Own:    func(o virt.OwnedObject) bool { return quota.OfDomain(lb, o) },
+		Ask:    func(h quota.Holdings) tenancy.Usage { return quota.ClusterAsk(lc, h) },
+	})
+}
+
+// TestEachTotal passes one namespace total at a time, the others left
+// unbounded, so that each refusal is its own total's: the ledger counts
+// what the namespace holds in libvirt (an orphaned VM included), what its
+// objects created earlier ask for, and the new object.
+func TestEachTotal(t *testing.T) {
+	orphan := domain("LibvirtMachine", "team-b", "gone", 2, 2048)
+	other := domain("LibvirtMachine", "team-a", "big", 32, 65536) // another namespace: never counted
+	overlay := virt.OwnedObject{Kind: virt.OwnedVolume, Name: scope.OverlayVolumeName(scope.DomainName("team-b", "gone")), CapacityBytes: 10 * gib, AllocationBytes: gib}
+	seed := virt.OwnedObject{Kind: virt.OwnedVolume, Name: scope.SeedVolumeName(scope.DomainName("team-b", "gone")), CapacityBytes: gib, AllocationBytes: gib / 2}
+	lbNet := virt.OwnedObject{Kind: virt.OwnedNetwork, Name: scope.ClusterNetworkName("team-b", "old"), Owner: &virt.Owner{Kind: "LibvirtCluster", Namespace: "team-b", Name: "old"}}
+	held := []virt.OwnedObject{orphan, other, overlay, seed, lbNet}
+	ahead := machine("team-b", "ahead", 0, 2, 1024, 4)
+	for _, tc := range []struct {
+		name   string
+		limits tenancy.Limits
+		ask    *infrav1.LibvirtMachine
+		want   string // the flag named, "" for admitted
+	}{
+		{"machines: the orphan and the one ahead fill two", tenancy.Limits{Machines: 2}, machine("team-b", "new", time.Second, 1, 512, 4), "--namespace-max-machines"},
+		{"machines: room for three", tenancy.Limits{Machines: 3}, machine("team-b", "new", time.Second, 1, 512, 4), ""},
+		{"vcpus: 2 held + 2 ahead + 1", tenancy.Limits{VCPUs: 4}, machine("team-b", "new", time.Second, 1, 512, 4), "--namespace-max-vcpus"},
+		{"vcpus: exactly at the total", tenancy.Limits{VCPUs: 5}, machine("team-b", "new", time.Second, 1, 512, 4), ""},
+		{"memory: 2048 held + 1024 ahead + 1024", tenancy.Limits{MemoryMiB: 4000}, machine("team-b", "new", time.Second, 1, 1024, 4), "--namespace-max-memory"},
+		{"memory: within", tenancy.Limits{MemoryMiB: 4096}, machine("team-b", "new", time.Second, 1, 1024, 4), ""},
+		{"disk: overlay at its capacity, seed as allocated, ahead and new as asked", tenancy.Limits{DiskGiB: 18}, machine("team-b", "new", time.Second, 1, 512, 4), "--namespace-max-disk"},
+		{"disk: within", tenancy.Limits{DiskGiB: 19}, machine("team-b", "new", time.Second, 1, 512, 4), ""},
+		{"created before the one ahead: it does not count", tenancy.Limits{Machines: 2}, machine("team-b", "first", -time.Second, 1, 512, 4), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := ledger(t, tc.limits, held, ahead, tc.ask)
+			err := admitMachine(l, tc.ask)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("got %v, want a refusal naming %s", err, tc.want)
+			case tc.want != "" && strings.Count(err.Error(), "--namespace-max-") != 1:
+				t.Fatalf("%v: want exactly one total passed", err)
+			}
+		})
+	}
+}
+
+// TestClusters: a LibvirtCluster counts once, by its network or its
+// HAProxy VM, and its HAProxy VM's vCPUs and memory count with the
+// machines'.
+func TestClusters(t *testing.T) {
+	held := []virt.OwnedObject{
+		{Kind: virt.OwnedNetwork, Name: scope.ClusterNetworkName("team-b", "one"), Owner: &virt.Owner{Kind: "LibvirtCluster", Namespace: "team-b", Name: "one"}},
+		domain("LibvirtCluster", "team-b", "one", 1, 512),
+	}
+	second := cluster("team-b", "two", time.Second, infrav1.LoadBalancerHAProxy)
+	if err := admitCluster(ledger(t, tenancy.Limits{Clusters: 1}, held, second), second); err == nil || !strings.Contains(err.Error(), "--namespace-max-clusters") {
+		t.Errorf("second cluster with a total of one: %v", err)
+	}
+	if err := admitCluster(ledger(t, tenancy.Limits{Clusters: 2}, held, second), second); err != nil {
+		t.Errorf("second cluster with a total of two: %v", err)
+	}
+	// The held HAProxy VM (1 vCPU) and the new one (1 by default) and a machine of 1.
+	lm := machine("team-b", "m", 2*time.Second, 1, 512, 4)
+	if err := admitMachine(ledger(t, tenancy.Limits{VCPUs: 2}, held, second, lm), lm); err == nil || !strings.Contains(err.Error(), "--namespace-max-vcpus") {
+		t.Errorf("machine after two HAProxy VMs with 2 vCPUs in all: %v", err)
+	}
+	none := cluster("team-b", "none", 3*time.Second, infrav1.LoadBalancerNone)
+	if err := admitMachine(ledger(t, tenancy.Limits{VCPUs: 2}, held, none, lm), lm); err != nil {
+		t.Errorf("a cluster without HAProxy VM takes no vCPUs: %v", err)
+	}
+	// A cluster that holds its network and VM already is admitted
+	// whatever the totals (its reconciles go on).
+	one := cluster("team-b", "one", 0, infrav1.LoadBalancerHAProxy)
+	if err := admitCluster(ledger(t, tenancy.Limits{Clusters: 1, VCPUs: 1}, held, one), one); err != nil {
+		t.Errorf("a cluster that holds what it needs: %v", err)
+	}
+}
+
+// TestAdmissionsTogether: machines created in the same instant and
+// admitted at once never all pass a total that has room for one, whatever
+// order the admissions run in.
+func TestAdmissionsTogether(t *testing.T) {
+	for range 20 {
+		var lms []client.Object
+		for _, n := range []string{"a", "b", "c", "d"} {
+			lms = append(lms, machine("team-b", n, 0, 1, 512, 4))
+		}
+		l := ledger(t, tenancy.Limits{Machines: 1}, nil, lms...)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		admitted := 0
+		for _, o := range lms {
+			wg.Go(func() {
+				if admitMachine(l, o.(*infrav1.LibvirtMachine)) == nil {
+					mu.Lock()
+					admitted++
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		if admitted != 1 {
+			t.Fatalf("%d machines admitted with room for one", admitted)
+		}
+	}
+}
+
+// TestHold: what ListOwned reports is summed per namespace.
+func TestHold(t *testing.T) {
+	objs := []virt.OwnedObject{
+		domain("LibvirtMachine", "ns", "m1", 2, 1024),
+		domain("LibvirtMachine", "ns", "m2", 1, 512),
+		domain("LibvirtCluster", "ns", "c", 1, 512),
+		domain("LibvirtMachine", "other", "m1", 8, 8192),
+		{Kind: virt.OwnedNetwork, Name: scope.ClusterNetworkName("ns", "c"), Owner: &virt.Owner{Kind: "LibvirtCluster", Namespace: "ns", Name: "c"}},
+		{Kind: virt.OwnedVolume, Name: scope.OverlayVolumeName(scope.DomainName("ns", "m1")), CapacityBytes: 4 * gib, AllocationBytes: gib},
+		{Kind: virt.OwnedVolume, Name: scope.ConsoleLogVolumeName(scope.DomainName("ns", "m1")), AllocationBytes: gib / 4},
+		{Kind: virt.OwnedVolume, Name: scope.OverlayVolumeName(scope.DomainName("other", "m1")), CapacityBytes: 100 * gib},
+	}
+	h := quota.Hold("ns", objs, nil)
+	want := tenancy.Usage{Machines: 2, Clusters: 1, VCPUs: 4, MemoryMiB: 2048, DiskGiB: 5}
+	if h.Usage != want {
+		t.Errorf("held %+v, want %+v", h.Usage, want)
+	}
+	mine := scope.DomainName("ns", "m1")
+	h = quota.Hold("ns", objs, func(o virt.OwnedObject) bool { return quota.OfDomain(mine, o) })
+	want = tenancy.Usage{Machines: 1, Clusters: 1, VCPUs: 2, MemoryMiB: 1024}
+	if h.Usage != want || !h.Domains[mine] {
+		t.Errorf("held without m1 %+v (domains %v), want %+v with m1's name kept", h.Usage, h.Domains, want)
+	}
+}
