@@ -40,9 +40,18 @@ func (h *Host) ReserveAddress(_ context.Context, network string, r virt.Reservat
 	return ip, nil
 }
 
+// ReleaseOwnedAddress removes r.MAC's entry; the fake records no owners.
+func (h *Host) ReleaseOwnedAddress(ctx context.Context, network string, r virt.Reservation) error {
+	return h.release("ReleaseOwnedAddress", network, r.MAC)
+}
+
 // ReleaseAddress removes mac's entry.
 func (h *Host) ReleaseAddress(_ context.Context, network, mac string) error {
-	if err := h.call("ReleaseAddress"); err != nil {
+	return h.release("ReleaseAddress", network, mac)
+}
+
+func (h *Host) release(method, network, mac string) error {
+	if err := h.call(method); err != nil {
 		return err
 	}
 	h.mu.Lock()

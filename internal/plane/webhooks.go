@@ -151,7 +151,7 @@ func fullScheme() (*runtime.Scheme, error) {
 // volumes (nil to skip) and the manager's client.
 func ProviderWebhooks(volumes webhooks.VolumeInspector) Setup {
 	return func(_ context.Context, mgr ctrl.Manager) error {
-		return webhooks.SetupWithManager(mgr, webhooks.Options{Volumes: volumes, Reader: mgr.GetClient()})
+		return webhooks.SetupWithManager(mgr, webhooks.Options{Volumes: volumes, Reader: mgr.GetClient(), LiveReader: mgr.GetAPIReader()})
 	}
 }
 

@@ -124,6 +124,9 @@ func (r *LibvirtMachineReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if deleting {
+		place = r.findOwnDomain(ctx, lm, place)
+	}
 	s, err := scope.NewMachineScope(scope.MachineScopeParams{
 		Client: r.Client, Cluster: cluster, Machine: machine, LibvirtCluster: libvirtCluster,
 		LibvirtMachine: lm, Host: place.host, HostName: place.hostName, FailureDomain: place.failureDomain, Recorder: r.Recorder,

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"time"
 
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -95,6 +97,34 @@ func (r *LibvirtMachineReconciler) placeMachine(ctx context.Context, lm *infrav1
 	}
 	p.ref = ref
 	return resolveHost(ctx, r.Hosts, r.Tenancy, p), nil
+}
+
+// findOwnDomain, for a machine being deleted, looks for its domain on the
+// other hosts the manager reaches when the host its spec names now does
+// not have it (or is not known): a failure domain's host changed, or
+// went, behind the webhook's back. Only a domain whose ownership metadata
+// names this machine is taken; without one p stays as it is.
+func (r *LibvirtMachineReconciler) findOwnDomain(ctx context.Context, lm *infrav1.LibvirtMachine, p placement) placement {
+	domain := scope.DomainName(lm.Namespace, lm.Name)
+	owner := virt.Owner{Kind: "LibvirtMachine", Namespace: lm.Namespace, Name: lm.Name}
+	if p.problem == nil {
+		info, err := p.host.DomainInfo(ctx, domain)
+		if !virt.IsNotFound(err) && (err != nil || info.Owner.IsObject(owner)) {
+			return p
+		}
+	}
+	for uri, h := range r.Hosts.Open() {
+		if hosts.Reachable(h) != nil {
+			continue
+		}
+		if info, err := h.DomainInfo(ctx, domain); err == nil && info.Owner.IsObject(owner) {
+			ctrl.LoggerFrom(ctx).Info("Deleting the machine's domain where its ownership metadata is, not on the host its failure domain names now",
+				"host", hosts.HostName(uri), "failureDomain", p.failureDomain)
+			p.host, p.hostName, p.problem = h, hosts.HostName(uri), nil
+			return p
+		}
+	}
+	return p
 }
 
 // failureDomainMissing explains why no failure domain fits.

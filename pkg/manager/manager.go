@@ -201,7 +201,7 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 		return nil, fmt.Errorf("setting up the LibvirtMachine controller: %w", err)
 	}
 
-	if err := webhooks.SetupWithManager(mgr, webhooks.Options{Volumes: w.Host, Reader: mgr.GetClient(), Tenancy: &policy}); err != nil {
+	if err := webhooks.SetupWithManager(mgr, webhooks.Options{Volumes: w.Host, Reader: mgr.GetClient(), LiveReader: mgr.GetAPIReader(), Tenancy: &policy}); err != nil {
 		return nil, fmt.Errorf("setting up the webhooks: %w", err)
 	}
 

@@ -283,6 +283,9 @@ const (
 	ConflictLeased AddressConflictReason = "AddressLeased"
 	// ConflictMACReserved: the MAC is already reserved with another IP.
 	ConflictMACReserved AddressConflictReason = "MACReserved"
+	// ConflictMACOwned: the MAC's entry is another object's (its name,
+	// or the domains using the MAC, say so).
+	ConflictMACOwned AddressConflictReason = "MACOwnedByAnother"
 	// ConflictHostnameReserved: another MAC (HeldBy) has that hostname.
 	ConflictHostnameReserved AddressConflictReason = "HostnameReserved"
 	// ConflictOutsideSubnet: the IP is not a usable host address of the

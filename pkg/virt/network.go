@@ -38,6 +38,9 @@ type NetworkHost interface {
 	ReserveAddress(ctx context.Context, network string, r Reservation) (netip.Addr, error)
 	// ReleaseAddress removes the MAC's host entry; none is success.
 	ReleaseAddress(ctx context.Context, network, mac string) error
+	// ReleaseOwnedAddress removes r.MAC's host entry only when it is
+	// r.Owner's; none, or another's, is success.
+	ReleaseOwnedAddress(ctx context.Context, network string, r Reservation) error
 	// Reservations lists the network's host entries, e.g. to find those
 	// whose machine is gone.
 	Reservations(ctx context.Context, network string) ([]Reservation, error)

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
@@ -21,6 +22,8 @@ import (
 // LibvirtCluster defaults and validates LibvirtClusters.
 type LibvirtCluster struct {
 	refs references
+	// reader finds the VMs placed on a failure domain; nil checks none.
+	reader client.Reader
 }
 
 var (
@@ -44,7 +47,7 @@ func (w *LibvirtCluster) ValidateCreate(_ context.Context, c *infrav1.LibvirtClu
 
 // ValidateUpdate checks a changed LibvirtCluster: what the cluster's
 // machines and endpoint were built on cannot move under them.
-func (w *LibvirtCluster) ValidateUpdate(_ context.Context, oldC, newC *infrav1.LibvirtCluster) (admission.Warnings, error) {
+func (w *LibvirtCluster) ValidateUpdate(ctx context.Context, oldC, newC *infrav1.LibvirtCluster) (admission.Warnings, error) {
 	path := field.NewPath("spec")
 	errs, warnings := validateClusterSpec(&newC.Spec, path, false)
 	// Objects stored before the defaulting webhook existed compare as if
@@ -62,6 +65,7 @@ func (w *LibvirtCluster) ValidateUpdate(_ context.Context, oldC, newC *infrav1.L
 	errs = append(errs, ratchet(w.refs.cluster(newC.Namespace, &newC.Spec, newC.Annotations, path, annotationsPath),
 		w.refs.cluster(oldC.Namespace, oldSpec, oldC.Annotations, path, annotationsPath))...)
 	errs = append(errs, placementUnchanged(oldC.Annotations, newC.Annotations)...)
+	errs = append(errs, placements(ctx, w.reader, oldC, newC)...)
 	return warnings, invalid("LibvirtCluster", newC.Name, errs)
 }
 

@@ -37,6 +37,10 @@ type Options struct {
 	// storage pool holds images given without a pool. Nil leaves such
 	// images unchecked.
 	Reader client.Reader
+	// LiveReader reads the API server without a cache: a check that
+	// guards libvirt objects (what is placed on a failure domain) must
+	// not miss an object created a moment before. Nil skips such checks.
+	LiveReader client.Reader
 	// Tenancy is the operator's policy of what a namespace may name
 	// (pools, image volumes, networks, bridges). Nil checks none of it.
 	Tenancy *tenancy.Policy
@@ -48,7 +52,7 @@ type Options struct {
 func SetupWithManager(mgr ctrl.Manager, opts Options) error {
 	images := imageChecker{volumes: opts.Volumes, reader: opts.Reader}
 	refs := references{policy: opts.Tenancy}
-	cluster := &LibvirtCluster{refs: refs}
+	cluster := &LibvirtCluster{refs: refs, reader: opts.LiveReader}
 	clusterTemplate := &LibvirtClusterTemplate{refs: refs}
 	machine := &LibvirtMachine{images: images, refs: refs}
 	machineTemplate := &LibvirtMachineTemplate{images: images, refs: refs}

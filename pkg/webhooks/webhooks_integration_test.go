@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -700,5 +701,62 @@ func TestPlacementIsFixed(t *testing.T) {
 	}
 	if _, ok := cur.Annotations[clusterctlv1.DeleteForMoveAnnotation]; !ok || len(cur.Annotations) != 1 {
 		t.Errorf("annotations after clusterctl's patch: %v", cur.Annotations)
+	}
+}
+
+// TestFailureDomainHostFixed: a failure domain's uri cannot change, nor
+// the failure domain go, while a LibvirtMachine is placed there; failure
+// domains nobody uses change freely. On the code before this test every
+// one of these updates passed (deletion then looked on the wrong host).
+func TestFailureDomainHostFixed(t *testing.T) {
+	requireEnv(t)
+	const a, b = "qemu+tcp://192.0.2.10/system", "qemu+tcp://192.0.2.11/system"
+	lc := cluster(func(s *infrav1.LibvirtClusterSpec) {
+		s.Network = infrav1.ClusterNetwork{Bridge: "br0"}
+		s.LoadBalancer = infrav1.LoadBalancer{Type: infrav1.LoadBalancerNone}
+		s.ControlPlaneEndpoint = clusterv1.APIEndpoint{Host: "192.0.2.100", Port: 6443}
+		s.FailureDomains = []infrav1.FailureDomainSpec{{Name: "fd-a", URI: a}, {Name: "fd-b", URI: b}, {Name: "fd-c", URI: b}}
+	})().(*infrav1.LibvirtCluster)
+	lc.Namespace, lc.Name = namespace, name("fdfixed", 0)
+	lc.Labels = map[string]string{clusterv1.ClusterNameLabel: lc.Name}
+	if err := create(t, lc); err != nil {
+		t.Fatal(err)
+	}
+	lm := machine(func(s *infrav1.LibvirtMachineSpec) { s.FailureDomain = "fd-a" })().(*infrav1.LibvirtMachine)
+	lm.Namespace, lm.Name = namespace, name("fdfixed-m", 0)
+	lm.Labels = map[string]string{clusterv1.ClusterNameLabel: lc.Name}
+	if err := create(t, lm); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		edit   func([]infrav1.FailureDomainSpec) []infrav1.FailureDomainSpec
+		refuse bool
+	}{
+		{"the used domain's host swapped", func(f []infrav1.FailureDomainSpec) []infrav1.FailureDomainSpec {
+			f[0].URI, f[1].URI = f[1].URI, f[0].URI
+			return f
+		}, true},
+		{"the used domain removed", func(f []infrav1.FailureDomainSpec) []infrav1.FailureDomainSpec { return f[1:] }, true},
+		{"an unused domain's host changed", func(f []infrav1.FailureDomainSpec) []infrav1.FailureDomainSpec {
+			f[2].URI = a
+			return f
+		}, false},
+		{"an unused domain removed", func(f []infrav1.FailureDomainSpec) []infrav1.FailureDomainSpec { return f[:2] }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cur := &infrav1.LibvirtCluster{}
+			if err := c.Get(ctx(t), client.ObjectKeyFromObject(lc), cur); err != nil {
+				t.Fatal(err)
+			}
+			cur.Spec.FailureDomains = tc.edit(slices.Clone(cur.Spec.FailureDomains))
+			err := c.Update(ctx(t), cur)
+			if tc.refuse && (err == nil || !strings.Contains(err.Error(), lm.Name)) {
+				t.Fatalf("update: %v, want a refusal naming %s", err, lm.Name)
+			}
+			if !tc.refuse && err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -27,6 +27,9 @@ const waitForNetwork = 30 * time.Second
 // a machine or the load balancer's HAProxy VM.
 type Scope interface {
 	LibvirtHost() virt.Host
+	// Owner is whose the VM's DHCP host entry is: the entry is named
+	// after it, and only its own entry is shared with or released by it.
+	Owner() virt.Owner
 	// Network is the VM's network; zero until known.
 	Network() scope.NetworkRef
 	// MACSeed is what the VM's candidate MACs derive from: its domain
@@ -78,7 +81,8 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		return services.Done(infrav1.ReservationNotSupportedReason,
 			fmt.Sprintf("Host bridge %s: the address comes from the LAN's DHCP server", network.Bridge)), nil
 	}
-	ip, err := svc.host.ReserveAddress(ctx, network.Name, virt.Reservation{MAC: s.MAC()})
+	owner := s.Owner()
+	ip, err := svc.host.ReserveAddress(ctx, network.Name, virt.Reservation{MAC: s.MAC(), Owner: &owner})
 	var conflict *virt.AddressConflictError
 	switch {
 	case err == nil:
@@ -150,15 +154,18 @@ func reserved(entries []virt.Reservation, mac string) bool {
 	return false
 }
 
-// Delete removes the VM's host entry. A VM whose MAC was never recorded
-// made no reservation.
+// Delete removes the VM's host entry, if it is the VM's own: a MAC
+// recorded on the object is the tenant's to write, and deleting it must
+// not take another VM's reservation away. A VM whose MAC was never
+// recorded made no reservation.
 func (svc *Service) Delete(ctx context.Context) error {
 	s := svc.scope
 	network := s.Network()
 	if s.MAC() == "" || network.Name == "" {
 		return nil
 	}
-	if err := svc.host.ReleaseAddress(ctx, network.Name, s.MAC()); err != nil {
+	owner := s.Owner()
+	if err := svc.host.ReleaseOwnedAddress(ctx, network.Name, virt.Reservation{MAC: s.MAC(), Owner: &owner}); err != nil {
 		return fmt.Errorf("releasing the address of %s: %w", s.MAC(), err)
 	}
 	return nil

@@ -1,6 +1,7 @@
 package controllers_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -13,7 +14,9 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // TestMoveMarkerCannotOrphan: a tenant's delete-for-move marker on its own
@@ -89,4 +92,55 @@ func (h *harness) removeOrphan(domain, mac string) {
 	}
 	must(h.t, h.host.DeleteLogVolume(h.ctx, h.pool, scope.ConsoleLogVolumeName(domain)))
 	must(h.t, h.host.ReleaseAddress(h.ctx, h.network.Name, mac))
+}
+
+// TestForgedMACAnnotation: a machine created with another machine's MAC in
+// its MAC annotation (the victim's DHCP reservation on the shared
+// network) is refused its address (AddressReserved False, the entry being
+// another object's), gets no domain, and deleting it leaves the victim's
+// reservation in place.
+//
+// On the code before this test the thief shared the victim's entry
+// (AddressReserved True) and its deletion removed it.
+func TestForgedMACAnnotation(t *testing.T) {
+	h := newHarness(t)
+	h.startProvider(nil)
+	const cluster = "shared"
+	h.createCluster(cluster, true)
+	h.createMachine("victim", machineOpts{cluster: cluster, withData: true})
+	h.waitCondition("victim", infrav1.AddressReservedCondition, metav1.ConditionTrue, infrav1.ReadyReason, 3*time.Minute)
+	mac := h.lm("victim").Annotations[scope.MACAnnotation]
+	if mac == "" {
+		t.Fatal("the victim recorded no MAC")
+	}
+	reservedIP := func() string {
+		entries, err := h.host.Reservations(h.ctx, h.network.Name)
+		must(t, err)
+		for _, e := range entries {
+			if netalloc.SameMAC(e.MAC, mac) {
+				return e.IP.String()
+			}
+		}
+		return ""
+	}
+	ip := reservedIP()
+	if ip == "" {
+		t.Fatal("the victim's reservation is missing")
+	}
+
+	h.createMachine("thief", machineOpts{cluster: cluster, withData: true, annotations: map[string]string{scope.MACAnnotation: mac}})
+	lm := h.waitCondition("thief", infrav1.AddressReservedCondition, metav1.ConditionFalse, infrav1.AddressConflictReason, 2*time.Minute)
+	msg := conditions.Get(lm, infrav1.AddressReservedCondition).Message
+	t.Logf("thief: %s", msg)
+	if !strings.Contains(msg, string(virt.ConflictMACOwned)) {
+		t.Errorf("AddressReserved %q, want the entry named another object's", msg)
+	}
+	if _, err := h.host.DomainInfo(h.ctx, scope.DomainName(h.ns, "thief")); !virt.IsNotFound(err) {
+		t.Errorf("the thief has a domain (err %v)", err)
+	}
+	h.deleteMachine("thief", 2*time.Minute)
+	if got := reservedIP(); got != ip {
+		t.Errorf("after the thief's deletion the victim's reservation is %q, was %s", got, ip)
+	}
+	h.assertClean("thief", "")
 }
