@@ -28,6 +28,7 @@ const usage = `capl-dev: the one-host management plane of cluster-api-provider-l
   capl-dev down   [flags]  delete the clusters, stop the plane, remove its VMs, volumes and networks
   capl-dev serve  [flags]  run the plane in the foreground (what up starts in the background)
   capl-dev render [flags]  print the demo cluster as YAML, for a management cluster of your own
+  capl-dev orphans [--delete]  list (remove) the VMs, volumes and networks no object of the plane owns
 
 Run "capl-dev <command> -h" for the flags of a command.
 `
@@ -49,6 +50,8 @@ func main() {
 		err = serve(ctx, args)
 	case "render":
 		err = render(args)
+	case "orphans":
+		err = orphans(ctx, args)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 	default:

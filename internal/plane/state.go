@@ -137,6 +137,9 @@ func (s *Scope) add(namespace, pool string) {
 func (s Scope) empty() bool { return len(s.Namespaces) == 0 && len(s.Pools) == 0 }
 
 // readScope returns the recorded scope; a missing file is an empty scope.
+// ReadScope reads what the plane in dir made and handed over (scope.json).
+func ReadScope(dir string) (Scope, error) { return readScope(dir) }
+
 func readScope(dir string) (Scope, error) {
 	var s Scope
 	data, err := os.ReadFile(filepath.Join(dir, scopeFileName))

@@ -12,9 +12,11 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/quota"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -68,8 +70,28 @@ func TestMoveMarkerCannotOrphan(t *testing.T) {
 
 	h.deleteMachine("c", 2*time.Minute)
 	h.assertClean("c", "")
-	// The operator's clean-up of the orphan (capl-dev orphans --delete).
-	h.removeOrphan(orphan, macB)
+
+	// The operator's clean-up (capl-dev orphans --delete): the orphan's
+	// domain and volumes are found, nothing of a machine that exists.
+	found, err := plane.FindOrphans(h.ctx, h.c, h.host, plane.Scope{})
+	must(t, err)
+	var mine []plane.Orphan
+	for _, o := range found {
+		if o.Kind == virt.OwnedNetwork {
+			continue // the harness's network, which no LibvirtCluster names
+		}
+		if !quota.OfDomain(orphan, o.OwnedObject) {
+			t.Errorf("%s listed as an orphan", o)
+			continue
+		}
+		mine = append(mine, o)
+	}
+	if len(mine) < 3 {
+		t.Errorf("orphans of %s: %v, want its domain, root disk and seed", orphan, mine)
+	}
+	must(t, plane.RemoveOrphans(h.ctx, h.host, mine))
+	must(t, h.host.ReleaseAddress(h.ctx, h.network.Name, macB))
+	h.assertClean("b", macB)
 }
 
 // markAndDelete puts clusterctl's delete-for-move marker on a machine and
@@ -80,18 +102,6 @@ func (h *harness) markAndDelete(name string) {
 	must(h.t, h.c.Get(h.ctx, client.ObjectKey{Namespace: h.ns, Name: name}, lm))
 	must(h.t, h.c.Patch(h.ctx, lm, testenv.DeleteForMovePatch()))
 	must(h.t, h.c.Delete(h.ctx, lm))
-}
-
-// removeOrphan deletes a machine's domain, volumes and reservation that no
-// object owns any more.
-func (h *harness) removeOrphan(domain, mac string) {
-	h.t.Helper()
-	must(h.t, h.host.DeleteDomain(h.ctx, domain))
-	for _, v := range []string{scope.OverlayVolumeName(domain), scope.SeedVolumeName(domain)} {
-		must(h.t, h.host.DeleteVolume(h.ctx, h.pool, v))
-	}
-	must(h.t, h.host.DeleteLogVolume(h.ctx, h.pool, scope.ConsoleLogVolumeName(domain)))
-	must(h.t, h.host.ReleaseAddress(h.ctx, h.network.Name, mac))
 }
 
 // TestForgedMACAnnotation: a machine created with another machine's MAC in
