@@ -715,7 +715,7 @@ func TestFailureDomainHostFixed(t *testing.T) {
 		s.Network = infrav1.ClusterNetwork{Bridge: "br0"}
 		s.LoadBalancer = infrav1.LoadBalancer{Type: infrav1.LoadBalancerNone}
 		s.ControlPlaneEndpoint = clusterv1.APIEndpoint{Host: "192.0.2.100", Port: 6443}
-		s.FailureDomains = []infrav1.FailureDomainSpec{{Name: "fd-a", URI: a}, {Name: "fd-b", URI: b}, {Name: "fd-c", URI: b}}
+		s.FailureDomains = []infrav1.FailureDomainSpec{{Name: "fd-a", URI: a, ControlPlane: ptr.To(true)}, {Name: "fd-b", URI: b, ControlPlane: ptr.To(true)}, {Name: "fd-c", URI: b}}
 	})().(*infrav1.LibvirtCluster)
 	lc.Namespace, lc.Name = namespace, name("fdfixed", 0)
 	lc.Labels = map[string]string{clusterv1.ClusterNameLabel: lc.Name}
