@@ -331,8 +331,8 @@ func (im *Importer) run(ctx context.Context, j *job, a *attempt) {
 		Pool: j.key.Pool, Volume: j.key.Volume, Source: j.key.Source, SHA256: j.key.SHA256,
 		DiskBytes: j.key.DiskBytes,
 		Fetch:     im.opts.Fetch,
-		Policy:   im.opts.Sources,
-		Progress: func(read, total int64) { a.read.Store(read); a.total.Store(total) },
+		Policy:    im.opts.Sources,
+		Progress:  func(read, total int64) { a.read.Store(read); a.total.Store(total) },
 	})
 	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		err = fmt.Errorf("import did not finish within %s: %w", im.opts.Deadline, err)
