@@ -162,6 +162,9 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 	if err := mgr.Add(images); err != nil {
 		return nil, err
 	}
+	if err := mgr.Add(images.Collector()); err != nil {
+		return nil, err
+	}
 	libvirtHosts := hosts.NewSet(w.Host, opts.LibvirtURI, w.HostName, mgr.GetAPIReader())
 	if err := mgr.Add(&hosts.Pruner{Set: libvirtHosts, Clusters: mgr.GetClient(), Interval: opts.HostPruneInterval}); err != nil {
 		return nil, err

@@ -24,28 +24,39 @@ type imageRef struct {
 	pool, volume string
 }
 
-// collect removes, every GCInterval until ctx ends, the imported images
-// that no volume was backed by, no import wrote and no reconcile asked for
-// during GCAfter. "Unused since" is what this process observed: after a
-// restart every image gets a full GCAfter again, so a collector never
-// removes what it has not watched unused for that long. It returns at
-// once; the work runs in the Importer's wait group.
-func (im *Importer) collect(ctx context.Context) {
-	im.wg.Add(1)
-	go func() {
-		defer im.wg.Done()
-		unused := map[imageRef]time.Time{}
-		t := time.NewTicker(im.opts.GCInterval)
-		defer t.Stop()
-		for {
-			im.sweep(ctx, unused)
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
+// Collector is the manager Runnable that removes the imported images no
+// volume was backed by, no import wrote and no reconcile asked for during
+// Options.GCAfter, checking every GCInterval; with GCAfter zero it does
+// nothing. "Unused since" is what this process observed: after a restart
+// every image gets a full GCAfter again, so nothing is removed that the
+// collector has not watched unused for that long. It runs on the leader
+// only, the replica whose reconciles ask for images.
+func (im *Importer) Collector() *Collector { return &Collector{im: im} }
+
+// Collector removes unused imported images (Importer.Collector).
+type Collector struct{ im *Importer }
+
+// NeedLeaderElection is true: only the leader knows which images its
+// reconciles are about to use.
+func (*Collector) NeedLeaderElection() bool { return true }
+
+// Start sweeps every GCInterval until ctx ends.
+func (c *Collector) Start(ctx context.Context) error {
+	im := c.im
+	if im.opts.GCAfter <= 0 {
+		return nil
+	}
+	unused := map[imageRef]time.Time{}
+	t := time.NewTicker(im.opts.GCInterval)
+	defer t.Stop()
+	for {
+		im.sweep(ctx, unused)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
 		}
-	}()
+	}
 }
 
 // sweep checks every known host once; unused is when each image was last

@@ -235,12 +235,9 @@ func (im *Importer) Source(kind string) source.Source {
 	return source.Channel(ch, &handler.EnqueueRequestForObject{})
 }
 
-// Start collects unused images (Options.GCAfter) until ctx ends, then
-// cancels the imports and waits for them to clean up.
+// Start waits for ctx to end, then cancels the imports and waits for them
+// to clean up.
 func (im *Importer) Start(ctx context.Context) error {
-	if im.opts.GCAfter > 0 {
-		im.collect(ctx)
-	}
 	<-ctx.Done()
 	im.cancel()
 	im.wg.Wait()
