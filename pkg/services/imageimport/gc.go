@@ -62,6 +62,7 @@ func (c *Collector) Start(ctx context.Context) error {
 // sweep checks every known host once; unused is when each image was last
 // seen in use, carried from sweep to sweep.
 func (im *Importer) sweep(ctx context.Context, unused map[imageRef]time.Time) {
+	im.forget(im.now().Add(-im.opts.GCAfter))
 	seen := map[imageRef]bool{}
 	for _, host := range im.knownHosts() {
 		store, ok := host.(ImageStore)
@@ -115,6 +116,31 @@ func (im *Importer) sweepOne(ctx context.Context, store ImageStore, ref imageRef
 		delete(unused, ref)
 		log.Info("Removed an imported image no disk used", "unusedFor", now.Sub(since).Round(time.Second).String(),
 			"bytes", u.Volume.AllocationBytes)
+	}
+}
+
+// forget drops what reconciles asked for before cutoff, which no longer
+// spares an image, and the hosts (but the Importer's own) no reconcile
+// asked about since and no import uses: a host the manager stopped
+// talking to is not listed again.
+func (im *Importer) forget(cutoff time.Time) {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	keep := map[virt.StorageHost]bool{im.host: true}
+	for ref, at := range im.wanted {
+		if at.Before(cutoff) {
+			delete(im.wanted, ref)
+		} else {
+			keep[ref.host] = true
+		}
+	}
+	for key := range im.jobs {
+		keep[im.hostOf(key)] = true
+	}
+	for h := range im.hosts {
+		if !keep[h] {
+			delete(im.hosts, h)
+		}
 	}
 }
 
