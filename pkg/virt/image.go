@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -152,7 +153,14 @@ func (c *Client) prepareImport(ctx context.Context, img ImageImport, size int64)
 // the way; a digest mismatch aborts before the stream finishes. No lock is
 // held: a slow source delays only this import.
 func (c *Client) streamImport(ctx context.Context, img ImageImport, src io.Reader, size int64) error {
+	calls := 0
 	err := c.withConn(ctx, "ImportImage", func(conn *libvirt.Connect) error {
+		// withConn calls again after a lost connection, but the source
+		// cannot be read again: the rest of it would hash to a mismatch
+		// that looks like the source's fault. Fail as the connection did.
+		if calls++; calls > 1 {
+			return errStreamInterrupted
+		}
 		return withPool(conn, img.Pool, func(p *libvirt.StoragePool) error {
 			return withVolume(p, img.Volume, func(vol *libvirt.StorageVol) error {
 				verify := func(sent []byte) error { return checkDigest(img, sent) }
@@ -166,6 +174,10 @@ func (c *Client) streamImport(ctx context.Context, img ImageImport, src io.Reade
 	}
 	return nil
 }
+
+// errStreamInterrupted fails an import whose libvirt connection was lost
+// mid-stream; the attempt is retried from the start.
+var errStreamInterrupted = errors.New("the libvirt connection was lost while the image streamed")
 
 // abandonImport undoes a failed attempt; the marker goes last so that a
 // crash during this cleanup still leaves the volume recognisably bad. It

@@ -116,8 +116,8 @@ const (
 	Running Phase = "Running"
 	Done    Phase = "Done"
 	Failed  Phase = "Failed"
-	// Refused is a failure for what the source is (its size, format or
-	// checksum): it is not fetched again while the Key stays the same.
+	// Refused is a failure for what the source is (its size or format):
+	// it is not fetched again while the Key stays the same.
 	Refused Phase = "Refused"
 )
 
@@ -350,13 +350,13 @@ func (im *Importer) run(ctx context.Context, j *job, a *attempt) {
 		j.status = Status{Phase: Refused, Attempt: j.status.Attempt, Read: a.read.Load(), Total: a.total.Load(),
 			Elapsed: im.now().Sub(a.started), Err: err}
 		log.Info("Image refused: not fetched again until the image or disk size changes", "err", err.Error())
-		logChecksum(log, err)
 	} else {
 		j.failures++
 		wait := im.opts.Backoff(j.failures)
 		j.status = Status{Phase: Failed, Attempt: j.status.Attempt, Read: a.read.Load(), Total: a.total.Load(),
 			Elapsed: im.now().Sub(a.started), Err: err, RetryAt: im.now().Add(wait)}
 		log.Info("Image import failed", "err", err.Error(), "retryIn", wait.String())
+		logChecksum(log, err)
 	}
 	waiters := make([]Waiter, 0, len(j.waiters))
 	for w := range j.waiters {
@@ -377,13 +377,13 @@ func (im *Importer) hostOf(key Key) virt.StorageHost {
 }
 
 // refused tells whether err refuses the source for what it sent: too long
-// for the operator's bound or the disk, a format that is not imported, or
-// bytes that are not the checksum's. Fetching it again would read the same
-// bytes again (an endless body endlessly); connection and pool failures
-// are retried.
+// for the operator's bound or the disk, or a format that is not imported.
+// Fetching it again would read the same bytes again (an endless body
+// endlessly). Connection and pool failures are retried, and so is a
+// checksum mismatch: a body cut short by the network, which a server
+// without Content-Length cannot be told from, mismatches too.
 func refused(err error) bool {
-	return errors.Is(err, virt.ErrImageTooLarge) || errors.Is(err, virt.ErrImageLargerThanDisk) ||
-		virt.IsImageRefused(err) || errors.Is(err, virt.ErrChecksumMismatch)
+	return errors.Is(err, virt.ErrImageTooLarge) || errors.Is(err, virt.ErrImageLargerThanDisk) || virt.IsImageRefused(err)
 }
 
 // logChecksum logs what a source whose checksum did not match hashed to:
