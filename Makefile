@@ -34,6 +34,8 @@ TEST_ENV = KUBEBUILDER_ASSETS="$$(hack/envtest.sh)" \
 # -p 1: packages share one libvirtd, and reconnect tests restart it; a restart
 # must not break another package's calls mid-test.
 GO_TEST_FLAGS ?= -count=1 -p 1 -timeout=40m
+# FUZZTIME is how long make fuzz runs FuzzInspectImage.
+FUZZTIME ?= 60s
 
 ##@ Main
 
@@ -127,6 +129,10 @@ test-node-image: envtest node-image ## Only the node image's boot test, verbose,
 .PHONY: test-unit
 test-unit: ## Unit tests only: nothing outside the process.
 	go test -count=1 -short ./...
+
+.PHONY: fuzz
+fuzz: ## Fuzz the image header inspection (FuzzInspectImage) for FUZZTIME (60s): nothing outside the process.
+	go test -run '^$$' -fuzz '^FuzzInspectImage$$' -fuzztime=$(FUZZTIME) ./pkg/virt/
 
 .PHONY: bench
 bench: envtest images ## Benchmarks of the libvirt engine; prints figures.

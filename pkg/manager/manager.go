@@ -163,6 +163,9 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 	if err := mgr.Add(images); err != nil {
 		return nil, err
 	}
+	if err := mgr.Add(images.Collector()); err != nil {
+		return nil, err
+	}
 	libvirtHosts := hosts.NewSet(w.Host, opts.LibvirtURI, w.HostName, mgr.GetAPIReader())
 	// One ledger for both kinds: a namespace's machines and clusters share
 	// its totals, and admissions of one namespace are serialised.

@@ -213,6 +213,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Wait before the first retry of a failed image import; it doubles with each failure.")
 	fs.DurationVar(&o.ImageImport.MaxBackoff, "image-import-max-backoff", imageimport.DefaultMaxBackoff,
 		"Longest wait between retries of a failed image import.")
+	fs.DurationVar(&o.ImageImport.GCAfter, "image-gc-after", imageimport.DefaultGCAfter,
+		"How long an image imported from a URL stays in its pool once no disk is backed by it and no machine asked for it (checked every min(this/2, 10m)); 0 keeps imported images forever.")
 
 	fs.IntVar(&o.WebhookPort, "webhook-port", 9443, "Webhook server port.")
 	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs/",

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -143,4 +144,22 @@ func refusedAsWanted(t *testing.T, err error, flag string) bool {
 		t.Fatalf("error %v, want one naming %s", err, flag)
 	}
 	return true
+}
+
+// TestImageGCFlag: imported images nobody uses go after a day by default;
+// 0 keeps them.
+func TestImageGCFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want time.Duration
+	}{
+		{nil, 24 * time.Hour},
+		{[]string{"--image-gc-after=1h"}, time.Hour},
+		{[]string{"--image-gc-after=0"}, 0},
+	} {
+		got, err := parseFlags(t, tc.args).ImageImportOptions()
+		if err != nil || got.GCAfter != tc.want {
+			t.Errorf("%v: GCAfter %s (%v), want %s", tc.args, got.GCAfter, err, tc.want)
+		}
+	}
 }

@@ -5,9 +5,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"libvirt.org/go/libvirt"
 )
@@ -22,21 +24,35 @@ import (
 // or of the host at any earlier moment leaves the marker behind, and the
 // next import (and EnsureOverlay, which refuses such a base) treats the
 // volume as garbage: both are deleted and the import starts over. No copy
-// or rename is needed, which libvirt cannot do cheaply for multi-GiB images.
+// or rename is needed, which libvirt cannot do cheaply (or at all) for
+// multi-GiB images.
 //
-// Imports into one pool are serialised; the source is opened (for a URL:
-// connected and its response headers read, bounded by img.Fetch) and its
-// first bytes inspected before the pool is locked, so a server that never
-// answers holds no pool, and an image whose header names other files
-// (ErrImageRefused) or that is longer than img.Policy allows
-// (ErrImageTooLarge) never reaches it. The
-// volume name should identify the content (e.g. include a digest prefix):
-// a complete volume is reused without opening the source or locking.
+// No shared lock is held while bytes flow: the volume being written is the
+// import's own (claimImport: one import per pool and volume at a time in
+// this process; imports of other volumes run alongside), and the pool lock
+// is taken only to create the marker and the volume and to commit, each a
+// few libvirt calls. libvirt itself lets volumes be created, deleted and
+// the pool refreshed while another volume uploads.
+//
+// The source is opened (for a URL: connected and its response headers
+// read, bounded by img.Fetch) and its first bytes inspected before
+// anything is created, so a server that never answers creates nothing, and
+// an image whose header names other files (ErrImageRefused), that is longer
+// than img.Policy allows (ErrImageTooLarge) or than img.DiskBytes can use
+// (ErrImageLargerThanDisk) never reaches the pool; a stream that runs past
+// those bounds is cut there. The volume name should identify the content
+// (e.g. include a digest prefix): a complete volume is reused without
+// opening the source.
 func (c *Client) ImportImage(ctx context.Context, img ImageImport) (VolumeInfo, error) {
 	want, err := hex.DecodeString(img.SHA256)
 	if err != nil || len(want) != sha256.Size {
 		return VolumeInfo{}, fmt.Errorf("image %s: sha256 must be 64 hex digits, got %q", img.Source, img.SHA256)
 	}
+	release, err := c.claimImport(ctx, img.Pool, img.Volume)
+	if err != nil {
+		return VolumeInfo{}, err
+	}
+	defer release()
 	if info, ok, err := c.completeImage(ctx, img); err != nil || ok {
 		return info, err
 	}
@@ -49,17 +65,154 @@ func (c *Client) ImportImage(ctx context.Context, img ImageImport) (VolumeInfo, 
 	if err != nil {
 		return VolumeInfo{}, err
 	}
-	unlock, err := c.lockPool(ctx, img.Pool)
-	if err != nil {
+	info, done, err := c.prepareImport(ctx, img, size)
+	if err != nil || done {
+		return info, err
+	}
+	if err := c.streamImport(ctx, img, body, size); err != nil {
+		c.abandonImport(img)
 		return VolumeInfo{}, err
 	}
+	return c.commitImport(ctx, img)
+}
+
+// importClaimKey prefixes the lock-table keys of claimImport; no pool is
+// named with a slash.
+const importClaimKey = "import/"
+
+// claimImport makes pool/volume this import's own until release: another
+// import of the same volume in this process waits (and then finds it
+// complete), so no import deletes, as an interrupted one's leftover, a
+// volume another is still writing.
+func (c *Client) claimImport(ctx context.Context, pool, volume string) (func(), error) {
+	l := c.poolLock(importClaimKey + pool + "/" + volume)
+	select {
+	case l <- struct{}{}:
+		return func() { <-l }, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("waiting for another import of %s/%s: %w", pool, volume, ctx.Err())
+	}
+}
+
+// withPoolLocked runs fn on pool with the pool lock held: for the short
+// steps of an import that create or delete volumes.
+func (c *Client) withPoolLocked(ctx context.Context, pool string, fn func(*libvirt.Connect, *libvirt.StoragePool) error) error {
+	unlock, err := c.lockPool(ctx, pool)
+	if err != nil {
+		return err
+	}
 	defer unlock()
+	return c.withConn(ctx, "ImportImage", func(conn *libvirt.Connect) error {
+		return withPool(conn, pool, func(p *libvirt.StoragePool) error {
+			return wrapNoSpace(pool, fn(conn, p))
+		})
+	})
+}
+
+// prepareImport removes an interrupted import's leftover, or reports a
+// volume completed meanwhile (done), and creates the marker and the empty
+// raw volume the stream goes to.
+func (c *Client) prepareImport(ctx context.Context, img ImageImport, size int64) (VolumeInfo, bool, error) {
 	var info VolumeInfo
-	err = c.withConn(ctx, "ImportImage", func(conn *libvirt.Connect) error {
+	done := false
+	err := c.withPoolLocked(ctx, img.Pool, func(_ *libvirt.Connect, p *libvirt.StoragePool) error {
+		marker := img.Volume + partialSuffix
+		partial, err := volumeExists(p, marker)
+		if err != nil {
+			return err
+		}
+		if partial {
+			// Leftover of an interrupted import: never reuse it.
+			if err := deleteVolume(p, img.Volume); err != nil {
+				return fmt.Errorf("removing incomplete %s: %w", img.Volume, err)
+			}
+		} else {
+			err := withVolume(p, img.Volume, func(v *libvirt.StorageVol) error {
+				var err error
+				info, err = describeVolume(img.Pool, v)
+				return err
+			})
+			if !IsNotFound(err) {
+				done = err == nil
+				return err
+			}
+			if err := createMarker(p, marker); err != nil {
+				return err
+			}
+		}
+		vol, err := ensureRawVolume(p, img.Volume, uint64(max(size, 0)), "")
+		if err != nil {
+			return err
+		}
+		return vol.Free()
+	})
+	return info, done, err
+}
+
+// streamImport uploads the source into the import's own volume, hashing on
+// the way; a digest mismatch aborts before the stream finishes. No lock is
+// held: a slow source delays only this import.
+func (c *Client) streamImport(ctx context.Context, img ImageImport, src io.Reader, size int64) error {
+	calls := 0
+	err := c.withConn(ctx, "ImportImage", func(conn *libvirt.Connect) error {
+		// withConn calls again after a lost connection, but the source
+		// cannot be read again: the rest of it would hash to a mismatch
+		// that looks like the source's fault. Fail as the connection did.
+		if calls++; calls > 1 {
+			return errStreamInterrupted
+		}
 		return withPool(conn, img.Pool, func(p *libvirt.StoragePool) error {
+			return withVolume(p, img.Volume, func(vol *libvirt.StorageVol) error {
+				verify := func(sent []byte) error { return checkDigest(img, sent) }
+				_, err := upload(ctx, conn, p, vol, src, size, verify)
+				return wrapNoSpace(img.Pool, err)
+			})
+		})
+	})
+	if err != nil {
+		return fmt.Errorf("importing %s into %s/%s: %w", RedactURL(img.Source), img.Pool, img.Volume, err)
+	}
+	return nil
+}
+
+// errStreamInterrupted fails an import whose libvirt connection was lost
+// mid-stream; the attempt is retried from the start.
+var errStreamInterrupted = errors.New("the libvirt connection was lost while the image streamed")
+
+// abandonImport undoes a failed attempt; the marker goes last so that a
+// crash during this cleanup still leaves the volume recognisably bad. It
+// runs on a context of its own: the attempt's may be what ended.
+func (c *Client) abandonImport(img ImageImport) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	_ = c.withPoolLocked(ctx, img.Pool, func(_ *libvirt.Connect, p *libvirt.StoragePool) error {
+		if err := deleteVolume(p, img.Volume); err != nil {
+			return err
+		}
+		return deleteVolume(p, img.Volume+partialSuffix)
+	})
+}
+
+// cleanupTimeout bounds the removal of a failed import's volumes.
+const cleanupTimeout = 30 * time.Second
+
+// commitImport deletes the marker, the commit point, and describes the
+// image as libvirt's rescan of the pool sees it.
+func (c *Client) commitImport(ctx context.Context, img ImageImport) (VolumeInfo, error) {
+	var info VolumeInfo
+	err := c.withPoolLocked(ctx, img.Pool, func(_ *libvirt.Connect, p *libvirt.StoragePool) error {
+		if err := deleteVolume(p, img.Volume+partialSuffix); err != nil {
+			return fmt.Errorf("committing import of %s: %w", img.Volume, err)
+		}
+		// The volume was created raw; the rescan probes its real format
+		// (qcow2 images) and virtual size.
+		if err := refreshPool(ctx, p); err != nil {
+			return err
+		}
+		return withVolume(p, img.Volume, func(v *libvirt.StorageVol) error {
 			var err error
-			info, err = importInto(ctx, conn, p, img, body, size)
-			return wrapNoSpace(img.Pool, err)
+			info, err = describeVolume(img.Pool, v)
+			return err
 		})
 	})
 	return info, err
@@ -89,57 +242,6 @@ func (c *Client) completeImage(ctx context.Context, img ImageImport) (VolumeInfo
 	return info, found, err
 }
 
-// importInto runs one import attempt with the pool lock held.
-func importInto(ctx context.Context, conn *libvirt.Connect, p *libvirt.StoragePool, img ImageImport, src io.Reader, size int64) (VolumeInfo, error) {
-	marker := img.Volume + partialSuffix
-	partial, err := volumeExists(p, marker)
-	if err != nil {
-		return VolumeInfo{}, err
-	}
-	if partial {
-		// Leftover of an interrupted import: never reuse it.
-		if err := deleteVolume(p, img.Volume); err != nil {
-			return VolumeInfo{}, fmt.Errorf("removing incomplete %s: %w", img.Volume, err)
-		}
-	} else {
-		var info VolumeInfo
-		err := withVolume(p, img.Volume, func(v *libvirt.StorageVol) error {
-			var err error
-			info, err = describeVolume(img.Pool, v)
-			return err
-		})
-		if !IsNotFound(err) {
-			return info, err
-		}
-		if err := createMarker(p, marker); err != nil {
-			return VolumeInfo{}, err
-		}
-	}
-	if err := uploadImage(ctx, conn, p, img, src, size); err != nil {
-		// Undo the half-done work; the marker goes last so that a crash
-		// during this cleanup still leaves the volume recognisably bad.
-		if derr := deleteVolume(p, img.Volume); derr == nil {
-			_ = deleteVolume(p, marker)
-		}
-		return VolumeInfo{}, err
-	}
-	if err := deleteVolume(p, marker); err != nil {
-		return VolumeInfo{}, fmt.Errorf("committing import of %s: %w", img.Volume, err)
-	}
-	// The volume was created raw; the rescan probes its real format (qcow2
-	// images) and virtual size.
-	if err := refreshPool(ctx, p); err != nil {
-		return VolumeInfo{}, err
-	}
-	var info VolumeInfo
-	err = withVolume(p, img.Volume, func(v *libvirt.StorageVol) error {
-		var err error
-		info, err = describeVolume(img.Pool, v)
-		return err
-	})
-	return info, err
-}
-
 func createMarker(p *libvirt.StoragePool, name string) error {
 	vol, err := createEmptyVolume(p, name)
 	if err != nil {
@@ -157,56 +259,55 @@ func createEmptyVolume(p *libvirt.StoragePool, name string) (*libvirt.StorageVol
 	return p.StorageVolCreateXML(doc, 0)
 }
 
-// uploadImage creates the raw image volume and streams the source into it,
-// hashing on the way; a digest mismatch aborts before the stream finishes.
-// A source of unknown length (size < 0) starts from an empty volume.
-func uploadImage(ctx context.Context, conn *libvirt.Connect, p *libvirt.StoragePool, img ImageImport, src io.Reader, size int64) error {
-	vol, err := ensureRawVolume(p, img.Volume, uint64(max(size, 0)), "")
-	if err != nil {
-		return err
-	}
-	defer vol.Free()
-	verify := func(sent []byte) error { return checkDigest(img, sent) }
-	if _, err := upload(ctx, conn, p, vol, src, size, verify); err != nil {
-		return fmt.Errorf("importing %s into %s/%s: %w", RedactURL(img.Source), img.Pool, img.Volume, err)
-	}
-	return nil
-}
-
-// checkedSource refuses an image longer than img.Policy.MaxBytes or whose
-// first bytes make it something other than plain data (inspectImage),
-// before anything reaches the pool, and returns the source to upload:
-// bounded, with the bytes inspected still to be read.
+// checkedSource refuses an image longer than img.Policy.MaxBytes, whose
+// first bytes make it something other than plain data (inspectImage), or
+// that the disk it becomes cannot use (img.DiskBytes), before anything
+// reaches the pool, and returns the source to upload: bounded by the
+// smaller of those limits, with the bytes inspected still to be read.
 func checkedSource(src io.Reader, size int64, img ImageImport) (io.Reader, error) {
+	shown := RedactURL(img.Source)
 	limit := img.Policy.MaxBytes
 	if limit > 0 && size > limit {
-		return nil, fmt.Errorf("%w: %s is %d bytes, the bound is %d (--image-import-max-size)", ErrImageTooLarge, RedactURL(img.Source), size, limit)
+		return nil, fmt.Errorf("%w: %s is %d bytes, the bound is %d (--image-import-max-size)", ErrImageTooLarge, shown, size, limit)
 	}
 	if limit > 0 {
-		src = &boundedReader{r: src, left: limit, limit: limit}
+		src = &boundedReader{r: src, left: limit, limit: limit, err: ErrImageTooLarge, why: "--image-import-max-size"}
 	}
 	head := bufio.NewReaderSize(src, imageHeadBytes)
 	peek, err := head.Peek(imageHeadBytes)
 	if err != nil && err != io.EOF {
-		return nil, fmt.Errorf("reading the start of %s: %w", RedactURL(img.Source), err)
+		return nil, fmt.Errorf("reading the start of %s: %w", shown, err)
 	}
-	if _, err := inspectImage(peek); err != nil {
-		return nil, fmt.Errorf("%s: %w", RedactURL(img.Source), err)
+	format, err := inspectImage(peek)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", shown, err)
 	}
-	return head, nil
+	if img.DiskBytes == 0 {
+		return head, nil
+	}
+	bound, err := imageStreamBound(format, peek, img.DiskBytes)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", shown, err)
+	}
+	if size > bound {
+		return nil, fmt.Errorf("%w: %s is %d bytes, a %s image for a disk of %d bytes is at most %d", ErrImageLargerThanDisk, shown, size, format, img.DiskBytes, bound)
+	}
+	return &boundedReader{r: head, left: bound, limit: bound, err: ErrImageLargerThanDisk, why: fmt.Sprintf("what a %s image for a disk of %d bytes can hold", format, img.DiskBytes)}, nil
 }
 
-// boundedReader fails with ErrImageTooLarge once its source gave more
-// than limit bytes: a server that sends no length, or an endless one.
+// boundedReader fails with err once its source gave more than limit
+// bytes: a server that sends no length, or an endless one.
 type boundedReader struct {
 	r           io.Reader
 	left, limit int64
+	err         error
+	why         string
 }
 
 // Read reads from the source and fails past the bound.
 func (b *boundedReader) Read(p []byte) (int, error) {
 	if b.left < 0 {
-		return 0, fmt.Errorf("%w: the source sent more than %d bytes (--image-import-max-size)", ErrImageTooLarge, b.limit)
+		return 0, b.exceeded()
 	}
 	if int64(len(p)) > b.left+1 {
 		p = p[:b.left+1]
@@ -214,9 +315,13 @@ func (b *boundedReader) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	b.left -= int64(n)
 	if b.left < 0 {
-		return n, fmt.Errorf("%w: the source sent more than %d bytes (--image-import-max-size)", ErrImageTooLarge, b.limit)
+		return n, b.exceeded()
 	}
 	return n, err
+}
+
+func (b *boundedReader) exceeded() error {
+	return fmt.Errorf("%w: the source sent more than %d bytes (%s)", b.err, b.limit, b.why)
 }
 
 func checkDigest(img ImageImport, sent []byte) error {

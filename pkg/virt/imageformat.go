@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 )
 
 // imageHeadBytes is how much of an image inspectImage reads: a qcow2
@@ -18,6 +19,9 @@ const (
 	qcow2OffVersion           = 4
 	qcow2OffBackingFileOffset = 8
 	qcow2OffBackingFileSize   = 16
+	qcow2OffClusterBits       = 20
+	qcow2OffSize              = 24
+	qcow2OffRefcountOrder     = 96
 	qcow2OffIncompatible      = 72
 	qcow2OffHeaderLength      = 100
 	qcow2V2HeaderLength       = 72
@@ -115,6 +119,78 @@ func inspectQCOW2(h []byte) error {
 		}
 		off += 8 + (size+7)&^7
 	}
+}
+
+// qcow2 limits QEMU enforces: clusters of 512 B to 2 MiB, refcounts of at
+// most 64 bits (order 6); v2 images have 16-bit refcounts (order 4).
+const (
+	qcow2MinClusterBits     = 9
+	qcow2MaxClusterBits     = 21
+	qcow2MaxRefcountOrder   = 6
+	qcow2V2RefcountOrder    = 4
+	qcow2SlackClusters      = 64
+	qcow2ExtendedL2EntryLen = 16
+)
+
+// imageStreamBound is the most bytes an image of format whose first bytes
+// are head can take while it still fits a disk of diskBytes: a raw image
+// is the disk; a qcow2 is refused when its header's virtual size exceeds
+// the disk (ErrImageLargerThanDisk) and otherwise bounded by what its
+// virtual size and cluster size allow (qcow2MaxFileBytes). head passed
+// inspectImage.
+func imageStreamBound(format string, head []byte, diskBytes uint64) (int64, error) {
+	if format != FormatQCOW2 {
+		return clampInt64(diskBytes), nil
+	}
+	be := binary.BigEndian
+	virtual := be.Uint64(head[qcow2OffSize:])
+	if virtual > diskBytes {
+		return 0, fmt.Errorf("%w: its qcow2 header describes a disk of %d bytes, the machine's disk is %d", ErrImageLargerThanDisk, virtual, diskBytes)
+	}
+	bits := be.Uint32(head[qcow2OffClusterBits:])
+	if bits < qcow2MinClusterBits || bits > qcow2MaxClusterBits {
+		return 0, &ImageRefusedError{Err: ErrImageFormatUnsupported, Detail: fmt.Sprintf("its qcow2 cluster size 2^%d is outside 2^%d..2^%d", bits, qcow2MinClusterBits, qcow2MaxClusterBits)}
+	}
+	order := uint32(qcow2V2RefcountOrder)
+	if be.Uint32(head[qcow2OffVersion:]) == 3 {
+		order = be.Uint32(head[qcow2OffRefcountOrder:])
+	}
+	if order > qcow2MaxRefcountOrder {
+		return 0, &ImageRefusedError{Err: ErrImageFormatUnsupported, Detail: fmt.Sprintf("its qcow2 refcount order %d is above %d", order, qcow2MaxRefcountOrder)}
+	}
+	return clampInt64(qcow2MaxFileBytes(virtual, uint(bits), uint(order))), nil
+}
+
+// qcow2MaxFileBytes bounds the file of a qcow2 image without internal
+// snapshots: every guest cluster allocated, its L2 tables (counted with
+// extended 16-byte entries, the larger kind), the L1 table, the refcount
+// blocks and table that cover all of these (counted at half a block each,
+// for the blocks covering themselves), plus qcow2SlackClusters for the
+// header, its extensions and what a converter leaves unused.
+func qcow2MaxFileBytes(virtual uint64, clusterBits, refcountOrder uint) uint64 {
+	cluster := uint64(1) << clusterBits
+	data := ceilDiv(virtual, cluster)
+	l2 := ceilDiv(data*qcow2ExtendedL2EntryLen, cluster)
+	l1 := ceilDiv(l2*8, cluster)
+	counted := data + l2 + l1 + qcow2SlackClusters
+	perBlock := cluster * 8 >> refcountOrder
+	blocks := ceilDiv(counted, perBlock/2)
+	table := ceilDiv(blocks*8, cluster)
+	total := counted + blocks + table
+	if total > math.MaxUint64>>clusterBits {
+		return math.MaxUint64 // a virtual size near 2^64: no bound to keep
+	}
+	return total * cluster
+}
+
+func ceilDiv(a, b uint64) uint64 { return a/b + min(a%b, 1) }
+
+// clampInt64 is n, or the largest int64 when n is larger.
+func clampInt64(n uint64) int64 {
+	if n > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(n)
 }
 
 // ImageRefusedError details why an image is not imported or not used as

@@ -28,6 +28,13 @@ type ImageImport struct {
 	// Policy is what Source may reach and how long it may be; its zero
 	// value refuses files.
 	Policy SourcePolicy
+	// DiskBytes is the virtual size of the disk the image becomes, zero
+	// when the disk takes the image's size. A raw source longer than it,
+	// or a qcow2 whose header describes a larger disk, is refused
+	// (ErrImageLargerThanDisk): an overlay could never use it. A stream
+	// is cut as soon as it passes what such a disk can hold
+	// (imageStreamBound), so an endless body costs at most that much.
+	DiskBytes uint64
 	// Progress, when set, is called as the source is read, with the bytes
 	// read so far and the source's length.
 	Progress func(done, total int64)

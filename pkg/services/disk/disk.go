@@ -125,7 +125,8 @@ func (svc *Service) baseImage(ctx context.Context, pool string) (string, string,
 		return "", "", services.Fail(infrav1.ImageNotFoundReason, services.Requeue(0, "no image"),
 			"spec.image needs a volume, or a url with a sha256 checksum")
 	}
-	return svc.importImage(imageimport.Key{Host: svc.host, Pool: pool, Volume: scope.ImageVolumeName(sum), Source: img.URL, SHA256: sum})
+	return svc.importImage(imageimport.Key{Host: svc.host, Pool: pool, Volume: scope.ImageVolumeName(sum), Source: img.URL, SHA256: sum,
+		DiskBytes: svc.scope.DiskSizeBytes()})
 }
 
 // importImage asks the importer for the image and reports how its import
@@ -140,6 +141,9 @@ func (svc *Service) importImage(key imageimport.Key) (string, string, error) {
 	case imageimport.Done:
 		svc.images.Release(svc.waiter())
 		return key.Pool, st.Volume.Name, nil
+	case imageimport.Refused:
+		return "", "", services.Fail(importFailureReason(st.Err), services.Requeue(recheckChecksum, "image refused"),
+			"Importing %s was refused; it is not fetched again until spec.image or the disk size changes: %v", virt.RedactURL(key.Source), st.Err)
 	case imageimport.Failed:
 		retry := max(time.Until(st.RetryAt), time.Second)
 		return "", "", services.Fail(importFailureReason(st.Err), services.Requeue(retry, "image import failed"),

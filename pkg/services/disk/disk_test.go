@@ -80,6 +80,8 @@ func TestDiskImportReasons(t *testing.T) {
 			infrav1.ImageFormatUnsupportedReason, "vmdk"},
 		{"too large", imageimport.Status{Phase: imageimport.Failed, Attempt: 1, Err: fmt.Errorf("%w: 40 GiB", virt.ErrImageTooLarge), RetryAt: time.Now().Add(time.Minute)},
 			infrav1.ImageTooLargeReason, "40 GiB"},
+		{"larger than the disk, refused", imageimport.Status{Phase: imageimport.Refused, Attempt: 1, Err: fmt.Errorf("%w: the source sent more than 2147483648 bytes", virt.ErrImageLargerThanDisk)},
+			infrav1.ImageLargerThanDiskReason, "not fetched again until spec.image or the disk size changes"},
 		{"denied address", imageimport.Status{Phase: imageimport.Failed, Attempt: 1, Err: fmt.Errorf("%w: 169.254.169.254", virt.ErrImageSourceRefused), RetryAt: time.Now().Add(time.Minute)},
 			infrav1.ImageSourceNotAllowedReason, "169.254.169.254"},
 	} {

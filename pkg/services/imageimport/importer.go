@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -32,6 +33,8 @@ const (
 	DefaultDeadline       = 2 * time.Hour
 	DefaultMinBackoff     = 10 * time.Second
 	DefaultMaxBackoff     = 10 * time.Minute
+	DefaultGCAfter        = 24 * time.Hour
+	DefaultGCInterval     = 10 * time.Minute
 )
 
 // DefaultDenyCIDRs are the addresses downloads never reach unless the
@@ -51,6 +54,11 @@ type Options struct {
 	// MinBackoff and MaxBackoff space the attempts after failures: the
 	// wait doubles from MinBackoff up to MaxBackoff.
 	MinBackoff, MaxBackoff time.Duration
+	// GCAfter is how long an imported image no volume is backed by and no
+	// reconcile asked for stays in its pool; zero keeps images forever.
+	// GCInterval is how often the pools are checked; zero picks
+	// min(GCAfter/2, DefaultGCInterval).
+	GCAfter, GCInterval time.Duration
 }
 
 // withDefaults fills in the zero fields: an import is never unbounded.
@@ -66,6 +74,9 @@ func (o Options) withDefaults() Options {
 	def(&o.Deadline, DefaultDeadline)
 	def(&o.MinBackoff, DefaultMinBackoff)
 	def(&o.MaxBackoff, DefaultMaxBackoff)
+	if o.GCAfter > 0 && o.GCInterval <= 0 {
+		o.GCInterval = min(o.GCAfter/2, DefaultGCInterval)
+	}
 	return o
 }
 
@@ -78,12 +89,17 @@ func (o Options) Backoff(n int) time.Duration {
 	return min(d, o.MaxBackoff)
 }
 
-// Key identifies an import: one image into one pool.
+// Key identifies an import: one image into one pool for one disk size.
+// A source refused for its size or content is not fetched again until
+// one of these changes.
 type Key struct {
 	// Host is the libvirt host whose pool the image goes to; nil means the
 	// Importer's own. Hosts compare by identity: one connection per host.
 	Host                         virt.StorageHost
 	Pool, Volume, Source, SHA256 string
+	// DiskBytes is the size of the disk the image becomes, zero for the
+	// image's own (virt.ImageImport.DiskBytes).
+	DiskBytes uint64
 }
 
 // Waiter is an object whose reconcile waits for an import; Source
@@ -100,6 +116,9 @@ const (
 	Running Phase = "Running"
 	Done    Phase = "Done"
 	Failed  Phase = "Failed"
+	// Refused is a failure for what the source is (its size or format):
+	// it is not fetched again while the Key stays the same.
+	Refused Phase = "Refused"
 )
 
 // Status is an import's state as Ensure reports it.
@@ -111,8 +130,8 @@ type Status struct {
 	Elapsed     time.Duration
 	// Attempt counts the attempts, the running or last one included.
 	Attempt int
-	// Err is the last attempt's failure; RetryAt is when the next attempt
-	// may start (Failed only).
+	// Err is the last attempt's failure (Failed and Refused); RetryAt is
+	// when the next attempt may start (Failed only).
 	Err     error
 	RetryAt time.Time
 	// Volume is the imported image (Done only).
@@ -165,6 +184,14 @@ type Importer struct {
 	mu      sync.Mutex
 	jobs    map[Key]*job
 	sources map[string]chan event.GenericEvent // kind → reconcile triggers
+	// wanted is when a reconcile last asked for each image, and hosts
+	// every host asked about: what the image collector spares and where
+	// it looks.
+	wanted map[imageRef]time.Time
+	hosts  map[virt.StorageHost]struct{}
+	// gcPools, when set, limits the collector to the pools it accepts
+	// (tests share their libvirtd with others).
+	gcPools func(pool string) bool
 }
 
 // job is one image's import and those waiting for it.
@@ -190,6 +217,7 @@ func New(host virt.StorageHost, opts Options) *Importer {
 	return &Importer{
 		host: host, opts: opts.withDefaults(), now: time.Now, ctx: ctx, cancel: cancel,
 		jobs: map[Key]*job{}, sources: map[string]chan event.GenericEvent{},
+		wanted: map[imageRef]time.Time{}, hosts: map[virt.StorageHost]struct{}{host: {}},
 	}
 }
 
@@ -220,12 +248,18 @@ func (im *Importer) Start(ctx context.Context) error {
 // imports of a replica that stops must end with it.
 func (im *Importer) NeedLeaderElection() bool { return false }
 
-// Ensure registers w as waiting for key's import, starts the import unless
-// it runs, is done, or waits out its backoff, and returns its status. It
-// never blocks on libvirt or the network.
+// Ensure registers w as waiting for key's import, and for no other (an
+// object waits for one image: a changed spec leaves the old import), starts
+// the import unless it runs, is done, was refused, or waits out its
+// backoff, and returns its status. It never blocks on libvirt or the
+// network.
 func (im *Importer) Ensure(key Key, w Waiter) Status {
 	im.mu.Lock()
 	defer im.mu.Unlock()
+	im.releaseLocked(w, key)
+	host := im.hostOf(key)
+	im.hosts[host] = struct{}{}
+	im.wanted[imageRef{host: host, pool: key.Pool, volume: key.Volume}] = im.now()
 	j, ok := im.jobs[key]
 	if !ok {
 		j = &job{key: key, waiters: map[Waiter]struct{}{}}
@@ -233,7 +267,7 @@ func (im *Importer) Ensure(key Key, w Waiter) Status {
 	}
 	j.waiters[w] = struct{}{}
 	switch {
-	case j.status.Phase == Done:
+	case j.status.Phase == Done, j.status.Phase == Refused:
 	case j.status.Phase == Failed && im.now().Before(j.status.RetryAt):
 	case j.attempt == nil:
 		im.startLocked(j)
@@ -250,8 +284,13 @@ func (im *Importer) Ensure(key Key, w Waiter) Status {
 func (im *Importer) Release(w Waiter) {
 	im.mu.Lock()
 	defer im.mu.Unlock()
+	im.releaseLocked(w, Key{})
+}
+
+// releaseLocked ends w's wait on every import but keep's.
+func (im *Importer) releaseLocked(w Waiter, keep Key) {
 	for key, j := range im.jobs {
-		if _, ok := j.waiters[w]; !ok {
+		if _, ok := j.waiters[w]; !ok || key == keep {
 			continue
 		}
 		delete(j.waiters, w)
@@ -284,15 +323,13 @@ func (im *Importer) startLocked(j *job) {
 func (im *Importer) run(ctx context.Context, j *job, a *attempt) {
 	log := ctrl.Log.WithName("imageimport").WithValues("source", virt.RedactURL(j.key.Source), "pool", j.key.Pool, "volume", j.key.Volume)
 	log.Info("Importing image")
-	host := j.key.Host
-	if host == nil {
-		host = im.host
-	}
+	host := im.hostOf(j.key)
 	info, err := host.ImportImage(ctx, virt.ImageImport{
 		Pool: j.key.Pool, Volume: j.key.Volume, Source: j.key.Source, SHA256: j.key.SHA256,
-		Fetch:    im.opts.Fetch,
-		Policy:   im.opts.Sources,
-		Progress: func(read, total int64) { a.read.Store(read); a.total.Store(total) },
+		DiskBytes: j.key.DiskBytes,
+		Fetch:     im.opts.Fetch,
+		Policy:    im.opts.Sources,
+		Progress:  func(read, total int64) { a.read.Store(read); a.total.Store(total) },
 	})
 	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		err = fmt.Errorf("import did not finish within %s: %w", im.opts.Deadline, err)
@@ -309,17 +346,17 @@ func (im *Importer) run(ctx context.Context, j *job, a *attempt) {
 		j.status = Status{Phase: Done, Attempt: j.status.Attempt, Read: a.read.Load(), Total: a.total.Load(),
 			Elapsed: im.now().Sub(a.started), Volume: info}
 		log.Info("Image imported", "took", j.status.Elapsed.Round(time.Millisecond).String())
+	} else if refused(err) {
+		j.status = Status{Phase: Refused, Attempt: j.status.Attempt, Read: a.read.Load(), Total: a.total.Load(),
+			Elapsed: im.now().Sub(a.started), Err: err}
+		log.Info("Image refused: not fetched again until the image or disk size changes", "err", err.Error())
 	} else {
 		j.failures++
 		wait := im.opts.Backoff(j.failures)
 		j.status = Status{Phase: Failed, Attempt: j.status.Attempt, Read: a.read.Load(), Total: a.total.Load(),
 			Elapsed: im.now().Sub(a.started), Err: err, RetryAt: im.now().Add(wait)}
 		log.Info("Image import failed", "err", err.Error(), "retryIn", wait.String())
-		var sum *virt.ChecksumError
-		if errors.As(err, &sum) {
-			// Only the operator's log shows what the source hashed to.
-			log.V(4).Info("Image checksum", "expected", sum.Expected, "computed", sum.Actual)
-		}
+		logChecksum(log, err)
 	}
 	waiters := make([]Waiter, 0, len(j.waiters))
 	for w := range j.waiters {
@@ -328,6 +365,33 @@ func (im *Importer) run(ctx context.Context, j *job, a *attempt) {
 	im.mu.Unlock()
 	for _, w := range waiters {
 		im.notify(w)
+	}
+}
+
+// hostOf is the host key's image goes to.
+func (im *Importer) hostOf(key Key) virt.StorageHost {
+	if key.Host == nil {
+		return im.host
+	}
+	return key.Host
+}
+
+// refused tells whether err refuses the source for what it sent: too long
+// for the operator's bound or the disk, or a format that is not imported.
+// Fetching it again would read the same bytes again (an endless body
+// endlessly). Connection and pool failures are retried, and so is a
+// checksum mismatch: a body cut short by the network, which a server
+// without Content-Length cannot be told from, mismatches too.
+func refused(err error) bool {
+	return errors.Is(err, virt.ErrImageTooLarge) || errors.Is(err, virt.ErrImageLargerThanDisk) || virt.IsImageRefused(err)
+}
+
+// logChecksum logs what a source whose checksum did not match hashed to:
+// only the operator's log shows it.
+func logChecksum(log logr.Logger, err error) {
+	var sum *virt.ChecksumError
+	if errors.As(err, &sum) {
+		log.V(4).Info("Image checksum", "expected", sum.Expected, "computed", sum.Actual)
 	}
 }
 

@@ -211,3 +211,25 @@ func TestStartCancelsImports(t *testing.T) {
 	recv(t, h.canceled, "cancellation")
 	recv(t, done, "Start's return")
 }
+
+// TestCollectorOptions: the collector does nothing with GCAfter zero and
+// checks at least twice per grace period, at most every
+// DefaultGCInterval.
+func TestCollectorOptions(t *testing.T) {
+	for _, tc := range []struct {
+		after, interval, want time.Duration
+	}{
+		{0, 0, 0},
+		{time.Minute, 0, 30 * time.Second},
+		{24 * time.Hour, 0, DefaultGCInterval},
+		{24 * time.Hour, time.Minute, time.Minute},
+	} {
+		if got := (Options{GCAfter: tc.after, GCInterval: tc.interval}).withDefaults().GCInterval; got != tc.want {
+			t.Errorf("GCAfter %s, GCInterval %s: interval %s, want %s", tc.after, tc.interval, got, tc.want)
+		}
+	}
+	// With GCAfter zero, Start returns at once: it never lists a host.
+	if err := New(newGateHost(), Options{}).Collector().Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}

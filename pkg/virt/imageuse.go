@@ -1,0 +1,154 @@
+package virt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"libvirt.org/go/libvirt"
+)
+
+// VolumeRef names a volume.
+type VolumeRef struct {
+	Pool, Name string
+}
+
+// ImageUse is a base image volume and what uses it.
+type ImageUse struct {
+	// Volume is the image; AllocationBytes is what it takes on the host.
+	Volume VolumeInfo
+	// Users are the volumes of any active pool of the host whose backing
+	// file it is: the overlays (root disks) made on it.
+	Users []VolumeRef
+	// Partial is true while its import marker exists: an import writes it
+	// or was interrupted.
+	Partial bool
+}
+
+// ImageUses lists the volumes of every active pool whose name isImage
+// accepts (the provider's imported images: scope.IsImageVolumeName) with
+// their sizes and the volumes backed by each. Quota code counts their
+// allocation; the image collector removes those nobody uses. Volumes that
+// vanish while being listed are skipped.
+func (c *Client) ImageUses(ctx context.Context, isImage func(name string) bool) ([]ImageUse, error) {
+	var out []ImageUse
+	err := c.withConn(ctx, "ImageUses", func(conn *libvirt.Connect) error {
+		vols, err := allVolumes(conn)
+		if err != nil {
+			return err
+		}
+		out = imageUses(vols, isImage)
+		return nil
+	})
+	return out, err
+}
+
+// imageUses picks the images out of vols and finds their users by path.
+func imageUses(vols []VolumeInfo, isImage func(string) bool) []ImageUse {
+	users := map[string][]VolumeRef{}
+	names := map[VolumeRef]bool{}
+	for _, v := range vols {
+		names[VolumeRef{v.Pool, v.Name}] = true
+		if v.BackingPath != "" {
+			users[v.BackingPath] = append(users[v.BackingPath], VolumeRef{v.Pool, v.Name})
+		}
+	}
+	var out []ImageUse
+	for _, v := range vols {
+		if !isImage(v.Name) {
+			continue
+		}
+		out = append(out, ImageUse{Volume: v, Users: users[v.Path], Partial: names[VolumeRef{v.Pool, v.Name + partialSuffix}]})
+	}
+	return out
+}
+
+// allVolumes describes every volume of every active pool.
+func allVolumes(conn *libvirt.Connect) ([]VolumeInfo, error) {
+	pools, err := conn.ListAllStoragePools(libvirt.CONNECT_LIST_STORAGE_POOLS_ACTIVE)
+	if err != nil {
+		return nil, fmt.Errorf("listing pools: %w", err)
+	}
+	var out []VolumeInfo
+	var firstErr error
+	for i := range pools {
+		if firstErr == nil {
+			vols, err := poolVolumes(&pools[i])
+			if err != nil && !IsNotFound(err) {
+				firstErr = err
+			}
+			out = append(out, vols...)
+		}
+		_ = pools[i].Free()
+	}
+	return out, firstErr
+}
+
+// poolVolumes describes the volumes of one pool.
+func poolVolumes(p *libvirt.StoragePool) ([]VolumeInfo, error) {
+	name, err := p.GetName()
+	if err != nil {
+		return nil, err
+	}
+	vols, err := p.ListAllStorageVolumes(0)
+	if err != nil {
+		return nil, fmt.Errorf("listing volumes of %s: %w", name, err)
+	}
+	var out []VolumeInfo
+	var firstErr error
+	for i := range vols {
+		if firstErr == nil {
+			info, err := describeVolume(name, &vols[i])
+			switch {
+			case IsNotFound(err): // vanished while listing
+			case err != nil:
+				firstErr = err
+			default:
+				out = append(out, info)
+			}
+		}
+		_ = vols[i].Free()
+	}
+	return out, firstErr
+}
+
+// ErrImageInUse is DeleteUnusedImage's refusal of an image a volume is
+// backed by or an import writes.
+var ErrImageInUse = errors.New("image in use")
+
+// DeleteUnusedImage deletes the image volume pool/name unless, checked
+// again with the import and pool locks held, a volume of the host is
+// backed by it or an import writes it (ErrImageInUse). isImage is
+// ImageUses' filter; a volume it does not accept is never deleted. A
+// missing volume is success.
+func (c *Client) DeleteUnusedImage(ctx context.Context, pool, name string, isImage func(string) bool) error {
+	if !isImage(name) {
+		return fmt.Errorf("volume %s/%s is not an imported image", pool, name)
+	}
+	release, ok := c.tryLockPool(importClaimKey + pool + "/" + name)
+	if !ok {
+		return fmt.Errorf("%w: %s/%s is being imported", ErrImageInUse, pool, name)
+	}
+	defer release()
+	unlock, err := c.lockPool(ctx, pool)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return c.withConn(ctx, "DeleteUnusedImage", func(conn *libvirt.Connect) error {
+		vols, err := allVolumes(conn)
+		if err != nil {
+			return err
+		}
+		for _, u := range imageUses(vols, func(n string) bool { return n == name }) {
+			if u.Volume.Pool != pool {
+				continue
+			}
+			if len(u.Users) > 0 || u.Partial {
+				return fmt.Errorf("%w: %s/%s backs %v (partial: %t)", ErrImageInUse, pool, name, u.Users, u.Partial)
+			}
+			return ignoreNotFound(withPool(conn, pool, func(p *libvirt.StoragePool) error { return deleteVolume(p, name) }))
+		}
+		return nil
+	})
+}
