@@ -35,7 +35,10 @@ type Holdings struct {
 // (the object being admitted: its own domain, network and volumes are
 // what it asks for, not what it holds besides); their names are kept, so
 // that an ask can tell what its object holds already.
-func Hold(namespace string, objs []virt.OwnedObject, skip func(virt.OwnedObject) bool) Holdings {
+//
+// Imported base images belong to no one object: each counts, at what it
+// occupies, for every namespace with a root disk backed by it (uses).
+func Hold(namespace string, objs []virt.OwnedObject, uses []virt.ImageUse, skip func(virt.OwnedObject) bool) Holdings {
 	h := Holdings{Domains: map[string]bool{}, Networks: map[string]bool{}}
 	clusters := map[string]bool{}
 	var diskBytes uint64
@@ -71,9 +74,24 @@ func Hold(namespace string, objs []virt.OwnedObject, skip func(virt.OwnedObject)
 			diskBytes += volumeBytes(o)
 		}
 	}
+	for _, u := range uses {
+		if usedBy(namespace, u) {
+			diskBytes += u.Volume.AllocationBytes
+		}
+	}
 	h.Clusters = len(clusters)
 	h.DiskGiB = int64((diskBytes + gib - 1) / gib)
 	return h
+}
+
+// usedBy tells whether a root disk of namespace is backed by the image.
+func usedBy(namespace string, u virt.ImageUse) bool {
+	for _, v := range u.Users {
+		if ns, ok := scope.NameNamespace(v.Name); ok && ns == namespace {
+			return true
+		}
+	}
+	return false
 }
 
 // record keeps the name of a domain or network of the namespace's.

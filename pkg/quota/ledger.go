@@ -20,9 +20,21 @@ import (
 
 // Lister lists what the provider owns on one libvirt host (virt.Host).
 // A Lister that also has Reachable (a virt.Client) is not asked while
-// it does not answer.
+// it does not answer; one that also has ImageUses (a virt.Client) has
+// its imported images counted for the namespaces whose disks they back.
 type Lister interface {
 	ListOwned(ctx context.Context) ([]virt.OwnedObject, error)
+}
+
+// imageLister lists a host's imported base images and their users.
+type imageLister interface {
+	ImageUses(ctx context.Context, isImage func(string) bool) ([]virt.ImageUse, error)
+}
+
+// listing is what one host holds.
+type listing struct {
+	objs []virt.OwnedObject
+	uses []virt.ImageUse
 }
 
 // Hosts returns the libvirt hosts whose objects count, by URI: those the
@@ -49,14 +61,14 @@ type Ledger struct {
 	admitted map[string]map[string]bool
 	// seen is the last listing of each host, for hosts that do not
 	// answer now: what a namespace had there still counts.
-	seen map[string][]virt.OwnedObject
+	seen map[string]listing
 }
 
 // NewLedger returns a ledger for limits; api should read the API server
 // directly (the manager's API reader), not a cache that may lag.
 func NewLedger(limits tenancy.Limits, api client.Reader, hosts Hosts) *Ledger {
 	return &Ledger{limits: limits, api: api, hosts: hosts,
-		locks: map[string]*sync.Mutex{}, admitted: map[string]map[string]bool{}, seen: map[string][]virt.OwnedObject{}}
+		locks: map[string]*sync.Mutex{}, admitted: map[string]map[string]bool{}, seen: map[string]listing{}}
 }
 
 // Request is an object asking to be admitted.
@@ -100,11 +112,11 @@ func (l *Ledger) Admit(ctx context.Context, r Request) error {
 	ns := r.Object.GetNamespace()
 	unlock := l.lock(ns)
 	defer unlock()
-	objs, err := l.listHosts(ctx)
+	all, err := l.listHosts(ctx)
 	if err != nil {
 		return err
 	}
-	held := Hold(ns, objs, r.Own)
+	held := Hold(ns, all.objs, all.uses, r.Own)
 	if ask := r.Ask(held); ask != (tenancy.Usage{}) {
 		pending, err := l.pending(ctx, r, held)
 		if err != nil {
@@ -147,11 +159,11 @@ func keyOf(obj client.Object) string {
 
 // Holdings is what namespace holds on the hosts the manager reaches.
 func (l *Ledger) Holdings(ctx context.Context, namespace string) (Holdings, error) {
-	objs, err := l.listHosts(ctx)
+	all, err := l.listHosts(ctx)
 	if err != nil {
 		return Holdings{}, err
 	}
-	return Hold(namespace, objs, nil), nil
+	return Hold(namespace, all.objs, all.uses, nil), nil
 }
 
 func (l *Ledger) lock(ns string) func() {
@@ -169,33 +181,45 @@ func (l *Ledger) lock(ns string) func() {
 // listHosts lists the owned objects of every host; a host that does not
 // answer contributes its last listing, so that taking a host off the
 // network frees nothing.
-func (l *Ledger) listHosts(ctx context.Context) ([]virt.OwnedObject, error) {
-	var all []virt.OwnedObject
+func (l *Ledger) listHosts(ctx context.Context) (listing, error) {
+	var all listing
 	for uri, h := range l.hosts() {
-		if r, ok := h.(interface{ Reachable() error }); ok && r.Reachable() != nil {
-			all = append(all, l.lastSeen(uri)...)
-			continue
-		}
-		objs, err := h.ListOwned(ctx)
+		got, err := listHost(ctx, h)
 		if err != nil {
-			if seen := l.lastSeen(uri); seen != nil {
-				all = append(all, seen...)
-				continue
+			l.mu.Lock()
+			seen, ok := l.seen[uri]
+			l.mu.Unlock()
+			if !ok {
+				return all, fmt.Errorf("counting what the namespace holds on %s: %w", uri, err)
 			}
-			return nil, fmt.Errorf("counting what the namespace holds on %s: %w", uri, err)
+			got = seen
+		} else {
+			l.mu.Lock()
+			l.seen[uri] = got
+			l.mu.Unlock()
 		}
-		l.mu.Lock()
-		l.seen[uri] = objs
-		l.mu.Unlock()
-		all = append(all, objs...)
+		all.objs = append(all.objs, got.objs...)
+		all.uses = append(all.uses, got.uses...)
 	}
 	return all, nil
 }
 
-func (l *Ledger) lastSeen(uri string) []virt.OwnedObject {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.seen[uri]
+// listHost lists one host, unless it does not answer now.
+func listHost(ctx context.Context, h Lister) (listing, error) {
+	if r, ok := h.(interface{ Reachable() error }); ok {
+		if err := r.Reachable(); err != nil {
+			return listing{}, err
+		}
+	}
+	var got listing
+	var err error
+	if got.objs, err = h.ListOwned(ctx); err != nil {
+		return got, err
+	}
+	if il, ok := h.(imageLister); ok {
+		got.uses, err = il.ImageUses(ctx, scope.IsImageVolumeName)
+	}
+	return got, err
 }
 
 // pending sums what the namespace's other objects in the API server ask

@@ -181,6 +181,21 @@ func TestAdmissionsTogether(t *testing.T) {
 	}
 }
 
+// TestHoldImages: an imported image counts, at its allocation, for each
+// namespace with a root disk backed by it, and for no other.
+func TestHoldImages(t *testing.T) {
+	img := virt.ImageUse{Volume: virt.VolumeInfo{Name: scope.ImageVolumeName("ab12ab12ab12ab12ab12ab12ab12ab12"), AllocationBytes: 3 * gib},
+		Users: []virt.VolumeRef{{Pool: "p", Name: scope.OverlayVolumeName(scope.DomainName("ns", "m1"))}, {Pool: "p", Name: scope.OverlayVolumeName(scope.DomainName("ns", "m2"))}}}
+	unused := virt.ImageUse{Volume: virt.VolumeInfo{Name: scope.ImageVolumeName("cd34cd34cd34cd34cd34cd34cd34cd34"), AllocationBytes: 5 * gib}}
+	uses := []virt.ImageUse{img, unused}
+	if got := quota.Hold("ns", nil, uses, nil).DiskGiB; got != 3 {
+		t.Errorf("ns holds %d GiB of images, want 3 (the image its disks use, once)", got)
+	}
+	if got := quota.Hold("other", nil, uses, nil).DiskGiB; got != 0 {
+		t.Errorf("another namespace holds %d GiB of images, want 0", got)
+	}
+}
+
 // TestHold: what ListOwned reports is summed per namespace.
 func TestHold(t *testing.T) {
 	objs := []virt.OwnedObject{
@@ -193,13 +208,13 @@ func TestHold(t *testing.T) {
 		{Kind: virt.OwnedVolume, Name: scope.ConsoleLogVolumeName(scope.DomainName("ns", "m1")), AllocationBytes: gib / 4},
 		{Kind: virt.OwnedVolume, Name: scope.OverlayVolumeName(scope.DomainName("other", "m1")), CapacityBytes: 100 * gib},
 	}
-	h := quota.Hold("ns", objs, nil)
+	h := quota.Hold("ns", objs, nil, nil)
 	want := tenancy.Usage{Machines: 2, Clusters: 1, VCPUs: 4, MemoryMiB: 2048, DiskGiB: 5}
 	if h.Usage != want {
 		t.Errorf("held %+v, want %+v", h.Usage, want)
 	}
 	mine := scope.DomainName("ns", "m1")
-	h = quota.Hold("ns", objs, func(o virt.OwnedObject) bool { return quota.OfDomain(mine, o) })
+	h = quota.Hold("ns", objs, nil, func(o virt.OwnedObject) bool { return quota.OfDomain(mine, o) })
 	want = tenancy.Usage{Machines: 1, Clusters: 1, VCPUs: 2, MemoryMiB: 1024}
 	if h.Usage != want || !h.Domains[mine] {
 		t.Errorf("held without m1 %+v (domains %v), want %+v with m1's name kept", h.Usage, h.Domains, want)
