@@ -163,6 +163,7 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 		return nil, err
 	}
 	libvirtHosts := hosts.NewSet(w.Host, opts.LibvirtURI, w.HostName, mgr.GetAPIReader())
+	libvirtHosts.Guard(policy)
 	if err := mgr.Add(&hosts.Pruner{Set: libvirtHosts, Clusters: mgr.GetClient(), Interval: opts.HostPruneInterval}); err != nil {
 		return nil, err
 	}
