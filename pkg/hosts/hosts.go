@@ -148,8 +148,8 @@ func NewSet(def virt.Host, managerURI, defName string, secrets client.Reader) *S
 			return virt.Dial(ctx, uri, opts...)
 		},
 		lookup: lookupHost,
-		hosts: map[Ref]*member{},
-		subs:  map[*subscriber]struct{}{},
+		hosts:  map[Ref]*member{},
+		subs:   map[*subscriber]struct{}{},
 	}
 }
 
