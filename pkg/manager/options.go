@@ -144,7 +144,11 @@ func (o *Options) Tenancy() (tenancy.Policy, error) {
 		return p, err
 	}
 	p.HostDenyNets = imports.Sources.DenyNets
-	if p.NetworkCIDRs, err = tenancy.ParseNetworkCIDRs(o.NetworkCIDRs); err != nil {
+	cidrs := o.NetworkCIDRs
+	if cidrs == nil { // Options made in code, not by AddFlags: the flag's default
+		cidrs = tenancy.DefaultNetworkCIDRs
+	}
+	if p.NetworkCIDRs, err = tenancy.ParseNetworkCIDRs(cidrs); err != nil {
 		return p, fmt.Errorf("invalid --network-cidrs: %w", err)
 	}
 	for _, q := range []struct {
