@@ -110,7 +110,7 @@ func CandidatesWithin(ranges []netip.Prefix) []netip.Prefix {
 	}
 	var out []netip.Prefix
 	for _, c := range DefaultCandidates() {
-		if insideAny(c, ranges) {
+		if Inside(c, ranges) {
 			out = append(out, c)
 		}
 	}
@@ -149,7 +149,8 @@ func firstSubnets(r netip.Prefix) []netip.Prefix {
 	return out
 }
 
-func insideAny(p netip.Prefix, ranges []netip.Prefix) bool {
+// Inside tells whether p lies entirely within one of ranges.
+func Inside(p netip.Prefix, ranges []netip.Prefix) bool {
 	for _, r := range ranges {
 		if r.Bits() <= p.Bits() && r.Contains(p.Addr()) {
 			return true

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 )
 
 // DefaultNetworkCIDRs are the ranges the networks the provider creates may
@@ -24,11 +25,14 @@ var DefaultNetworkCIDRs = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/1
 // netalloc.ValidatePrefix's to refuse, and overlaps with the host's
 // routes and networks the network service's.
 func (p Policy) CheckNetworkCIDR(cidr netip.Prefix) error {
-	if p.NetworkCIDRs == nil || inside(cidr, p.NetworkCIDRs) || !cidr.IsValid() && len(p.NetworkCIDRs) > 0 {
+	switch {
+	case p.NetworkCIDRs == nil:
 		return nil
-	}
-	if len(p.NetworkCIDRs) == 0 {
+	case len(p.NetworkCIDRs) == 0:
 		return errors.New("the operator allows no range for the networks the provider creates (the manager's --network-cidrs is none): name an existing libvirt network or host bridge")
+	case !cidr.IsValid(), netalloc.Inside(cidr, p.NetworkCIDRs):
+		// The provider chooses among netalloc.CandidatesWithin(NetworkCIDRs).
+		return nil
 	}
 	names := make([]string, len(p.NetworkCIDRs))
 	for i, r := range p.NetworkCIDRs {
@@ -54,16 +58,6 @@ func (p Policy) CheckClusterNetworkCIDR(n infrav1.ClusterNetwork) error {
 		}
 	}
 	return p.CheckNetworkCIDR(cidr)
-}
-
-// inside tells whether cidr lies entirely inside one of ranges.
-func inside(cidr netip.Prefix, ranges []netip.Prefix) bool {
-	for _, r := range ranges {
-		if r.Bits() <= cidr.Bits() && r.Contains(cidr.Addr()) {
-			return true
-		}
-	}
-	return false
 }
 
 // ParseNetworkCIDRs parses the operator's --network-cidrs: Any alone (or
