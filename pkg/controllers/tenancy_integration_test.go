@@ -90,23 +90,26 @@ func TestTenantIsolation(t *testing.T) {
 }
 
 // TestPublicNetworkRange: a LibvirtCluster whose network.cidr is a public
-// range (8.8.8.0/24, which would become a route on the host into the
-// tenant's bridge), created with no webhook installed, is refused by the
-// controller under the flag's default ranges: NetworkReady
-// False/NetworkNotAllowed naming --network-cidrs, and no libvirt network.
+// range, which would become a route on the host into the tenant's bridge,
+// created with no webhook installed, is refused by the controller under
+// the flag's default ranges: NetworkReady False/NetworkNotAllowed naming
+// --network-cidrs, and no libvirt network. The range is TEST-NET-3
+// (203.0.113.0/24), public but routed nowhere, so that a regression takes
+// nothing from the shared test host (8.8.8.0/24 could be its DNS).
 // The reference check runs before the network step in the same reconcile
 // and waits for a change, so once the condition is seen no network step
 // ran or will run.
 func TestPublicNetworkRange(t *testing.T) {
+	const publicRange = "203.0.113.0/24"
 	h := newClusterHarness(t)
 	h.startProvider(nil)
 	h.createCluster("public", clusterOpts{spec: infrav1.LibvirtClusterSpec{
-		Network: infrav1.ClusterNetwork{CIDR: "8.8.8.0/24"}, LoadBalancer: infrav1.LoadBalancer{Type: infrav1.LoadBalancerNone},
+		Network: infrav1.ClusterNetwork{CIDR: publicRange}, LoadBalancer: infrav1.LoadBalancer{Type: infrav1.LoadBalancerNone},
 		ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: "192.168.150.10", Port: 6443},
 	}})
 	lc := h.waitClusterCondition("public", infrav1.NetworkReadyCondition, metav1.ConditionFalse, infrav1.NetworkNotAllowedReason, time.Minute)
 	msg := conditions.Get(lc, infrav1.NetworkReadyCondition).Message
-	if !strings.Contains(msg, "8.8.8.0/24") || !strings.Contains(msg, "--network-cidrs") {
+	if !strings.Contains(msg, publicRange) || !strings.Contains(msg, "--network-cidrs") {
 		t.Errorf("NetworkReady message %q names neither the range nor the flag", msg)
 	}
 	t.Logf("NetworkNotAllowed: %s", msg)
