@@ -190,9 +190,11 @@ const (
 	// machines created before it are deleted.
 	NamespaceQuotaExceededReason = "NamespaceQuotaExceeded"
 	// NetworkNotAllowedReason: the network is another namespace's cluster
-	// network, the bridge is one of the provider's networks, or the
-	// operator did not list it. Nothing is created. On LibvirtCluster's
-	// NetworkReady and LibvirtMachine's AddressReserved.
+	// network, the bridge is one of the provider's networks, the operator
+	// did not list it, or the network the provider would create has a
+	// range outside the operator's (--network-cidrs). Nothing is created.
+	// On LibvirtCluster's NetworkReady and LibvirtMachine's
+	// AddressReserved.
 	NetworkNotAllowedReason = "NetworkNotAllowed"
 	// HostUnreachableReason: the libvirt host of the object's failure
 	// domain does not answer (its libvirtd stopped, the host or the

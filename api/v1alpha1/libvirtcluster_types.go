@@ -99,9 +99,11 @@ type ClusterNetwork struct {
 	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9_.-]{1,15}$`
 	Bridge string `json:"bridge,omitempty"`
 
-	// cidr of the NAT network the provider creates, e.g. 192.168.150.0/24.
-	// Empty means the provider picks a free /24 that overlaps no host
-	// address, host route or other libvirt network.
+	// cidr of the NAT network the provider creates, e.g. 192.168.150.0/24,
+	// within the ranges the operator allows (the manager's --network-cidrs,
+	// by default 10.0.0.0/8, 172.16.0.0/12 and 192.168.0.0/16).
+	// Empty means the provider picks a free /24 within them that overlaps
+	// no host address, host route or other libvirt network.
 	// +optional
 	// +kubebuilder:validation:MaxLength=18
 	// +kubebuilder:validation:XValidation:rule="isCIDR(self) && cidr(self).ip().family() == 4",message="cidr must be an IPv4 CIDR such as 192.168.150.0/24"
@@ -174,7 +176,9 @@ type FailureDomainSpec struct {
 	// qemu+ssh://[user@]host[:port]/system (qemu+libssh:// and qemu+libssh2://
 	// alike), qemu+tls://host[:port]/system or qemu+tcp://host[:port]/system,
 	// without query parameters unless the operator listed the exact URI in
-	// the manager's --libvirt-uris. Empty means the manager's --libvirt-uri.
+	// the manager's --libvirt-uris; a URI admitted only by * there needs
+	// credentialsRef and a host outside the manager's
+	// --image-url-deny-cidrs. Empty means the manager's --libvirt-uri.
 	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=512
@@ -186,7 +190,9 @@ type FailureDomainSpec struct {
 	// keys only and nothing of the manager's SSH configuration; qemu+libssh
 	// and qemu+libssh2 URIs use libvirt's libssh2 client with them), or
 	// tls.crt, tls.key and ca.crt for TLS. Without it the manager connects
-	// with its own credentials (its SSH configuration, its /etc/pki/libvirt).
+	// with its own credentials (its SSH configuration, its /etc/pki/libvirt),
+	// which only the manager's own URI and those the operator lists exactly
+	// in --libvirt-uris may do.
 	// +optional
 	CredentialsRef *SecretReference `json:"credentialsRef,omitempty"`
 

@@ -38,6 +38,7 @@ import (
 	"sigs.k8s.io/cluster-api/feature"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/webhooks"
 )
 
@@ -150,8 +151,14 @@ func fullScheme() (*runtime.Scheme, error) {
 // configurations with WithProviderWebhooks) as the manager wires them:
 // volumes (nil to skip) and the manager's client.
 func ProviderWebhooks(volumes webhooks.VolumeInspector) Setup {
+	return ProviderWebhooksWithPolicy(volumes, nil)
+}
+
+// ProviderWebhooksWithPolicy is ProviderWebhooks enforcing the operator's
+// policy too (nil: none of it), as the manager does.
+func ProviderWebhooksWithPolicy(volumes webhooks.VolumeInspector, policy *tenancy.Policy) Setup {
 	return func(_ context.Context, mgr ctrl.Manager) error {
-		return webhooks.SetupWithManager(mgr, webhooks.Options{Volumes: volumes, Reader: mgr.GetClient(), LiveReader: mgr.GetAPIReader()})
+		return webhooks.SetupWithManager(mgr, webhooks.Options{Volumes: volumes, Reader: mgr.GetClient(), LiveReader: mgr.GetAPIReader(), Tenancy: policy})
 	}
 }
 

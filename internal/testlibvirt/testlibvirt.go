@@ -47,6 +47,9 @@ const (
 func URI(t testing.TB) string {
 	t.Helper()
 	uri := os.Getenv(EnvURI)
+	if uri == "" && os.Getenv("CI") == "true" {
+		t.Fatalf("%s not set, and CI must run the tests against a real libvirtd (make test sets it)", EnvURI)
+	}
 	if uri == "" {
 		t.Skipf("%s not set: skipping test against a real libvirtd", EnvURI)
 	}

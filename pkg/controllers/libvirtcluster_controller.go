@@ -29,6 +29,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hostevents"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/quota"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
@@ -155,7 +156,7 @@ func (r *LibvirtClusterReconciler) plan(s *scope.ClusterScope) services.Plan {
 	return services.Plan{
 		{Service: references.NewCluster(s, r.Tenancy, r.Quota)},
 		{Service: pool.New(s), Condition: infrav1.StoragePoolReadyCondition},
-		{Service: network.New(s), Condition: infrav1.NetworkReadyCondition},
+		{Service: network.New(s, netalloc.CandidatesWithin(r.Tenancy.NetworkCIDRs)), Condition: infrav1.NetworkReadyCondition},
 		{Service: loadbalancer.New(s, r.Images, r.Tenancy.TrafficFilter).WithMaxDiskBytes(r.Tenancy.Machine.DiskBytes())},
 	}
 }

@@ -45,7 +45,7 @@ type placementProblem struct {
 // are missing) is reported, never waited for: other hosts' objects go on.
 func resolveHost(ctx context.Context, set *hosts.Set, policy tenancy.Policy, p placement) placement {
 	p.hostName = set.Name(p.ref)
-	if err := policy.CheckLibvirtURI(p.ref.URI); err != nil {
+	if err := policy.CheckLibvirtURI(p.ref.URI, p.ref.Secret != ""); err != nil {
 		p.host = set.Default()
 		p.problem = &placementProblem{reason: infrav1.HostNotAllowedReason,
 			message: fmt.Sprintf("Failure domain %q: libvirt URI %s %v", p.failureDomain, p.ref.URI, err)}

@@ -2,16 +2,19 @@ package controllers_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // TestTenantIsolation: a LibvirtMachine of namespace B whose image.volume
@@ -84,4 +87,38 @@ func TestTenantIsolation(t *testing.T) {
 	if got := h.poolVolumes(); len(got) != 0 {
 		t.Errorf("left in the pool: %v", got)
 	}
+}
+
+// TestPublicNetworkRange: a LibvirtCluster whose network.cidr is a public
+// range, which would become a route on the host into the tenant's bridge,
+// created with no webhook installed, is refused by the controller under
+// the flag's default ranges: NetworkReady False/NetworkNotAllowed naming
+// --network-cidrs, and no libvirt network. The range is TEST-NET-3
+// (203.0.113.0/24), public but routed nowhere, so that a regression takes
+// nothing from the shared test host (8.8.8.0/24 could be its DNS).
+// The reference check runs before the network step in the same reconcile
+// and waits for a change, so once the condition is seen no network step
+// ran or will run.
+func TestPublicNetworkRange(t *testing.T) {
+	const publicRange = "203.0.113.0/24"
+	h := newClusterHarness(t)
+	h.startProvider(nil)
+	h.createCluster("public", clusterOpts{spec: infrav1.LibvirtClusterSpec{
+		Network: infrav1.ClusterNetwork{CIDR: publicRange}, LoadBalancer: infrav1.LoadBalancer{Type: infrav1.LoadBalancerNone},
+		ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: "192.168.150.10", Port: 6443},
+	}})
+	lc := h.waitClusterCondition("public", infrav1.NetworkReadyCondition, metav1.ConditionFalse, infrav1.NetworkNotAllowedReason, time.Minute)
+	msg := conditions.Get(lc, infrav1.NetworkReadyCondition).Message
+	if !strings.Contains(msg, publicRange) || !strings.Contains(msg, "--network-cidrs") {
+		t.Errorf("NetworkReady message %q names neither the range nor the flag", msg)
+	}
+	t.Logf("NetworkNotAllowed: %s", msg)
+	name := scope.ClusterNetworkName(h.ns, "public")
+	if _, err := h.host.UseNetwork(h.ctx, name); !virt.IsNotFound(err) {
+		t.Errorf("libvirt network %s: %v; want none", name, err)
+	}
+	if lc.Status.Network != nil && lc.Status.Network.Name != "" || lc.Status.Initialization.IsProvisioned() {
+		t.Errorf("status records a network or provisioning: %+v", lc.Status)
+	}
+	h.deleteAndWait(lc, time.Minute)
 }

@@ -12,6 +12,7 @@ package hosts
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"os"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -113,7 +115,11 @@ type Set struct {
 	def        virt.Host
 	defName    string
 	secrets    client.Reader
-	dial       func(ctx context.Context, uri string) (*virt.Client, error)
+	dial       func(ctx context.Context, uri string, opts ...virt.Option) (*virt.Client, error)
+	// policy, when set, has every connect to a host that only
+	// tenancy.Any admits resolve its name first (Guard).
+	policy *tenancy.Policy
+	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
 
 	mu     sync.Mutex
 	closed bool
@@ -137,13 +143,20 @@ func NewSet(def virt.Host, managerURI, defName string, secrets client.Reader) *S
 	}
 	return &Set{
 		managerURI: managerURI, def: def, defName: defName, secrets: secrets,
-		dial: func(ctx context.Context, uri string) (*virt.Client, error) {
-			return virt.Dial(ctx, uri, virt.WithLazyConnect(), virt.WithReconnectBudget(DefaultReconnectBudget))
+		dial: func(ctx context.Context, uri string, opts ...virt.Option) (*virt.Client, error) {
+			opts = append([]virt.Option{virt.WithLazyConnect(), virt.WithReconnectBudget(DefaultReconnectBudget)}, opts...)
+			return virt.Dial(ctx, uri, opts...)
 		},
-		hosts: map[Ref]*member{},
-		subs:  map[*subscriber]struct{}{},
+		lookup: lookupHost,
+		hosts:  map[Ref]*member{},
+		subs:   map[*subscriber]struct{}{},
 	}
 }
+
+// Guard has every connect (and reconnect) to a host whose URI policy
+// admits only through tenancy.Any refused when the host's name resolves
+// into policy.HostDenyNets. Call it before the first Get.
+func (s *Set) Guard(policy tenancy.Policy) { s.policy = &policy }
 
 // Default is the manager's own host.
 func (s *Set) Default() virt.Host { return s.def }
@@ -186,7 +199,11 @@ func (s *Set) open(ctx context.Context, ref Ref) (virt.Host, error) {
 		}
 		uri = creds.uri
 	}
-	c, err := s.dial(ctx, uri)
+	var opts []virt.Option
+	if g := guardFor(s.policy, ref.URI, s.lookup); g != nil {
+		opts = append(opts, virt.WithConnectCheck(g.check))
+	}
+	c, err := s.dial(ctx, uri, opts...)
 	if err != nil {
 		creds.remove()
 		return nil, fmt.Errorf("connecting to %s: %w", ref.URI, err)

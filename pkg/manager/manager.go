@@ -167,6 +167,7 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 		return nil, err
 	}
 	libvirtHosts := hosts.NewSet(w.Host, opts.LibvirtURI, w.HostName, mgr.GetAPIReader())
+	libvirtHosts.Guard(policy)
 	// One ledger for both kinds: a namespace's machines and clusters share
 	// its totals, and admissions of one namespace are serialised.
 	ledger := quota.NewLedger(policy.Namespace, mgr.GetAPIReader(), func() map[string]quota.Lister {

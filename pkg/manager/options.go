@@ -98,6 +98,10 @@ type Options struct {
 	// HostPruneInterval is how often connections to hosts no cluster
 	// names any more are closed.
 	HostPruneInterval time.Duration
+
+	// NetworkCIDRs are the ranges the networks the provider creates may
+	// use (tenancy.Policy.NetworkCIDRs): CIDRs, * or none.
+	NetworkCIDRs []string
 }
 
 // ImageImportOptions are the image imports' options with the deny-list
@@ -138,6 +142,19 @@ func (o *Options) Tenancy() (tenancy.Policy, error) {
 	case "none", "":
 	default:
 		p.TrafficFilter = o.TrafficFilter
+	}
+	// Libvirt hosts are denied the addresses image downloads are.
+	imports, err := o.ImageImportOptions()
+	if err != nil {
+		return p, err
+	}
+	p.HostDenyNets = imports.Sources.DenyNets
+	cidrs := o.NetworkCIDRs
+	if cidrs == nil { // Options made in code, not by AddFlags: the flag's default
+		cidrs = tenancy.DefaultNetworkCIDRs
+	}
+	if p.NetworkCIDRs, err = tenancy.ParseNetworkCIDRs(cidrs); err != nil {
+		return p, fmt.Errorf("invalid --network-cidrs: %w", err)
 	}
 	for _, q := range []struct {
 		flag, value string
@@ -243,9 +260,11 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.TrafficFilter, "traffic-filter", virt.CleanTrafficFilter,
 		"libvirt nwfilter bound to the NIC of machines on a host bridge or on a libvirt network the provider did not make for their cluster (clean-traffic: no MAC, IP or ARP spoofing); none disables it, for segments where every guest is trusted (e.g. kube-vip announcing a VIP on a bridge).")
 	fs.StringSliceVar(&o.LibvirtURIs, "libvirt-uris", nil,
-		"libvirt URIs besides --libvirt-uri that LibvirtCluster failure domains may name, to spread a cluster over several hosts (comma-separated, compared exactly); * allows any qemu, qemu+ssh, qemu+libssh, qemu+libssh2, qemu+tls or qemu+tcp URI of /system without query parameters. Empty allows none.")
+		"libvirt URIs besides --libvirt-uri that LibvirtCluster failure domains may name, to spread a cluster over several hosts (comma-separated, compared exactly); * allows any qemu+ssh, qemu+libssh, qemu+libssh2 or qemu+tls URI of /system without query parameters whose failure domain has a credentialsRef and whose host is outside --image-url-deny-cidrs (a name is resolved on every connect). Empty allows none.")
 	fs.DurationVar(&o.HostPruneInterval, "host-prune-interval", 5*time.Minute,
 		"How often connections to libvirt hosts that no LibvirtCluster names any more are closed.")
 	fs.StringSliceVar(&o.LibvirtNetworks, "libvirt-networks", nil,
 		"Existing libvirt networks clusters and machines may name (comma-separated); empty or * allows any network but those the provider made for other namespaces.")
+	fs.StringSliceVar(&o.NetworkCIDRs, "network-cidrs", slices.Clone(tenancy.DefaultNetworkCIDRs),
+		"Ranges the networks the provider creates for LibvirtClusters may use (comma-separated CIDRs), spec.network.cidr and the range chosen when it is empty; * allows any range outside the reserved blocks, none only existing networks and bridges. A network's range becomes a route on its host.")
 }

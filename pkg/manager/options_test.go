@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
 
@@ -160,6 +162,50 @@ func TestImageGCFlag(t *testing.T) {
 		got, err := parseFlags(t, tc.args).ImageImportOptions()
 		if err != nil || got.GCAfter != tc.want {
 			t.Errorf("%v: GCAfter %s (%v), want %s", tc.args, got.GCAfter, err, tc.want)
+		}
+	}
+}
+
+// TestNetworkAndHostFlags: networks the provider creates get private
+// ranges unless the operator says otherwise, and the libvirt hosts that
+// only * admits are denied what image downloads are.
+func TestNetworkAndHostFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		cidrs     string // the ranges, "<nil>" for any
+		denyNets  int
+		wantError string
+	}{
+		{nil, "[10.0.0.0/8 172.16.0.0/12 192.168.0.0/16]", len(imageimport.DefaultDenyCIDRs), ""},
+		{[]string{"--network-cidrs=*"}, "<nil>", len(imageimport.DefaultDenyCIDRs), ""},
+		{[]string{"--network-cidrs=none"}, "[]", len(imageimport.DefaultDenyCIDRs), ""},
+		{[]string{"--network-cidrs=100.64.0.0/10", "--image-url-deny-cidrs="}, "[100.64.0.0/10]", 0, ""},
+		{[]string{"--network-cidrs=10.0.0.0"}, "", 0, "--network-cidrs"},
+		{[]string{"--network-cidrs="}, "", 0, "--network-cidrs"},
+		{[]string{"--image-url-deny-cidrs=x"}, "", 0, "--image-url-deny-cidrs"},
+	} {
+		var o Options
+		fs := pflag.NewFlagSet("manager", pflag.ContinueOnError)
+		o.AddFlags(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		got, err := o.Tenancy()
+		if tc.wantError != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantError) {
+				t.Errorf("%v: %v, want an error naming %s", tc.args, err, tc.wantError)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		cidrs := fmt.Sprint(got.NetworkCIDRs)
+		if got.NetworkCIDRs == nil {
+			cidrs = "<nil>"
+		}
+		if cidrs != tc.cidrs || len(got.HostDenyNets) != tc.denyNets {
+			t.Errorf("%v: ranges %s and %d denied nets, want %s and %d", tc.args, cidrs, len(got.HostDenyNets), tc.cidrs, tc.denyNets)
 		}
 	}
 }

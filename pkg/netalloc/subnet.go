@@ -94,6 +94,71 @@ func DefaultCandidates() []netip.Prefix {
 	return candidates
 }
 
+// maxCandidatesPerRange bounds the /24s CandidatesWithin takes from the
+// start of one allowed range: enough for the networks of one host.
+const maxCandidatesPerRange = 256
+
+// CandidatesWithin returns the candidates of a network that names no CIDR
+// when networks may use only ranges: DefaultCandidates inside them or,
+// when none is, the first /24s of each range (the range itself when it is
+// smaller), so that an operator's range far from the defaults still
+// yields a network while ranges around the defaults keep their choice of
+// well-known ranges to avoid. nil ranges allow any: DefaultCandidates.
+func CandidatesWithin(ranges []netip.Prefix) []netip.Prefix {
+	if ranges == nil {
+		return DefaultCandidates()
+	}
+	var out []netip.Prefix
+	for _, c := range DefaultCandidates() {
+		if Inside(c, ranges) {
+			out = append(out, c)
+		}
+	}
+	if len(out) > 0 {
+		return out
+	}
+	for _, r := range ranges {
+		out = append(out, firstSubnets(r)...)
+	}
+	return out
+}
+
+// firstSubnets are the first /24s of r, or r itself when it is smaller;
+// none when r is no IPv4 range a network may have.
+func firstSubnets(r netip.Prefix) []netip.Prefix {
+	r = r.Masked()
+	if !r.Addr().Is4() {
+		return nil
+	}
+	if r.Bits() >= 24 {
+		if ValidatePrefix(r) != nil {
+			return nil
+		}
+		return []netip.Prefix{r}
+	}
+	var out []netip.Prefix
+	base := r.Addr().As4()
+	start := uint32(base[0])<<24 | uint32(base[1])<<16 | uint32(base[2])<<8
+	for i := range min(1<<(24-r.Bits()), maxCandidatesPerRange) {
+		a := start + uint32(i)<<8
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(a >> 24), byte(a >> 16), byte(a >> 8), 0}), 24)
+		if ValidatePrefix(p) == nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Inside tells whether p lies entirely within one of ranges.
+func Inside(p netip.Prefix, ranges []netip.Prefix) bool {
+	for _, r := range ranges {
+		if r.Bits() <= p.Bits() && r.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
 // ChooseSubnet picks the CIDR of a new network. If requested is set it is
 // validated and returned unless it overlaps an entry of inUse, in which case
 // the error is a *ConflictError naming that entry. If requested is the zero

@@ -181,3 +181,38 @@ func assertError(t *testing.T, err error, wantErr string) {
 		t.Fatalf("error = %v, want one containing %q", err, wantErr)
 	}
 }
+
+func TestCandidatesWithin(t *testing.T) {
+	pfx := netip.MustParsePrefix
+	rfc1918 := []netip.Prefix{pfx("10.0.0.0/8"), pfx("172.16.0.0/12"), pfx("192.168.0.0/16")}
+	for _, tc := range []struct {
+		name        string
+		ranges      []netip.Prefix
+		count       int
+		first, last string
+	}{
+		{"nil: the defaults", nil, len(DefaultCandidates()), "192.168.150.0/24", "10.239.0.0/24"},
+		{"RFC 1918 keeps the defaults", rfc1918, len(DefaultCandidates()), "192.168.150.0/24", "10.239.0.0/24"},
+		{"some defaults", []netip.Prefix{pfx("10.0.0.0/8")}, 40, "10.200.0.0/24", "10.239.0.0/24"},
+		{"far from the defaults", []netip.Prefix{pfx("100.64.0.0/10")}, maxCandidatesPerRange, "100.64.0.0/24", "100.64.255.0/24"},
+		{"a small range is its own", []netip.Prefix{pfx("100.64.7.0/26")}, 1, "100.64.7.0/26", "100.64.7.0/26"},
+		{"a /22 has four", []netip.Prefix{pfx("100.64.8.0/22")}, 4, "100.64.8.0/24", "100.64.11.0/24"},
+		{"too small for a network", []netip.Prefix{pfx("100.64.7.0/30")}, 0, "", ""},
+		{"none", []netip.Prefix{}, 0, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := CandidatesWithin(tc.ranges)
+			if len(got) != tc.count {
+				t.Fatalf("CandidatesWithin(%v) has %d candidates; want %d", tc.ranges, len(got), tc.count)
+			}
+			if tc.count > 0 && (got[0].String() != tc.first || got[len(got)-1].String() != tc.last) {
+				t.Errorf("CandidatesWithin(%v) = %v … %v; want %s … %s", tc.ranges, got[0], got[len(got)-1], tc.first, tc.last)
+			}
+			for _, c := range got {
+				if err := ValidatePrefix(c); err != nil {
+					t.Errorf("candidate %v: %v", c, err)
+				}
+			}
+		})
+	}
+}

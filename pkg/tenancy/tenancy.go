@@ -13,6 +13,7 @@ package tenancy
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"path/filepath"
 	"slices"
@@ -99,6 +100,15 @@ type Policy struct {
 	// Unlike the lists above, empty is closed: a URI is a connection the
 	// manager opens with its own identity, so the operator opens it.
 	LibvirtURIs []string
+	// HostDenyNets are the addresses a URI that only Any admits may not
+	// lead to (the manager's --image-url-deny-cidrs): checked here when
+	// the URI's host is an address, by pkg/hosts on every connect when it
+	// is a name.
+	HostDenyNets []netip.Prefix
+	// NetworkCIDRs are the ranges the networks the provider creates may
+	// use (the manager's --network-cidrs); nil allows any range outside
+	// the reserved blocks (netalloc.ValidatePrefix).
+	NetworkCIDRs []netip.Prefix
 }
 
 // Limits bound machines' sizes; a zero field sets no bound.
@@ -170,7 +180,8 @@ func (l Limits) Exceeded(u Usage, flagPrefix string) map[string]string {
 
 // DefaultPolicy is the policy of the manager's flag defaults.
 func DefaultPolicy() Policy {
-	return Policy{PoolDirs: slices.Clone(DefaultPoolDirs), ImagePools: slices.Clone(DefaultImagePools)}
+	cidrs, _ := ParseNetworkCIDRs(DefaultNetworkCIDRs) // they parse (TestParseNetworkCIDRs)
+	return Policy{PoolDirs: slices.Clone(DefaultPoolDirs), ImagePools: slices.Clone(DefaultImagePools), NetworkCIDRs: cidrs}
 }
 
 // Validate checks the operator's settings: every pool directory an
@@ -426,21 +437,23 @@ const (
 
 // ParseLibvirtURI checks that raw is a libvirt URI of the system QEMU
 // driver on a transport a tenant may name, and returns the kind of
-// credentials its transport takes ("" for none).
+// credentials its transport takes ("" for none). Schemes are compared
+// whatever their case, as libvirt compares transports.
 func ParseLibvirtURI(raw string) (credentials string, err error) {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return "", fmt.Errorf("is not a URI: %w", err)
 	}
-	credentials, ok := libvirtSchemes[u.Scheme]
+	scheme := strings.ToLower(u.Scheme)
+	credentials, ok := libvirtSchemes[scheme]
 	switch {
 	case !ok:
 		return "", fmt.Errorf("scheme %q is not one of qemu, qemu+ssh, qemu+libssh, qemu+libssh2, qemu+tls, qemu+tcp", u.Scheme)
 	case u.Path != "/system":
 		return "", fmt.Errorf("must name the system driver (path /system), not %q", u.Path)
-	case u.Scheme == "qemu" && u.Host != "":
+	case scheme == "qemu" && u.Host != "":
 		return "", errors.New("qemu:///system is the manager's own host and names no host; use a remote transport (qemu+ssh://host/system)")
-	case u.Scheme != "qemu" && u.Hostname() == "":
+	case scheme != "qemu" && u.Hostname() == "":
 		return "", errors.New("a remote transport needs a host (qemu+ssh://host/system)")
 	case u.Fragment != "" || u.Opaque != "":
 		return "", errors.New("must not have a fragment")
@@ -453,10 +466,12 @@ func ParseLibvirtURI(raw string) (credentials string, err error) {
 
 // CheckLibvirtURI refuses a failure domain's uri the operator did not
 // allow: the manager's own URI and those listed in LibvirtURIs are always
-// allowed; with Any, any URI ParseLibvirtURI accepts that has no query
+// allowed; with Any, a URI ParseLibvirtURI accepts that has no query
 // (libvirt's query parameters choose programs, sockets and key files on
-// the manager's side).
-func (p Policy) CheckLibvirtURI(raw string) error {
+// the manager's side), whose failure domain brings credentials (without,
+// the manager would connect with its own SSH keys and TLS certificates)
+// and whose host is no address of HostDenyNets.
+func (p Policy) CheckLibvirtURI(raw string, withCredentials bool) error {
 	if raw == "" || raw == p.ManagerURI {
 		return nil
 	}
@@ -474,6 +489,32 @@ func (p Policy) CheckLibvirtURI(raw string) error {
 	}
 	if strings.Contains(raw, "?") {
 		return errors.New("query parameters (transport options such as command=, socket= or keyfile=) are allowed only in a URI the operator lists exactly in --libvirt-uris")
+	}
+	if !withCredentials {
+		return errors.New("needs credentialsRef: a URI the operator does not list exactly in --libvirt-uris connects only with the tenant's own SSH key or TLS certificate, never with the manager's")
+	}
+	u, _ := url.Parse(raw) // ParseLibvirtURI parsed it
+	if a, err := netip.ParseAddr(u.Hostname()); err == nil {
+		return DeniedAddress(a, p.HostDenyNets)
+	}
+	return nil
+}
+
+// OnlyAny tells whether raw is a libvirt URI that the operator admits only
+// through Any: neither the manager's own nor listed exactly. Its host's
+// addresses are checked on every connect (pkg/hosts).
+func (p Policy) OnlyAny(raw string) bool {
+	return raw != "" && raw != p.ManagerURI && !slices.Contains(p.LibvirtURIs, raw)
+}
+
+// DeniedAddress refuses a when one of deny holds it. The message names
+// the address and the range, never what answers there: tenants read it.
+func DeniedAddress(a netip.Addr, deny []netip.Prefix) error {
+	a = a.Unmap().WithZone("")
+	for _, d := range deny {
+		if d.Contains(a) {
+			return fmt.Errorf("leads to %s, in %s, which the operator denies (the manager's --image-url-deny-cidrs)", a, d)
+		}
 	}
 	return nil
 }

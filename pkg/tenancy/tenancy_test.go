@@ -1,6 +1,7 @@
 package tenancy
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -212,42 +213,76 @@ func TestCheckImageURL(t *testing.T) {
 }
 
 func TestCheckLibvirtURI(t *testing.T) {
-	listed := Policy{ManagerURI: "qemu:///system", LibvirtURIs: []string{"qemu+ssh://root@kvm1/system", "qemu+ssh://kvm2/system?no_verify=1"}}
-	anyURI := Policy{ManagerURI: "qemu:///system", LibvirtURIs: []string{Any}}
+	listed := Policy{ManagerURI: "qemu:///system", LibvirtURIs: []string{"qemu+ssh://root@kvm1/system", "qemu+ssh://kvm2/system?no_verify=1", "qemu+tcp://127.0.0.1/system"}}
+	deny := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128"), netip.MustParsePrefix("169.254.0.0/16")}
+	anyURI := Policy{ManagerURI: "qemu:///system", LibvirtURIs: []string{Any}, HostDenyNets: deny}
 	closed := Policy{ManagerURI: "qemu:///system"}
 	for _, tc := range []struct {
 		name   string
 		policy Policy
 		uri    string
+		creds  bool   // the failure domain has a credentialsRef
 		want   string // "" for allowed, else a part of the error
 	}{
-		{"empty is the manager's host", closed, "", ""},
-		{"the manager's own URI", closed, "qemu:///system", ""},
-		{"closed by default", closed, "qemu+ssh://kvm1/system", "allows no libvirt host"},
-		{"none", Policy{LibvirtURIs: []string{None}}, "qemu+ssh://kvm1/system", "allows no libvirt host"},
-		{"listed", listed, "qemu+ssh://root@kvm1/system", ""},
-		{"listed with its query", listed, "qemu+ssh://kvm2/system?no_verify=1", ""},
-		{"not listed", listed, "qemu+ssh://kvm3/system", "must be one of"},
-		{"any", anyURI, "qemu+tls://kvm3:16514/system", ""},
-		{"any: tcp", anyURI, "qemu+tcp://10.0.0.5/system", ""},
-		{"any: a query runs commands", anyURI, "qemu+ssh://kvm3/system?command=/bin/sh", "query parameters"},
-		{"any: ext runs a program", anyURI, "qemu+ext:///system?command=/bin/sh", "scheme"},
-		{"any: unix names a socket", anyURI, "qemu+unix:///system?socket=/tmp/s", "scheme"},
-		{"any: session driver", anyURI, "qemu+ssh://kvm3/session", "/system"},
-		{"any: another driver", anyURI, "lxc+ssh://kvm3/system", "scheme"},
-		{"any: remote without host", anyURI, "qemu+ssh:///system", "needs a host"},
-		{"any: local with a host", anyURI, "qemu://kvm3/system", "names no host"},
-		{"any: a password", anyURI, "qemu+ssh://root:pw@kvm3/system", "password"},
-		{"listed but malformed", Policy{LibvirtURIs: []string{"qemu+ext:///system"}}, "qemu+ext:///system", "scheme"},
+		{"empty is the manager's host", closed, "", false, ""},
+		{"the manager's own URI", closed, "qemu:///system", false, ""},
+		{"closed by default", closed, "qemu+ssh://kvm1/system", true, "allows no libvirt host"},
+		{"none", Policy{LibvirtURIs: []string{None}}, "qemu+ssh://kvm1/system", true, "allows no libvirt host"},
+		{"listed", listed, "qemu+ssh://root@kvm1/system", false, ""},
+		{"listed with its query", listed, "qemu+ssh://kvm2/system?no_verify=1", false, ""},
+		{"listed loopback is the operator's choice", listed, "qemu+tcp://127.0.0.1/system", false, ""},
+		{"not listed", listed, "qemu+ssh://kvm3/system", true, "must be one of"},
+		{"any", anyURI, "qemu+tls://kvm3:16514/system", true, ""},
+		{"any: ssh with credentials", anyURI, "qemu+ssh://root@10.0.0.5/system", true, ""},
+		{"any: without credentials", anyURI, "qemu+ssh://kvm3/system", false, "needs credentialsRef"},
+		{"any: tls without credentials", anyURI, "qemu+tls://kvm3/system", false, "needs credentialsRef"},
+		{"any: tcp takes none", anyURI, "qemu+tcp://10.0.0.5/system", false, "needs credentialsRef"},
+		{"any: upper-case libssh without credentials", anyURI, "qemu+LIBSSH://kvm3/system", false, "needs credentialsRef"},
+		{"any: upper-case ext", anyURI, "QEMU+EXT:///system", true, "scheme"},
+		{"any: loopback", anyURI, "qemu+tls://127.0.0.1:16514/system", true, "127.0.0.0/8"},
+		{"any: loopback v6", anyURI, "qemu+ssh://[::1]/system", true, "::1/128"},
+		{"any: v4-mapped loopback", anyURI, "qemu+ssh://[::ffff:127.0.0.2]/system", true, "127.0.0.0/8"},
+		{"any: link-local metadata", anyURI, "qemu+ssh://169.254.169.254:22/system", true, "169.254.0.0/16"},
+		{"any: a query runs commands", anyURI, "qemu+ssh://kvm3/system?command=/bin/sh", true, "query parameters"},
+		{"any: ext runs a program", anyURI, "qemu+ext:///system?command=/bin/sh", true, "scheme"},
+		{"any: unix names a socket", anyURI, "qemu+unix:///system?socket=/tmp/s", true, "scheme"},
+		{"any: session driver", anyURI, "qemu+ssh://kvm3/session", true, "/system"},
+		{"any: another driver", anyURI, "lxc+ssh://kvm3/system", true, "scheme"},
+		{"any: remote without host", anyURI, "qemu+ssh:///system", true, "needs a host"},
+		{"any: local with a host", anyURI, "qemu://kvm3/system", true, "names no host"},
+		{"any: a password", anyURI, "qemu+ssh://root:pw@kvm3/system", true, "password"},
+		{"listed but malformed", Policy{LibvirtURIs: []string{"qemu+ext:///system"}}, "qemu+ext:///system", false, "scheme"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := tc.policy.CheckLibvirtURI(tc.uri)
-			switch {
-			case tc.want == "" && err != nil:
-				t.Fatalf("CheckLibvirtURI(%q) = %v; want allowed", tc.uri, err)
-			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-				t.Fatalf("CheckLibvirtURI(%q) = %v; want an error with %q", tc.uri, err, tc.want)
-			}
+			err := tc.policy.CheckLibvirtURI(tc.uri, tc.creds)
+			check(t, "CheckLibvirtURI("+tc.uri+")", err, tc.want)
 		})
+	}
+}
+
+func TestParseLibvirtURISchemeCase(t *testing.T) {
+	for _, tc := range []struct{ uri, kind, want string }{
+		{"qemu+LIBSSH://kvm1/system", CredentialsSSH, ""},
+		{"Qemu+TLS://kvm1/system", CredentialsTLS, ""},
+		{"QEMU+TCP://kvm1/system", "", ""},
+		{"QEMU://kvm1/system", "", "names no host"},
+		{"QEMU+Unix:///system", "", "scheme"},
+	} {
+		kind, err := ParseLibvirtURI(tc.uri)
+		check(t, "ParseLibvirtURI("+tc.uri+")", err, tc.want)
+		if err == nil && kind != tc.kind {
+			t.Errorf("ParseLibvirtURI(%s) = %q; want %q", tc.uri, kind, tc.kind)
+		}
+	}
+}
+
+func TestOnlyAny(t *testing.T) {
+	p := Policy{ManagerURI: "qemu:///system", LibvirtURIs: []string{Any, "qemu+ssh://kvm1/system"}}
+	for uri, want := range map[string]bool{
+		"": false, "qemu:///system": false, "qemu+ssh://kvm1/system": false, "qemu+ssh://kvm2/system": true,
+	} {
+		if got := p.OnlyAny(uri); got != want {
+			t.Errorf("OnlyAny(%q) = %v; want %v", uri, got, want)
+		}
 	}
 }

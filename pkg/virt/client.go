@@ -49,6 +49,7 @@ type options struct {
 	reconnectBudget   time.Duration
 	eventBuffer       int
 	lazy              bool
+	beforeConnect     func() error
 }
 
 // Option tunes a Client at Dial time.
@@ -80,6 +81,14 @@ func WithEventBuffer(n int) Option {
 // reconcile that asked for it. Reachable tells whether it is connected.
 func WithLazyConnect() Option {
 	return func(o *options) { o.lazy = true }
+}
+
+// WithConnectCheck runs check before every connect, the first and each
+// reconnect; an error fails that attempt as a connection error would. The
+// manager checks there where a host's name leads (pkg/hosts), which can
+// change between connects.
+func WithConnectCheck(check func() error) Option {
+	return func(o *options) { o.beforeConnect = check }
 }
 
 // connHook runs on every fresh connection (the first one and each
@@ -396,6 +405,11 @@ func (c *Client) liveConnLocked(ctx context.Context) (*connState, error) {
 // connectLocked opens a connection and arms keepalive, the close callback
 // and the hooks. Called with c.mu held.
 func (c *Client) connectLocked() error {
+	if check := c.opts.beforeConnect; check != nil {
+		if err := check(); err != nil {
+			return err
+		}
+	}
 	conn, err := libvirt.NewConnect(transportURI(c.uri))
 	if err != nil {
 		return err
@@ -453,15 +467,17 @@ func displayURI(uri string) string {
 	return base
 }
 
-// transportURI is the URI dialled for uri: a qemu+libssh URI goes through
-// libvirt's libssh2 transport instead, which takes the same parameters.
+// transportURI is the URI dialled for uri: a qemu+libssh URI, whatever
+// the case of its scheme (libvirt ignores it), goes through libvirt's
+// libssh2 transport instead, which takes the same parameters.
 // The libssh client of libvirt 9 (Debian 12, libssh 0.10) crashes the
 // process when a volume upload streams while other calls run on the
 // connection (a segmentation fault within seconds, in every run of a
 // program doing both; libssh2 and TCP in none), and with the manager
 // every cluster's reconcile.
 func transportURI(uri string) string {
-	if rest, ok := strings.CutPrefix(uri, "qemu+libssh://"); ok {
+	scheme, rest, ok := strings.Cut(uri, "://")
+	if ok && strings.EqualFold(scheme, "qemu+libssh") {
 		return "qemu+libssh2://" + rest
 	}
 	return uri

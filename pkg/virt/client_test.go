@@ -189,6 +189,8 @@ func TestTransportURI(t *testing.T) {
 	for _, tc := range []struct{ uri, want string }{
 		{"qemu+libssh://root@kvm1/system?keyfile=/k", "qemu+libssh2://root@kvm1/system?keyfile=/k"},
 		{"qemu+libssh2://root@kvm1/system", "qemu+libssh2://root@kvm1/system"},
+		{"qemu+LIBSSH://root@kvm1/system", "qemu+libssh2://root@kvm1/system"},
+		{"QEMU+LibSSH://kvm1/system", "qemu+libssh2://kvm1/system"},
 		{"qemu+ssh://root@kvm1/system", "qemu+ssh://root@kvm1/system"},
 		{"qemu:///system", "qemu:///system"},
 	} {

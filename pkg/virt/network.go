@@ -61,8 +61,12 @@ type NetworkSpec struct {
 	Name string
 	// Owner is recorded in the network's <metadata>.
 	Owner Owner
-	// CIDR is the subnet to use; zero lets EnsureNetwork choose a free /24.
+	// CIDR is the subnet to use; zero lets EnsureNetwork choose a free
+	// one of Candidates.
 	CIDR netip.Prefix
+	// Candidates are the subnets EnsureNetwork tries, in order, when CIDR
+	// is zero; nil tries netalloc.DefaultCandidates.
+	Candidates []netip.Prefix
 	// Bridge names the Linux bridge; empty derives one from Name that
 	// fits the kernel's 15 characters.
 	Bridge string
@@ -202,7 +206,7 @@ func createNetwork(conn *libvirt.Connect, spec NetworkSpec, bridge string) (Netw
 		inUse = append(inUse, host...)
 	}
 	for attempt := 1; ; attempt++ {
-		subnet, err := netalloc.ChooseSubnet(spec.CIDR, inUse, netalloc.DefaultCandidates())
+		subnet, err := netalloc.ChooseSubnet(spec.CIDR, inUse, candidates(spec))
 		if err != nil {
 			return NetworkInfo{}, subnetError(spec, err)
 		}
@@ -213,6 +217,14 @@ func createNetwork(conn *libvirt.Connect, spec NetworkSpec, bridge string) (Netw
 		}
 		inUse = append(inUse, netalloc.InUse{Prefix: subnet, Owner: conflict.With})
 	}
+}
+
+// candidates are the subnets tried for spec when it names no CIDR.
+func candidates(spec NetworkSpec) []netip.Prefix {
+	if spec.Candidates == nil {
+		return netalloc.DefaultCandidates()
+	}
+	return spec.Candidates
 }
 
 // defineAndStart defines the network and starts and autostarts it; on

@@ -45,6 +45,7 @@ func (r references) cluster(namespace string, spec *infrav1.LibvirtClusterSpec, 
 		errs = append(errs, field.Invalid(path.Child("storagePool", f), map[string]string{"name": pool.Name, "path": pool.Path}[f], err.Error()))
 	}
 	errs = append(errs, r.network(namespace, spec.Network.Name, spec.Network.Bridge, path.Child("network"))...)
+	errs = append(errs, r.networkCIDR(spec.Network, path.Child("network"))...)
 	if img := spec.LoadBalancer.Image; img != nil && img.Volume != nil {
 		errs = append(errs, r.image(*img.Volume, pool.Name, path.Child("loadBalancer", "image", "volume"))...)
 	}
@@ -70,7 +71,7 @@ func (r references) hosts(spec *infrav1.LibvirtClusterSpec, path *field.Path) fi
 		if _, err := tenancy.ParseLibvirtURI(fd.URI); fd.URI != "" && err != nil {
 			continue // validateFailureDomains said so
 		}
-		if err := r.policy.CheckLibvirtURI(fd.URI); err != nil {
+		if err := r.policy.CheckLibvirtURI(fd.URI, fd.CredentialsRef != nil); err != nil {
 			errs = append(errs, field.Invalid(path.Child("failureDomains").Index(i).Child("uri"), fd.URI, err.Error()))
 		}
 	}
@@ -146,6 +147,15 @@ func (r references) network(namespace, name, bridge string, path *field.Path) fi
 		}
 	}
 	return errs
+}
+
+// networkCIDR refuses the range of the network the provider would create
+// that the operator does not allow.
+func (r references) networkCIDR(n infrav1.ClusterNetwork, path *field.Path) field.ErrorList {
+	if err := r.policy.CheckClusterNetworkCIDR(n); err != nil {
+		return field.ErrorList{field.Invalid(path.Child("cidr"), n.CIDR, err.Error())}
+	}
+	return nil
 }
 
 // annotations checks the placement the provider records on its objects

@@ -3,6 +3,7 @@ package webhooks
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -49,6 +50,15 @@ var (
 		return p
 	}()
 )
+
+// anyHostPolicy lets failure domains name any libvirt host (--libvirt-uris=*)
+// but those at the image imports' denied addresses.
+var anyHostPolicy = func() tenancy.Policy {
+	p := tenancy.DefaultPolicy()
+	p.ManagerURI, p.LibvirtURIs = "qemu:///system", []string{tenancy.Any}
+	p.HostDenyNets = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("169.254.0.0/16")}
+	return p
+}()
 
 // filteredPolicy guards shared segments with the flag's default filter.
 var filteredPolicy = func() tenancy.Policy {
@@ -189,6 +199,32 @@ func TestClusterReferences(t *testing.T) {
 			twoHosts(s, m)
 			s.LoadBalancer.FailureDomain = "kvm7"
 		}, []string{"spec.loadBalancer.failureDomain"}},
+		{"a private network range", defaultPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) { s.Network.CIDR = "10.20.0.0/24" }, nil},
+		{"a public network range", defaultPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) { s.Network.CIDR = "8.8.8.0/24" },
+			[]string{"spec.network.cidr"}},
+		{"a range straddling a private one", defaultPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) { s.Network.CIDR = "172.0.0.0/16" },
+			[]string{"spec.network.cidr"}},
+		{"any range when the operator allows it", tenancy.Policy{PoolDirs: tenancy.DefaultPoolDirs}, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
+			s.Network.CIDR = "8.8.8.0/24"
+		}, nil},
+		{"any host with credentials", anyHostPolicy, twoHosts, nil},
+		{"any host without credentials", anyHostPolicy, func(s *infrav1.LibvirtClusterSpec, m *metav1.ObjectMeta) {
+			twoHosts(s, m)
+			s.FailureDomains[1].CredentialsRef = nil
+		}, []string{"spec.failureDomains[1].uri"}},
+		{"any host over upper-case libssh without credentials", anyHostPolicy, func(s *infrav1.LibvirtClusterSpec, m *metav1.ObjectMeta) {
+			twoHosts(s, m)
+			s.FailureDomains[1].URI, s.FailureDomains[1].CredentialsRef = "qemu+LIBSSH://kvm1/system", nil
+		}, []string{"spec.failureDomains[1].uri"}},
+		{"any host over upper-case libssh with credentials", anyHostPolicy, func(s *infrav1.LibvirtClusterSpec, m *metav1.ObjectMeta) {
+			twoHosts(s, m)
+			s.FailureDomains[1].URI = "qemu+LIBSSH://kvm1/system"
+		}, nil},
+		{"any host at a loopback address", anyHostPolicy, func(s *infrav1.LibvirtClusterSpec, m *metav1.ObjectMeta) {
+			twoHosts(s, m)
+			s.FailureDomains[1].URI = "qemu+tls://127.0.0.1:16514/system"
+			s.FailureDomains[1].CredentialsRef = &infrav1.SecretReference{Name: "tls"}
+		}, []string{"spec.failureDomains[1].uri"}},
 		{"recorded pool not listed", strictPolicy, func(_ *infrav1.LibvirtClusterSpec, m *metav1.ObjectMeta) {
 			m.Annotations = map[string]string{scope.PoolAnnotation: "default"}
 		}, []string{"metadata.annotations" + poolKey}},

@@ -39,12 +39,18 @@ type Scope interface {
 type Service struct {
 	scope Scope
 	host  virt.NetworkHost
+	// candidates are the subnets a network the cluster gives no CIDR may
+	// get, those the operator allows (tenancy.Policy.NetworkCIDRs).
+	candidates []netip.Prefix
 }
 
 var _ services.Service = (*Service)(nil)
 
-// New returns the network service of s.
-func New(s Scope) *Service { return &Service{scope: s, host: s.LibvirtHost()} }
+// New returns the network service of s, whose network, when the provider
+// chooses its subnet, gets one of candidates (nil: netalloc's defaults).
+func New(s Scope, candidates []netip.Prefix) *Service {
+	return &Service{scope: s, host: s.LibvirtHost(), candidates: candidates}
+}
 
 // Name labels the service in logs.
 func (*Service) Name() string { return "network" }
@@ -67,7 +73,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		info, err = svc.host.UseBridge(ctx, spec.Bridge)
 	default:
 		what = "network " + s.NetworkName()
-		want := virt.NetworkSpec{Name: s.NetworkName(), Owner: s.Owner()}
+		want := virt.NetworkSpec{Name: s.NetworkName(), Owner: s.Owner(), Candidates: svc.candidates}
 		if spec.CIDR != "" {
 			if want.CIDR, err = netip.ParsePrefix(spec.CIDR); err != nil {
 				// The CRD validates the CIDR; this is a defence only.

@@ -187,6 +187,10 @@ func (c *Cluster) Reconcile(ctx context.Context) (services.Result, error) {
 		refusals = append(refusals, refused("network", infrav1.NetworkReadyCondition, infrav1.NetworkNotAllowedReason,
 			"%s %v", describe(n), nerr))
 	}
+	if cerr := p.CheckClusterNetworkCIDR(ns); cerr != nil {
+		refusals = append(refusals, refused("network range", infrav1.NetworkReadyCondition, infrav1.NetworkNotAllowedReason,
+			"spec.network.cidr %q %v", ns.CIDR, cerr))
+	}
 	if s.LoadBalancerEnabled() {
 		if v := s.LoadBalancer().Image().Volume; v != nil {
 			if f, ierr := p.CheckImageVolume(*v, s.Pool().Name); ierr != nil {

@@ -2,6 +2,7 @@ package references_test
 
 import (
 	"context"
+	"net/netip"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,7 +22,8 @@ import (
 
 var (
 	policy = tenancy.Policy{PoolDirs: []string{"/var/lib/libvirt"}, ImagePools: []string{"images"},
-		Machine: tenancy.Limits{VCPUs: 8, MemoryMiB: 16 << 10, DiskGiB: 100}}
+		Machine:      tenancy.Limits{VCPUs: 8, MemoryMiB: 16 << 10, DiskGiB: 100},
+		NetworkCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.0.0/16")}}
 	networkA = scope.ClusterNetworkName("team-a", "prod")
 	seedA    = scope.SeedVolumeName(scope.DomainName("team-a", "cp-0"))
 )
@@ -132,6 +134,11 @@ func TestCluster(t *testing.T) {
 		{"HAProxy image on another namespace's seed", func(c *infrav1.LibvirtCluster) {
 			c.Spec.LoadBalancer.Image = &infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: seedA}}
 		}, want{infrav1.LoadBalancerReadyCondition, infrav1.ImageNotAllowedReason}},
+		{"a private network range", func(c *infrav1.LibvirtCluster) { c.Spec.Network.CIDR = "192.168.150.0/24" }, want{}},
+		{"a public network range", func(c *infrav1.LibvirtCluster) { c.Spec.Network.CIDR = "8.8.8.0/24" },
+			want{infrav1.NetworkReadyCondition, infrav1.NetworkNotAllowedReason}},
+		{"a range outside the operator's", func(c *infrav1.LibvirtCluster) { c.Spec.Network.CIDR = "172.16.0.0/24" },
+			want{infrav1.NetworkReadyCondition, infrav1.NetworkNotAllowedReason}},
 		{"default HAProxy image", func(c *infrav1.LibvirtCluster) {
 			c.Spec.StoragePool = infrav1.StoragePool{Name: "team-b", Path: "/var/lib/libvirt/team-b"}
 		},
