@@ -66,7 +66,12 @@ type Options struct {
 	ImageURLDenyCIDRs  []string
 	ImageImportMaxSize string
 
-	// WebhookPort and WebhookCertDir configure the webhook server.
+	// WebhookHost is the address the webhook server binds to; empty
+	// binds every interface, as a Pod reached through its Service needs.
+	// The one-host plane binds loopback, where its API server calls, so
+	// that guests cannot reach the server through their gateway.
+	WebhookHost string
+	// WebhookPort is the webhook server's port.
 	WebhookPort int
 	// WebhookCertDir holds tls.crt and tls.key for the webhook server.
 	WebhookCertDir string
@@ -208,6 +213,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ImageImport.MaxBackoff, "image-import-max-backoff", imageimport.DefaultMaxBackoff,
 		"Longest wait between retries of a failed image import.")
 
+	fs.StringVar(&o.WebhookHost, "webhook-host", "",
+		"Address the webhook server binds to (e.g. 127.0.0.1 when the API server runs on this host); empty binds every interface.")
 	fs.IntVar(&o.WebhookPort, "webhook-port", 9443, "Webhook server port.")
 	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs/",
 		"Directory holding the webhook server's tls.crt and tls.key.")
