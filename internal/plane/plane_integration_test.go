@@ -158,6 +158,9 @@ func TestPlaneLifecycle(t *testing.T) {
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "kept"}, Data: map[string]string{"k": "v"}}
 	must(t, p.Client.Create(ctx, cm))
 	must(t, p.Stop(ctx))
+	// A plane of an older version left a state directory without etcd's
+	// certificates (its etcd served plain HTTP); the next start makes them.
+	must(t, os.RemoveAll(filepath.Join(o.StateDir, etcdCertsDirName)))
 	if _, err := Attach(o.StateDir); err == nil {
 		t.Fatal("Attach succeeded on a stopped plane")
 	}
@@ -171,6 +174,9 @@ func TestPlaneLifecycle(t *testing.T) {
 	must(t, p.Client.Get(ctx, client.ObjectKeyFromObject(cm), got))
 	if got.Data["k"] != "v" {
 		t.Fatalf("ConfigMap after restart: %v", got.Data)
+	}
+	for _, f := range []string{etcdCAName, etcdServerCertName, etcdServerKeyName, etcdClientCertName, etcdClientKeyName} {
+		checkMode0600(t, filepath.Join(o.StateDir, etcdCertsDirName, f))
 	}
 	// The keys are kept, so the Secret encrypted before the restart reads.
 	if again := readKeys(t, o.StateDir); again != keys {
