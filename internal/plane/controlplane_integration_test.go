@@ -68,9 +68,7 @@ func TestControlPlaneEtcdClientCertificates(t *testing.T) {
 			}
 		}
 	}
-	for _, name := range []string{"etcd-keyfile"} {
-		checkMode0600(t, apiServerArgs.flagValue(t, name))
-	}
+	checkMode0600(t, apiServerArgs.flagValue(t, "etcd-keyfile"))
 	checkMode0600(t, etcdArgs.flagValue(t, "key-file"))
 
 	// kube-apiserver's own certificate reads what the old etcd wrote.
