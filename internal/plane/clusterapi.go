@@ -73,7 +73,10 @@ type ClusterAPIOptions struct {
 	// WebhookPort, when not 0, makes the core manager serve the webhooks
 	// of all three managers (install their configurations with
 	// WithClusterAPIWebhooks, route them with RouteWebhooks) on
-	// WebhookHost:WebhookPort with the certificate in WebhookCertDir. One
+	// WebhookHost:WebhookPort (empty host: 127.0.0.1, where the
+	// environment's API server calls; never every interface, which guests
+	// would reach through their gateway) with the certificate in
+	// WebhookCertDir. One
 	// server saves two ports and certificates; the one kubeadm webhook that
 	// reads (KubeadmControlPlane scale) reads through the core manager's
 	// client as well as through its own.
@@ -191,7 +194,11 @@ func (e *Environment) newCAPIManager(cacheOptions func(*runtime.Scheme, string, 
 		},
 	}
 	if o.WebhookPort != 0 {
-		opts.WebhookServer = webhook.NewServer(webhook.Options{Host: o.WebhookHost, Port: o.WebhookPort, CertDir: o.WebhookCertDir})
+		host := o.WebhookHost
+		if host == "" {
+			host = loopbackHost
+		}
+		opts.WebhookServer = webhook.NewServer(webhook.Options{Host: host, Port: o.WebhookPort, CertDir: o.WebhookCertDir})
 	}
 	mgr, err := ctrl.NewManager(e.Config, opts)
 	if err != nil {

@@ -50,6 +50,9 @@ type controlPlaneSpec struct {
 	// etcdDataDir keeps etcd's data across starts; empty, the data lives
 	// in the work directory, without fsync, and goes with stop.
 	etcdDataDir string
+	// etcdCertDir keeps etcd's certificates across starts (ensureEtcdPKI);
+	// empty, they are made in the work directory at each start.
+	etcdCertDir string
 	// apiServerFlags are added to kube-apiserver's flags, replacing the
 	// defaults of the same names.
 	apiServerFlags map[string]string
@@ -68,47 +71,98 @@ func startControlPlane(ctx context.Context, spec controlPlaneSpec) (cp *controlP
 			err = errors.Join(err, cp.stop())
 		}
 	}()
-	etcdURL, err := cp.startEtcd(ctx, spec)
+	etcd, err := cp.startEtcd(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
-	if err := cp.startAPIServer(ctx, spec, etcdURL); err != nil {
+	if err := cp.startAPIServer(ctx, spec, etcd); err != nil {
 		return nil, err
 	}
 	return cp, nil
 }
 
-// startEtcd runs a one-member etcd on local ports and returns its client URL.
-func (cp *controlPlane) startEtcd(ctx context.Context, spec controlPlaneSpec) (string, error) {
-	ports, err := freePorts(2)
-	if err != nil {
-		return "", err
-	}
-	clientURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
-	dataDir, durable := spec.etcdDataDir, true
-	if dataDir == "" {
-		dataDir, durable = filepath.Join(cp.workDir, "etcd"), false
-	}
+// etcdEndpoint is where a running etcd serves its clients and the
+// certificates that reach it.
+type etcdEndpoint struct {
+	clientURL string
+	pki       etcdPKI
+}
+
+// etcdSettings are what etcdArgs turns into flags.
+type etcdSettings struct {
+	dataDir              string
+	clientPort, peerPort int
+	pki                  etcdPKI
+	// unsafeNoFsync skips fsync, for throw-away data.
+	unsafeNoFsync bool
+}
+
+// etcdArgs are etcd's flags: client and peer URLs on loopback only (guests
+// reach the host's other addresses through their gateway), both TLS with
+// client certificates of the plane's etcd authority required, so that no
+// other local process or user reads or writes the plane's objects (its
+// Secrets included) without going through kube-apiserver's
+// authentication and RBAC.
+func etcdArgs(s etcdSettings) []string {
+	clientURL := etcdClientURL(s.clientPort)
 	args := []string{
-		"--data-dir=" + dataDir,
+		"--data-dir=" + s.dataDir,
 		"--listen-client-urls=" + clientURL,
 		"--advertise-client-urls=" + clientURL,
-		"--listen-peer-urls=http://127.0.0.1:" + strconv.Itoa(ports[1]),
+		"--listen-peer-urls=https://" + tcpAddress(loopbackHost, s.peerPort),
+		"--cert-file=" + s.pki.path(etcdServerCertName),
+		"--key-file=" + s.pki.path(etcdServerKeyName),
+		"--trusted-ca-file=" + s.pki.path(etcdCAName),
+		"--client-cert-auth=true",
+		"--peer-cert-file=" + s.pki.path(etcdServerCertName),
+		"--peer-key-file=" + s.pki.path(etcdServerKeyName),
+		"--peer-trusted-ca-file=" + s.pki.path(etcdCAName),
+		"--peer-client-cert-auth=true",
 	}
-	if !durable {
-		// Throw-away data need not survive a host crash; skipping fsync
-		// makes every write of a test run cheaper.
+	if s.unsafeNoFsync {
 		args = append(args, "--unsafe-no-fsync=true")
 	}
-	if cp.etcd, err = startChild("etcd", filepath.Join(spec.assets, "etcd"), args, nil, filepath.Join(cp.workDir, "etcd.log")); err != nil {
-		return "", err
+	return args
+}
+
+// etcdClientURL is etcd's client URL on port.
+func etcdClientURL(port int) string { return "https://" + tcpAddress(loopbackHost, port) }
+
+// startEtcd runs a one-member etcd on local ports (etcdArgs), with the
+// certificates of spec.etcdCertDir, made if missing.
+func (cp *controlPlane) startEtcd(ctx context.Context, spec controlPlaneSpec) (etcdEndpoint, error) {
+	ports, err := freePorts(2)
+	if err != nil {
+		return etcdEndpoint{}, err
 	}
-	return clientURL, waitReady(ctx, cp.etcd, http.DefaultClient, clientURL+"/health")
+	s := etcdSettings{dataDir: spec.etcdDataDir, clientPort: ports[0], peerPort: ports[1], pki: etcdPKI(spec.etcdCertDir)}
+	if s.dataDir == "" {
+		// Throw-away data need not survive a host crash; skipping fsync
+		// makes every write of a test run cheaper.
+		s.dataDir, s.unsafeNoFsync = filepath.Join(cp.workDir, "etcd"), true
+	}
+	if s.pki == "" {
+		s.pki = etcdPKI(filepath.Join(cp.workDir, "etcd-pki"))
+	}
+	if err := ensureEtcdPKI(string(s.pki), time.Now()); err != nil {
+		return etcdEndpoint{}, fmt.Errorf("etcd's certificates: %w", err)
+	}
+	tlsConfig, err := s.pki.clientTLS()
+	if err != nil {
+		return etcdEndpoint{}, err
+	}
+	if cp.etcd, err = startChild("etcd", filepath.Join(spec.assets, "etcd"), etcdArgs(s), nil, filepath.Join(cp.workDir, "etcd.log")); err != nil {
+		return etcdEndpoint{}, err
+	}
+	e := etcdEndpoint{clientURL: etcdClientURL(s.clientPort), pki: s.pki}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: tlsConfig}}
+	return e, waitReady(ctx, cp.etcd, hc, e.clientURL+"/health")
 }
 
 // startAPIServer runs kube-apiserver on a local port with a fresh serving
-// certificate, client-certificate authentication and RBAC.
-func (cp *controlPlane) startAPIServer(ctx context.Context, spec controlPlaneSpec, etcdURL string) error {
+// certificate, client-certificate authentication and RBAC, reaching etcd
+// with its client certificate.
+func (cp *controlPlane) startAPIServer(ctx context.Context, spec controlPlaneSpec, etcd etcdEndpoint) error {
 	servers, err := newAuthority("capl-apiserver-ca")
 	if err != nil {
 		return err
@@ -148,7 +202,10 @@ func (cp *controlPlane) startAPIServer(ctx context.Context, spec controlPlaneSpe
 		"tls-cert-file":                    filepath.Join(cp.workDir, "apiserver.crt"),
 		"tls-private-key-file":             filepath.Join(cp.workDir, "apiserver.key"),
 		"client-ca-file":                   filepath.Join(cp.workDir, "client-ca.crt"),
-		"etcd-servers":                     etcdURL,
+		"etcd-servers":                     etcd.clientURL,
+		"etcd-cafile":                      etcd.pki.path(etcdCAName),
+		"etcd-certfile":                    etcd.pki.path(etcdClientCertName),
+		"etcd-keyfile":                     etcd.pki.path(etcdClientKeyName),
 		"service-cluster-ip-range":         serviceClusterIPRange,
 		"allow-privileged":                 "true",
 		"authorization-mode":               "RBAC",

@@ -1,9 +1,11 @@
 // Package plane is the one-host management plane behind `make up` and
 // `make down` (cmd/capl-dev) and the end-to-end suite (e2e/), a management
 // cluster without nodes: kube-apiserver and etcd (child processes with
-// certificates made at each start, controlplane.go; the binaries from an
+// certificates made at each start, controlplane.go, but for etcd's, kept:
+// etcdpki.go; etcd requires client certificates; the binaries from an
 // assets directory: FindAssets) with a persistent etcd data directory and
-// Secrets encrypted at rest, every CRD and webhook configuration of the provider and of
+// Secrets encrypted at rest, every server on loopback only (guests reach
+// the host's other addresses through their gateway), every CRD and webhook configuration of the provider and of
 // Cluster API's core and kubeadm providers embedded at build time
 // (manifests.go);
 // kube-controller-manager (garbage collector, namespace, service-account,
@@ -16,6 +18,8 @@
 // Everything lives in a state directory (default DefaultStateDir):
 //
 //	etcd/                  etcd data, kept across restarts of the plane
+//	etcd-pki/              etcd's authority, serving and kube-apiserver client
+//	                       certificates (0600, kept; made anew when incomplete)
 //	service-account.key    signing key of service-account tokens (0600, kept)
 //	encryption-config.yaml EncryptionConfiguration with the key Secrets are
 //	                       encrypted with in etcd (secretbox; 0600, kept)

@@ -374,7 +374,7 @@ func removeStateDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	known := []string{etcdDirName, kubeconfigName, servePIDName, serveLogName, managerPIDName, managerLogName,
+	known := []string{etcdDirName, etcdCertsDirName, kubeconfigName, servePIDName, serveLogName, managerPIDName, managerLogName,
 		webhookCertsName, endpointsFileName, scopeFileName, serviceAccountKeyName, encryptionConfigName,
 		kcmKubeconfigName, kcmPIDName, kcmLogName}
 	for _, e := range entries {

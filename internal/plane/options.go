@@ -49,6 +49,17 @@ func WithEtcdDataDir(dir string) Option {
 	}
 }
 
+// WithEtcdCertDir keeps etcd's certificates (its authority's, its serving
+// certificate and kube-apiserver's client certificate) in dir across
+// starts, making a new set when one is missing, invalid or near its
+// expiry; without it each start makes a set in the work directory.
+func WithEtcdCertDir(dir string) Option {
+	return func(s *settings) error {
+		s.controlPlane.etcdCertDir = dir
+		return nil
+	}
+}
+
 // WithWebhookServing points the installed webhook configurations at
 // host:port instead of a random free port, for a webhook server that runs
 // in another process (see WebhookCertDir for its certificate).

@@ -23,6 +23,8 @@ const certificateLifetime = 365 * 24 * time.Hour
 // authority is a certificate authority that lives as long as one start of
 // the plane: one signs kube-apiserver's serving certificate, one the
 // clients' certificates (its --client-ca-file), one the webhook servers'.
+// etcd's (etcdpki.go) is the exception: its certificates are kept in the
+// state directory across starts, its key never written.
 type authority struct {
 	cert *x509.Certificate
 	key  *ecdsa.PrivateKey
@@ -60,6 +62,12 @@ func newAuthority(name string) (*authority, error) {
 
 // servingCertificate is for a server reached at hosts (names or IPs).
 func (a *authority) servingCertificate(hosts ...string) (keyPair, error) {
+	return a.hostCertificate([]x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, hosts...)
+}
+
+// hostCertificate is for a process reached at hosts (names or IPs), for
+// usages.
+func (a *authority) hostCertificate(usages []x509.ExtKeyUsage, hosts ...string) (keyPair, error) {
 	template, err := certificateTemplate(pkix.Name{CommonName: hosts[0]})
 	if err != nil {
 		return keyPair{}, err
@@ -71,7 +79,7 @@ func (a *authority) servingCertificate(hosts ...string) (keyPair, error) {
 			template.DNSNames = append(template.DNSNames, h)
 		}
 	}
-	template.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	template.ExtKeyUsage = usages
 	return a.issue(template)
 }
 

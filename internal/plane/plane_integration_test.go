@@ -7,16 +7,22 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
+	"net"
+	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -84,6 +90,7 @@ func TestPlaneLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("plane started cold (new state directory) in %s", time.Since(started).Round(100*time.Millisecond))
+	checkLoopbackOnly(ctx, t, p)
 
 	// Start again attaches to the running plane.
 	again, err := Start(ctx, o, filepath.Join(bin, "capl-dev"))
@@ -151,6 +158,9 @@ func TestPlaneLifecycle(t *testing.T) {
 	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "kept"}, Data: map[string]string{"k": "v"}}
 	must(t, p.Client.Create(ctx, cm))
 	must(t, p.Stop(ctx))
+	// A plane of an older version left a state directory without etcd's
+	// certificates (its etcd served plain HTTP); the next start makes them.
+	must(t, os.RemoveAll(filepath.Join(o.StateDir, etcdCertsDirName)))
 	if _, err := Attach(o.StateDir); err == nil {
 		t.Fatal("Attach succeeded on a stopped plane")
 	}
@@ -164,6 +174,9 @@ func TestPlaneLifecycle(t *testing.T) {
 	must(t, p.Client.Get(ctx, client.ObjectKeyFromObject(cm), got))
 	if got.Data["k"] != "v" {
 		t.Fatalf("ConfigMap after restart: %v", got.Data)
+	}
+	for _, f := range []string{etcdCAName, etcdServerCertName, etcdServerKeyName, etcdClientCertName, etcdClientKeyName} {
+		checkMode0600(t, filepath.Join(o.StateDir, etcdCertsDirName, f))
 	}
 	// The keys are kept, so the Secret encrypted before the restart reads.
 	if again := readKeys(t, o.StateDir); again != keys {
@@ -221,6 +234,113 @@ func TestPlaneLifecycle(t *testing.T) {
 	if left, err := orphanedControlPlane(o.StateDir); err != nil || len(left) > 0 {
 		t.Errorf("etcd/kube-apiserver left after Down: %v %v", left, err)
 	}
+}
+
+// checkLoopbackOnly shows that guests, which reach the host through their
+// network's gateway, cannot reach the plane: every TCP socket its
+// processes listen on (the manager's and Cluster API's webhook servers,
+// etcd's client and peer URLs, kube-apiserver, health and metrics) is
+// bound to a loopback address, read from /proc/net/tcp{,6}; every port
+// the webhook configurations call answers on 127.0.0.1 and refuses the
+// host's other addresses.
+func checkLoopbackOnly(ctx context.Context, t *testing.T, p *Plane) {
+	t.Helper()
+	pids, err := p.PIDs()
+	must(t, err)
+	listening := map[uint16]string{}
+	for name, pid := range pids {
+		addrs, err := listeningAddresses(pid)
+		must(t, err)
+		for _, a := range addrs {
+			if !a.Addr().IsLoopback() {
+				t.Errorf("%s (pid %d) listens on %s, which is not a loopback address", name, pid, a)
+			}
+			listening[a.Port()] = name
+		}
+	}
+	webhookPorts := map[uint16]bool{}
+	for _, u := range webhookURLs(ctx, t, p.Client) {
+		port, err := strconv.ParseUint(u.Port(), 10, 16)
+		must(t, err)
+		if u.Hostname() != "127.0.0.1" {
+			t.Errorf("a webhook configuration calls %s, not 127.0.0.1", u)
+		}
+		webhookPorts[uint16(port)] = true
+	}
+	if !webhookPorts[uint16(p.Endpoints.WebhookPort)] || len(webhookPorts) < 2 {
+		t.Errorf("webhook configurations call ports %v, want the manager's %d and Cluster API's", webhookPorts, p.Endpoints.WebhookPort)
+	}
+	others := hostAddresses(t)
+	for port := range webhookPorts {
+		if listening[port] == "" {
+			t.Errorf("no process of the plane listens on webhook port %d", port)
+		}
+		conn, err := net.DialTimeout("tcp", tcpAddress("127.0.0.1", int(port)), 5*time.Second)
+		if err != nil {
+			t.Errorf("webhook port %d on 127.0.0.1: %v", port, err)
+		} else {
+			_ = conn.Close()
+		}
+		for _, a := range others {
+			if conn, err := net.DialTimeout("tcp", tcpAddress(a.String(), int(port)), 5*time.Second); err == nil {
+				_ = conn.Close()
+				t.Errorf("webhook port %d (%s) answers on the host's address %s", port, listening[port], a)
+			}
+		}
+	}
+	t.Logf("the plane listens on %d loopback ports; webhook ports %v refuse %v", len(listening), slices.Sorted(maps.Keys(webhookPorts)), others)
+}
+
+// webhookURLs are the URLs of every installed webhook configuration.
+func webhookURLs(ctx context.Context, t *testing.T, c client.Client) []*url.URL {
+	t.Helper()
+	var mutating admissionv1.MutatingWebhookConfigurationList
+	var validating admissionv1.ValidatingWebhookConfigurationList
+	must(t, c.List(ctx, &mutating))
+	must(t, c.List(ctx, &validating))
+	var raw []*string
+	for _, m := range mutating.Items {
+		for _, w := range m.Webhooks {
+			raw = append(raw, w.ClientConfig.URL)
+		}
+	}
+	for _, v := range validating.Items {
+		for _, w := range v.Webhooks {
+			raw = append(raw, w.ClientConfig.URL)
+		}
+	}
+	var out []*url.URL
+	for _, r := range raw {
+		if r == nil {
+			t.Error("a webhook configuration calls a Service, not a URL")
+			continue
+		}
+		u, err := url.Parse(*r)
+		must(t, err)
+		out = append(out, u)
+	}
+	return out
+}
+
+// hostAddresses are the host's unicast addresses other than loopback ones
+// (its uplink, libvirt networks' gateways: what guests reach). A host
+// without any fails the test when CI=true, since the dial then proves
+// nothing.
+func hostAddresses(t *testing.T) []netip.Addr {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	must(t, err)
+	var out []netip.Addr
+	for _, a := range addrs {
+		prefix, err := netip.ParsePrefix(a.String())
+		if err == nil && !prefix.Addr().IsLoopback() && !prefix.Addr().IsLinkLocalUnicast() {
+			out = append(out, prefix.Addr())
+		}
+	}
+	if len(out) == 0 && os.Getenv("CI") == "true" {
+		t.Error("the host has no non-loopback address to dial the webhook ports on")
+	}
+	return out
 }
 
 // unusedPool is the storage pool of checkManagementCluster's

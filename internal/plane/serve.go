@@ -29,8 +29,9 @@ const (
 )
 
 // Serve runs the plane in the foreground until ctx ends (capl-dev serve):
-// etcd (data in <StateDir>/etcd, kept) and kube-apiserver (Secrets
-// encrypted at rest, service-account keys of the state directory) with
+// etcd (data in <StateDir>/etcd, kept; client certificates required) and
+// kube-apiserver (Secrets encrypted at rest, service-account keys of the
+// state directory), every server of the plane on loopback only, with
 // Cluster API's CRDs, the kubeadm providers' CRDs, the provider's CRDs and
 // every webhook configuration of them; kube-controller-manager and the
 // manager binary as child processes restarted whenever they exit; Cluster
@@ -47,7 +48,9 @@ const (
 // provider's manager, a separate process, serves the port the webhook
 // configurations are installed with.
 //
-// Serve writes serve.pid, kubeconfig, webhook-certs/, the keys (once) and,
+// Serve writes serve.pid, kubeconfig, webhook-certs/, etcd-pki/ (etcd's
+// certificates: etcd serves TLS on loopback and requires a client
+// certificate, which kube-apiserver holds), the keys (once) and,
 // once everything runs, endpoints.json. When ctx ends it stops the
 // manager, Cluster API, kube-controller-manager, kube-apiserver and etcd,
 // removes serve.pid and endpoints.json, and returns nil.
@@ -93,10 +96,11 @@ func Serve(ctx context.Context, o Options) error {
 	log.Printf("starting etcd (data in %s) and kube-apiserver", filepath.Join(dir, etcdDirName))
 	env, err := StartEnvironment(assets,
 		WithEtcdDataDir(filepath.Join(dir, etcdDirName)),
+		WithEtcdCertDir(filepath.Join(dir, etcdCertsDirName)),
 		WithAPIServerFlags(apiServerFlags(dir)),
 		WithProviderWebhooks(),
 		WithClusterAPIWebhooks(),
-		WithWebhookServing("127.0.0.1", webhookPort),
+		WithWebhookServing(loopbackHost, webhookPort),
 	)
 	if err != nil {
 		return err
@@ -148,11 +152,11 @@ func Serve(ctx context.Context, o Options) error {
 
 	log.Printf("starting Cluster API's core, kubeadm bootstrap and kubeadm control-plane controllers and webhooks")
 	reserved.release()
-	if err := env.RouteWebhooks(ctx, clusterAPIWebhookPrefix, "127.0.0.1", capiWebhookPort); err != nil {
+	if err := env.RouteWebhooks(ctx, clusterAPIWebhookPrefix, loopbackHost, capiWebhookPort); err != nil {
 		return fmt.Errorf("routing Cluster API's webhooks: %w", err)
 	}
 	capi, err := env.StartClusterAPI(ClusterAPIOptions{
-		Kubeadm: true, WebhookHost: "127.0.0.1", WebhookPort: capiWebhookPort, WebhookCertDir: env.WebhookCertDir(),
+		Kubeadm: true, WebhookHost: loopbackHost, WebhookPort: capiWebhookPort, WebhookCertDir: env.WebhookCertDir(),
 	})
 	if err != nil {
 		return err
@@ -165,18 +169,9 @@ func Serve(ctx context.Context, o Options) error {
 	}()
 
 	sup := &supervisor{
-		name:   "manager",
-		binary: manager,
-		args: append([]string{
-			"--libvirt-uri=" + o.LibvirtURI,
-			"--leader-elect=false",
-			"--webhook-port=" + strconv.Itoa(webhookPort),
-			"--webhook-cert-dir=" + certDir,
-			"--health-addr=127.0.0.1:" + strconv.Itoa(healthPort),
-			"--diagnostics-address=127.0.0.1:" + strconv.Itoa(metricsPort),
-			"--insecure-diagnostics",
-			"--image-file-dirs=" + o.ImageDir,
-		}, o.ManagerArgs...),
+		name:      "manager",
+		binary:    manager,
+		args:      managerArgs(o, managerPorts{webhook: webhookPort, health: healthPort, metrics: metricsPort}, certDir),
 		env:       append(os.Environ(), "KUBECONFIG="+filepath.Join(dir, kubeconfigName)),
 		stopGrace: managerStopGrace,
 		logPath:   filepath.Join(dir, managerLogName),
@@ -214,6 +209,32 @@ func Serve(ctx context.Context, o Options) error {
 	log.Printf("stopping the management plane")
 	return nil
 }
+
+// managerPorts are the loopback ports of the manager's servers.
+type managerPorts struct {
+	webhook, health, metrics int
+}
+
+// managerArgs are the manager's flags in the plane: every server it runs
+// binds loopback (the API server calls the webhooks there; guests reach
+// the host's other addresses through their gateway), then o.ManagerArgs,
+// which may override any of them (the last of a flag counts).
+func managerArgs(o Options, ports managerPorts, certDir string) []string {
+	return append([]string{
+		"--libvirt-uri=" + o.LibvirtURI,
+		"--leader-elect=false",
+		"--webhook-host=" + loopbackHost,
+		"--webhook-port=" + strconv.Itoa(ports.webhook),
+		"--webhook-cert-dir=" + certDir,
+		"--health-addr=" + tcpAddress(loopbackHost, ports.health),
+		"--diagnostics-address=" + tcpAddress(loopbackHost, ports.metrics),
+		"--insecure-diagnostics",
+		"--image-file-dirs=" + o.ImageDir,
+	}, o.ManagerArgs...)
+}
+
+// loopbackHost is the address every server of the plane binds.
+const loopbackHost = "127.0.0.1"
 
 // clusterAPIWebhookPrefix starts the names of Cluster API's webhook
 // configurations (WithClusterAPIWebhooks).

@@ -67,6 +67,7 @@ func (o Options) withDefaults() Options {
 // Files of the state directory.
 const (
 	etcdDirName       = "etcd"
+	etcdCertsDirName  = "etcd-pki"
 	kubeconfigName    = "kubeconfig"
 	servePIDName      = "serve.pid"
 	serveLogName      = "serve.log"

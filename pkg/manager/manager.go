@@ -146,6 +146,7 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 		},
 		Controller: config.Controller{SkipNameValidation: &w.SkipControllerNameValidation},
 		WebhookServer: webhook.NewServer(webhook.Options{
+			Host:    opts.WebhookHost,
 			Port:    opts.WebhookPort,
 			CertDir: opts.WebhookCertDir,
 			TLSOpts: tlsOptions,

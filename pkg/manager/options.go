@@ -66,7 +66,12 @@ type Options struct {
 	ImageURLDenyCIDRs  []string
 	ImageImportMaxSize string
 
-	// WebhookPort and WebhookCertDir configure the webhook server.
+	// WebhookHost is the address the webhook server binds to; empty
+	// binds every interface, as a Pod reached through its Service needs.
+	// The one-host plane binds loopback, where its API server calls, so
+	// that guests cannot reach the server through their gateway.
+	WebhookHost string
+	// WebhookPort is the webhook server's port.
 	WebhookPort int
 	// WebhookCertDir holds tls.crt and tls.key for the webhook server.
 	WebhookCertDir string
@@ -233,6 +238,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ImageImport.GCAfter, "image-gc-after", imageimport.DefaultGCAfter,
 		"How long an image imported from a URL stays in its pool once no disk is backed by it and no machine asked for it (checked every min(this/2, 10m)); 0 keeps imported images forever.")
 
+	fs.StringVar(&o.WebhookHost, "webhook-host", "",
+		"Address the webhook server binds to (e.g. 127.0.0.1 when the API server runs on this host); empty binds every interface.")
 	fs.IntVar(&o.WebhookPort, "webhook-port", 9443, "Webhook server port.")
 	fs.StringVar(&o.WebhookCertDir, "webhook-cert-dir", "/tmp/k8s-webhook-server/serving-certs/",
 		"Directory holding the webhook server's tls.crt and tls.key.")
