@@ -27,13 +27,7 @@ func TestTenancyFlags(t *testing.T) {
 			tenancy.Policy{PoolDirs: []string{"/srv/pools", "/var/lib/libvirt"}, Pools: []string{"a", "b"}, ImagePools: []string{"images"},
 				Bridges: []string{"br0"}, Networks: []string{"default"}}},
 	} {
-		var o Options
-		fs := pflag.NewFlagSet("manager", pflag.ContinueOnError)
-		o.AddFlags(fs)
-		if err := fs.Parse(tc.args); err != nil {
-			t.Fatal(err)
-		}
-		got, err := o.Tenancy()
+		got, err := parseFlags(t, tc.args).Tenancy()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -184,13 +178,7 @@ func TestNetworkAndHostFlags(t *testing.T) {
 		{[]string{"--network-cidrs="}, "", 0, "--network-cidrs"},
 		{[]string{"--image-url-deny-cidrs=x"}, "", 0, "--image-url-deny-cidrs"},
 	} {
-		var o Options
-		fs := pflag.NewFlagSet("manager", pflag.ContinueOnError)
-		o.AddFlags(fs)
-		if err := fs.Parse(tc.args); err != nil {
-			t.Fatal(err)
-		}
-		got, err := o.Tenancy()
+		got, err := parseFlags(t, tc.args).Tenancy()
 		if tc.wantError != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.wantError) {
 				t.Errorf("%v: %v, want an error naming %s", tc.args, err, tc.wantError)
