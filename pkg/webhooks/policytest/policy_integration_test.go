@@ -82,10 +82,10 @@ func onTwoHosts(s *infrav1.LibvirtClusterSpec, uri, secret string) {
 }
 
 // TestPolicyRejections: under the flags' defaults with --libvirt-uris=*,
-// the API server refuses a public network range and a failure domain that
+// the API server refuses a public network range, a failure domain that
 // would connect with the manager's own credentials or to a denied
-// address, naming the field; private ranges and hosts with credentials
-// pass.
+// address, and an HAProxy VM larger than one machine may be, naming the
+// field; private ranges and hosts with credentials pass.
 func TestPolicyRejections(t *testing.T) {
 	if c == nil {
 		t.Skip("integration test: needs envtest (not run with -short)")
@@ -106,6 +106,10 @@ func TestPolicyRejections(t *testing.T) {
 		{"a loopback host", func(s *infrav1.LibvirtClusterSpec) { onTwoHosts(s, "qemu+tls://127.0.0.1:16514/system", "tls") },
 			"spec.failureDomains[1].uri", "127.0.0.0/8"},
 		{"any host with credentials", func(s *infrav1.LibvirtClusterSpec) { onTwoHosts(s, "qemu+ssh://kvm1/system", "kvm1") }, "", ""},
+		{"an HAProxy VM with more vCPUs than a machine may have", func(s *infrav1.LibvirtClusterSpec) { s.LoadBalancer.CPUs = 64 },
+			"spec.loadBalancer.cpus", "--max-machine-vcpus"},
+		{"an HAProxy VM with more memory than a machine may have", func(s *infrav1.LibvirtClusterSpec) { s.LoadBalancer.MemoryMiB = 200 << 10 },
+			"spec.loadBalancer.memoryMiB", "--max-machine-memory"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
