@@ -157,15 +157,6 @@ func keyOf(obj client.Object) string {
 	return fmt.Sprintf("%T/%s", obj, obj.GetName())
 }
 
-// Holdings is what namespace holds on the hosts the manager reaches.
-func (l *Ledger) Holdings(ctx context.Context, namespace string) (Holdings, error) {
-	all, err := l.listHosts(ctx)
-	if err != nil {
-		return Holdings{}, err
-	}
-	return Hold(namespace, all.objs, all.uses, nil), nil
-}
-
 func (l *Ledger) lock(ns string) func() {
 	l.mu.Lock()
 	m := l.locks[ns]
@@ -273,9 +264,6 @@ func ahead(a, b metav1.Object) bool {
 	return a.GetName() < b.GetName()
 }
 
-// recheck is how often an object over its namespace's totals looks again:
-// what frees room (a VM deleted, maybe by hand) says nothing to it.
-const recheck = time.Minute
-
-// Recheck is the wait of an object refused for the namespace's totals.
-func Recheck() time.Duration { return recheck }
+// Recheck is how often an object over its namespace's totals looks
+// again: what frees room (a VM deleted, maybe by hand) says nothing to it.
+const Recheck = time.Minute

@@ -126,7 +126,7 @@ func quotaOutcome(err error, condType string) error {
 	case err == nil:
 		return nil
 	case errors.As(err, &exceeded):
-		return services.FailOn(condType, infrav1.NamespaceQuotaExceededReason, services.Requeue(quota.Recheck(), "namespace quota"),
+		return services.FailOn(condType, infrav1.NamespaceQuotaExceededReason, services.Requeue(quota.Recheck, "namespace quota"),
 			"Namespace %s with this object: %s", exceeded.Namespace, describeExceeded(exceeded.Exceeded))
 	default:
 		return fmt.Errorf("counting the namespace's holdings: %w", err)
