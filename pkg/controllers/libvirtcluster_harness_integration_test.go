@@ -509,8 +509,8 @@ func (w *crashHost) DeleteVolume(ctx context.Context, pool, name string) error {
 	return w.after(ctx, "DeleteVolume", name, w.Host.DeleteVolume(ctx, pool, name))
 }
 
-func (w *crashHost) ReleaseAddress(ctx context.Context, network, mac string) error {
-	return w.after(ctx, "ReleaseAddress", mac, w.Host.ReleaseAddress(ctx, network, mac))
+func (w *crashHost) ReleaseOwnedAddress(ctx context.Context, network string, r virt.Reservation) error {
+	return w.after(ctx, "ReleaseOwnedAddress", r.MAC, w.Host.ReleaseOwnedAddress(ctx, network, r))
 }
 
 func (w *crashHost) DeleteNetwork(ctx context.Context, name string) error {

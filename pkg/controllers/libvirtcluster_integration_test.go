@@ -513,7 +513,7 @@ func testClusterDeletion(h *clusterHarness, m *lbCluster) {
 	h.stopProvider()
 	must(h.t, h.c.Delete(h.ctx, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "cp-0"}}))
 	plan := newCrashPlan("DeleteDomain "+m.domain, "DeleteVolume "+scope.SeedVolumeName(m.domain),
-		"DeleteVolume "+scope.OverlayVolumeName(m.domain), "ReleaseAddress "+mac, "DeleteNetwork "+m.network)
+		"DeleteVolume "+scope.OverlayVolumeName(m.domain), "ReleaseOwnedAddress "+mac, "DeleteNetwork "+m.network)
 	h.run(plan, 4*time.Minute, nil)
 	h.waitFor("LibvirtCluster gone", 2*time.Minute, func() (bool, string) {
 		err := h.c.Get(h.ctx, client.ObjectKey{Namespace: h.ns, Name: m.name}, &infrav1.LibvirtCluster{})
