@@ -87,8 +87,11 @@ func onTwoHosts(s *infrav1.LibvirtClusterSpec, uri, secret string) {
 // address, and an HAProxy VM larger than one machine may be, naming the
 // field; private ranges and hosts with credentials pass.
 func TestPolicyRejections(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: not run with -short")
+	}
 	if c == nil {
-		t.Skip("integration test: needs envtest (not run with -short)")
+		t.Fatal("no API server: TestMain did not start envtest")
 	}
 	for i, tc := range []struct {
 		name   string
