@@ -211,8 +211,10 @@ func TestRenderedTemplatesAreAccepted(t *testing.T) {
 const joinRetry = "/usr/local/sbin/capl-kubeadm-join-retry"
 
 // checkJoinRetry checks that the kubeadm configurations of every flavour
-// write the join retry, with the shell's own variables intact and the
-// default count, and run it last.
+// write the same join retry, with the shell's own variables intact and the
+// default count, and run it last; control planes also run it first to keep
+// the CA and keys Cluster API wrote, which the retry restores after
+// `kubeadm reset` and before removing a failed join's etcd member.
 func checkJoinRetry(t *testing.T, byKind map[string][]*unstructured.Unstructured) {
 	t.Helper()
 	specs := map[string][]string{
@@ -220,22 +222,37 @@ func checkJoinRetry(t *testing.T, byKind map[string][]*unstructured.Unstructured
 		"KubeadmControlPlaneTemplate": {"spec", "template", "spec", "kubeadmConfigSpec"},
 		"KubeadmConfigTemplate":       {"spec", "template", "spec"},
 	}
-	checked := 0
+	scripts := map[string]string{}
 	for kind, spec := range specs {
 		for _, u := range byKind[kind] {
-			checked++
 			script := renderedFile(t, u, spec, joinRetry)
-			if !strings.Contains(script, "for attempt in $(seq 5); do") || !strings.Contains(script, "retry $attempt of 5") {
-				t.Errorf("%s %s: join retry script %q, want 5 attempts with the shell's variables intact", kind, u.GetName(), script)
+			scripts[kind+" "+u.GetName()] = script
+			for _, want := range []string{"for attempt in $(seq 5); do", "retry $attempt of 5", `rm -rf "$kept" && cp -a /etc/kubernetes/pki "$kept"`,
+				`cp -a "$kept" /etc/kubernetes/pki`, "if ! leave_etcd; then", "/v3/cluster/member/remove"} {
+				if !strings.Contains(script, want) {
+					t.Errorf("%s %s: the join retry script lacks %q (the shell's variables must stay intact)", kind, u.GetName(), want)
+				}
 			}
 			post, _, _ := unstructured.NestedStringSlice(u.Object, append(slices.Clone(spec), "postKubeadmCommands")...)
 			if len(post) == 0 || post[len(post)-1] != joinRetry {
 				t.Errorf("%s %s: postKubeadmCommands %v, want the join retry last", kind, u.GetName(), post)
 			}
+			pre, _, _ := unstructured.NestedStringSlice(u.Object, append(slices.Clone(spec), "preKubeadmCommands")...)
+			if keeps := slices.Contains(pre, joinRetry+" keep"); keeps != (kind != "KubeadmConfigTemplate") {
+				t.Errorf("%s %s: preKubeadmCommands %v: keeping the pki is for control planes only (keeps: %v)", kind, u.GetName(), pre, keeps)
+			}
 		}
 	}
-	if checked < 2 {
-		t.Errorf("%d kubeadm configurations rendered, want the control plane's and the workers'", checked)
+	if len(scripts) < 2 {
+		t.Errorf("%d kubeadm configurations rendered, want the control plane's and the workers'", len(scripts))
+	}
+	var first string
+	for name, script := range scripts {
+		if first == "" {
+			first = name
+		} else if script != scripts[first] {
+			t.Errorf("the join retry of %s differs from %s's", name, first)
+		}
 	}
 }
 
