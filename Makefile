@@ -110,6 +110,10 @@ test-e2e-kubeadm: ## test-e2e plus MachineHealthCheck remediation and worker sca
 test-e2e-multihost: ## A kubeadm cluster over two libvirt hosts (hack/testbed-hosts.sh: libvirtds in their own namespaces, bridges on one LAN): placement, a Service across hosts, a host's libvirtd stopped and back, deletion; outside CI like test-e2e-kubeadm.
 	$(MAKE) test-e2e E2E_TIMEOUT=90m E2E_ARGS="-e2e.multihost $(E2E_ARGS)"
 
+.PHONY: test-e2e-upgrade
+test-e2e-upgrade: ## Day two on real VMs: the kubeadm cluster's control plane replaced by rollout.after, its new machine's first join stopped on purpose, the endpoint probed throughout; outside CI like test-e2e-kubeadm.
+	$(MAKE) test-e2e E2E_TIMEOUT=120m E2E_ARGS="-e2e.upgrade $(E2E_ARGS)"
+
 .PHONY: test-e2e-move
 test-e2e-move: ## Bootstrap and pivot on real VMs: a kubeadm cluster moved by the real clusterctl to a second plane (nothing in libvirt changes), the first plane's down leaves it alone, workers scaled from the second, a host power cut; outside CI like test-e2e-kubeadm.
 	$(MAKE) test-e2e E2E_TIMEOUT=120m E2E_ARGS="-e2e.move $(E2E_ARGS)"

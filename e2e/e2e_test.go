@@ -59,6 +59,8 @@ func TestE2E(t *testing.T) {
 		s.multiHostScenario(t)
 	case *standIn:
 		s.standInScenario(t)
+	case *upgrade:
+		s.upgradeScenario(t)
 	default:
 		s.kubeadmScenario(t)
 	}
@@ -87,7 +89,11 @@ func (s *suite) kubeadmScenario(t *testing.T) {
 	s.faults(t)
 	t.Run("kubeadm nodes still ready", func(t *testing.T) { s.waitNodes(t, 5*time.Minute) })
 
-	// 3. Remediation and scaling. Remediation first: its replacement joins
+	// 3. Day two: the control plane replaced, its new machine's first
+	// join failing on purpose.
+	t.Run("kubeadm control-plane rollout", s.kubeadmControlPlaneRollout)
+
+	// 4. Remediation and scaling. Remediation first: its replacement joins
 	// next to the control plane alone, while scaling up boots a worker
 	// next to a running one, which on a 2-core TCG host can starve the
 	// control plane.

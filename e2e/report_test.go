@@ -50,6 +50,9 @@ type report struct {
 	// JoinCost is the host CPU from the first control-plane node Ready to
 	// every node Ready: the workers booting and joining.
 	JoinCost idleCost `json:"joinCost"`
+	// Rollouts are the rollouts' durations and the endpoint's availability
+	// during each.
+	Rollouts []rolloutReport `json:"rollouts,omitempty"`
 	// KillRounds records the manager kills of the fault phase.
 	KillRounds []killRound `json:"killRounds"`
 	// Notes are observations worth a line in the report.
@@ -122,6 +125,12 @@ func (r *report) note(format string, args ...any) {
 	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
 }
 
+func (r *report) addRollout(ro rolloutReport) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.Rollouts = append(r.Rollouts, ro)
+}
+
 func (r *report) addBatch(b batchReport) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -149,6 +158,13 @@ func (r *report) markdown() string {
 		}
 		fmt.Fprintf(&b, "\nHost CPU while the workers booted and joined (first control-plane node Ready → all nodes Ready; a VM created then counts all its CPU): %s.\n", r.JoinCost)
 		fmt.Fprintf(&b, "\nIdle cost of the ready cluster (host CPU time of each VM's QEMU process and of the plane's processes): %s.\n\n", r.IdleCost)
+	}
+	if len(r.Rollouts) > 0 {
+		fmt.Fprintf(&b, "## Rollouts\n\n| rollout | seconds | endpoint /readyz every %s: answered | longest gap (s) |\n|---|---|---|---|\n", probeInterval)
+		for _, ro := range r.Rollouts {
+			fmt.Fprintf(&b, "| %s | %.0f | %d of %d | %.0f |\n", ro.Name, ro.Seconds, ro.Answered, ro.Probes, ro.LongestGapSeconds)
+		}
+		fmt.Fprintf(&b, "\n")
 	}
 	fmt.Fprintf(&b, "## Machine phases\n\n")
 	fmt.Fprintf(&b, "| batch | machines | eligible → domain started | lease → address | domain started → BootstrapSucceeded |\n|---|---|---|---|---|\n")
