@@ -111,8 +111,9 @@ test-e2e-multihost: ## A kubeadm cluster over two libvirt hosts (hack/testbed-ho
 	$(MAKE) test-e2e E2E_TIMEOUT=90m E2E_ARGS="-e2e.multihost $(E2E_ARGS)"
 
 .PHONY: test-e2e-upgrade
-test-e2e-upgrade: ## Day two on real VMs: the kubeadm cluster's control plane replaced by rollout.after, its new machine's first join stopped on purpose, the endpoint probed throughout; outside CI like test-e2e-kubeadm.
-	$(MAKE) test-e2e E2E_TIMEOUT=120m E2E_ARGS="-e2e.upgrade $(E2E_ARGS)"
+test-e2e-upgrade: node-images ## Day two on real VMs: a kubeadm cluster at KUBERNETES_VERSION_PREVIOUS, its control plane then its workers moved to KUBERNETES_VERSION (new machine templates, PodDisruptionBudget honoured), then rollout.after on both with a control-plane join failing once on purpose; the endpoint probed throughout; outside CI like test-e2e-kubeadm.
+	CAPL_TEST_NODE_IMAGE_FROM=$(CAPL_IMAGE_DIR)/capl-node-$(KUBERNETES_VERSION_PREVIOUS).qcow2 \
+		$(MAKE) test-e2e E2E_TIMEOUT=180m E2E_ARGS="-e2e.upgrade $(E2E_ARGS)"
 
 .PHONY: test-e2e-move
 test-e2e-move: ## Bootstrap and pivot on real VMs: a kubeadm cluster moved by the real clusterctl to a second plane (nothing in libvirt changes), the first plane's down leaves it alone, workers scaled from the second, a host power cut; outside CI like test-e2e-kubeadm.

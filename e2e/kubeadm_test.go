@@ -113,10 +113,13 @@ func (s *suite) createKubeadm(t *testing.T, workers int32) {
 // kubeadmOptions are the options of the scenarios' kubeadm cluster:
 // templates/cluster-template.yaml and flannel rendered as `make up` renders
 // them under TCG, one control-plane machine and workers, the node image
-// the suite was given.
+// the suite was given (the upgrade scenario's older one when set).
 func kubeadmOptions(t *testing.T, workers int32) devplane.ClusterOptions {
 	nodeImage := testlibvirt.NodeImage(t)
-	version := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(nodeImage), "capl-node-"), ".qcow2")
+	if *upgrade {
+		nodeImage = nodeImageFrom(t)
+	}
+	version := nodeImageVersion(nodeImage)
 	root, err := filepath.Abs("..")
 	must(t, err)
 	return devplane.ClusterOptions{
@@ -564,4 +567,9 @@ func keys(m map[string]bool) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// nodeImageVersion is the Kubernetes version of a `make node-image` file.
+func nodeImageVersion(path string) string {
+	return strings.TrimSuffix(strings.TrimPrefix(filepath.Base(path), "capl-node-"), ".qcow2")
 }

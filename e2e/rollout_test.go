@@ -12,7 +12,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
@@ -125,66 +124,12 @@ func (s *suite) probeEndpoint(endpoint string) func() endpointAvailability {
 // libvirt.
 func (s *suite) kubeadmControlPlaneRollout(t *testing.T) {
 	s.needReady(t)
-	kcp := &controlplanev1.KubeadmControlPlane{}
-	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: kubeadmName + "-control-plane"}, kcp))
-	old := s.controlPlaneMachines(t)
-	if len(old) != 1 {
-		t.Fatalf("want one control-plane Machine before the rollout, have %d", len(old))
-	}
-	oldLM := s.lm(old[0].Spec.InfrastructureRef.Name)
-	if oldLM == nil {
-		t.Fatalf("LibvirtMachine %s of %s is gone", old[0].Spec.InfrastructureRef.Name, old[0].Name)
-	}
-	network := s.clusterNetworkOf(kubeadmName)
-	stopProbe := s.probeEndpoint(s.kubeadmEndpoint(t))
-
-	patch := client.MergeFrom(kcp.DeepCopy())
-	kcp.Spec.Rollout.After = metav1.Now()
-	kcp.Spec.KubeadmConfigSpec.PreKubeadmCommands = append(kcp.Spec.KubeadmConfigSpec.PreKubeadmCommands, failFirstJoin)
-	must(t, s.c.Patch(s.ctx, kcp, patch))
-	start := time.Now()
-	t.Logf("KubeadmControlPlane %s: rollout.after %s, the new machine's first join fails on purpose", kcp.Name, kcp.Spec.Rollout.After.Format(time.RFC3339))
-
-	var replacement *clusterv1.Machine
-	s.waitFor(t, "a new control-plane Machine", 10*time.Minute, func() (bool, string) {
-		for _, m := range s.controlPlaneMachines(t) {
-			if m.Name != old[0].Name {
-				replacement = &m
-				return true, ""
-			}
-		}
-		return false, "only " + old[0].Name
-	})
-	s.waitFor(t, "the control-plane rollout: "+old[0].Name+" gone, "+replacement.Name+" up to date and ready", rolloutTimeout, func() (bool, string) {
-		if err := s.c.Get(s.ctx, client.ObjectKeyFromObject(kcp), kcp); err != nil {
-			return false, err.Error()
-		}
-		machines := s.controlPlaneMachines(t)
-		names := make([]string, 0, len(machines))
-		for _, m := range machines {
-			names = append(names, m.Name)
-		}
-		st := kcp.Status
-		done := len(machines) == 1 && machines[0].Name == replacement.Name &&
-			ptr.Deref(st.UpToDateReplicas, 0) == 1 && ptr.Deref(st.ReadyReplicas, 0) == 1 && ptr.Deref(st.Replicas, 0) == 1
-		return done, fmt.Sprintf("machines %v; KubeadmControlPlane replicas %d, up to date %d, ready %d; %s", names,
-			ptr.Deref(st.Replicas, 0), ptr.Deref(st.UpToDateReplicas, 0), ptr.Deref(st.ReadyReplicas, 0), s.bootstrapLine(replacement))
-	})
-	s.waitNodes(t, kubeadmJoinTimeout)
-	availability := stopProbe()
-	took := time.Since(start)
-	s.rep.phaseSince("kubeadm: control-plane rollout (rollout.after, first join stopped on purpose) → old machine gone, new node Ready", start)()
-	s.rep.addRollout(rolloutReport{Name: "control plane, rollout.after, first join stopped once its etcd member ran", Seconds: took.Seconds(), endpointAvailability: availability})
-	t.Logf("control-plane rollout took %s; endpoint: %s", took.Round(time.Second), availability)
-	if availability.Answered == 0 {
-		t.Errorf("the endpoint never answered during the rollout: %s", availability)
-	}
-
+	replacement := s.replaceControlPlane(t, "control plane, rollout.after, first join stopped once its etcd member ran",
+		func(kcp *controlplanev1.KubeadmControlPlane) {
+			kcp.Spec.Rollout.After = metav1.Now()
+			kcp.Spec.KubeadmConfigSpec.PreKubeadmCommands = append(kcp.Spec.KubeadmConfigSpec.PreKubeadmCommands, failFirstJoin)
+		})
 	s.checkJoinRecovered(t, replacement)
-	if l := s.machineLeftovers(oldLM.Name, macSeed(oldLM), network); len(l) > 0 {
-		t.Errorf("the replaced control-plane machine %s left in libvirt: %s", oldLM.Name, strings.Join(l, ", "))
-	}
-	s.checkKubeadmMachines(t)
 }
 
 // checkJoinRecovered reads, through the guest agent, that the fault stopped
@@ -247,15 +192,4 @@ func (s *suite) bootstrapLine(m *clusterv1.Machine) string {
 func (s *suite) kubeadmEndpoint(t *testing.T) string {
 	lc := s.libvirtCluster(t, kubeadmName)
 	return fmt.Sprintf("%s:%d", lc.Spec.ControlPlaneEndpoint.Host, lc.Spec.ControlPlaneEndpoint.Port)
-}
-
-// upgradeScenario is `make test-e2e-upgrade`'s: day two on the kubeadm
-// cluster of the CI scenario, without its faults and checks.
-func (s *suite) upgradeScenario(t *testing.T) {
-	s.createKubeadm(t, 1)
-	t.Run("kubeadm nodes ready", s.kubeadmReady)
-	if !s.k8s.ready {
-		return
-	}
-	t.Run("kubeadm control-plane rollout", s.kubeadmControlPlaneRollout)
 }

@@ -1,0 +1,381 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+)
+
+// envNodeImageFrom names the node image of the older Kubernetes version
+// the upgrade scenario starts from; `make test-e2e-upgrade` sets it.
+const envNodeImageFrom = "CAPL_TEST_NODE_IMAGE_FROM"
+
+// nodeImageFrom is the upgrade scenario's older node image.
+func nodeImageFrom(t *testing.T) string {
+	t.Helper()
+	img := os.Getenv(envNodeImageFrom)
+	if img == "" {
+		t.Fatalf("%s is not set: run the upgrade scenario through `make test-e2e-upgrade`, which builds both node images", envNodeImageFrom)
+	}
+	if _, err := os.Stat(img); err != nil {
+		t.Fatalf("the older node image: %v (build it with `make node-images`)", err)
+	}
+	return img
+}
+
+// upgradeScenario is `make test-e2e-upgrade`'s, shaped like Cluster API's
+// ClusterUpgradeConformanceSpec (without conformance) and
+// KCPAndMachineDeploymentRolloutSpec: the kubeadm cluster of the CI
+// scenario at the older Kubernetes version; its control plane, then its
+// workers, moved to the newer version and node image by new machine
+// templates; then rollout.after on both, the control plane's new machine
+// failing its first join on purpose. The endpoint is probed throughout and
+// every replaced machine must leave nothing in libvirt.
+func (s *suite) upgradeScenario(t *testing.T) {
+	s.createKubeadm(t, 1)
+	t.Run("kubeadm nodes ready", s.kubeadmReady)
+	if !s.k8s.ready {
+		return
+	}
+	for _, phase := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"kubeadm control-plane upgrade", s.upgradeControlPlane},
+		{"kubeadm workers upgrade", s.upgradeWorkers},
+		{"kubeadm control-plane rollout", s.kubeadmControlPlaneRollout},
+		{"kubeadm workers rollout", s.workersRollout},
+	} {
+		if !t.Run(phase.name, phase.run) {
+			return
+		}
+	}
+}
+
+// upgradeTarget imports the newer node image into the cluster's pool and
+// returns its version and volume.
+func (s *suite) upgradeTarget(t *testing.T) (version string, img devplane.ClusterImage) {
+	t.Helper()
+	o := s.k8s.opts
+	o.KubernetesVersion = nodeImageVersion(testlibvirt.NodeImage(t))
+	if o.KubernetesVersion == s.k8s.opts.KubernetesVersion {
+		t.Fatalf("the newer node image is the older one's version %s", o.KubernetesVersion)
+	}
+	imgs, err := devplane.SeedImages(s.ctx, s.host, o)
+	must(t, err)
+	return o.KubernetesVersion, imgs.Node
+}
+
+// copyMachineTemplate creates a LibvirtMachineTemplate like name with the
+// node image volume, named after the version: templates are immutable, so
+// a change is a new template, as Cluster API's contract asks.
+func (s *suite) copyMachineTemplate(t *testing.T, name, version, volume string) string {
+	t.Helper()
+	old := &infrav1.LibvirtMachineTemplate{}
+	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: name}, old))
+	tmpl := &infrav1.LibvirtMachineTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: namespace,
+		Name: strings.TrimSuffix(name, "-"+s.k8s.opts.KubernetesVersion) + "-" + strings.ReplaceAll(version, ".", "-")}}
+	tmpl.Spec = *old.Spec.DeepCopy()
+	tmpl.Spec.Template.Spec.Image.Volume = &infrav1.VolumeReference{Name: volume}
+	must(t, s.c.Create(s.ctx, tmpl))
+	return tmpl.Name
+}
+
+// upgradeControlPlane moves the KubeadmControlPlane to the newer version
+// and a machine template of the newer node image; its machine must be
+// replaced with the endpoint answering.
+func (s *suite) upgradeControlPlane(t *testing.T) {
+	version, img := s.upgradeTarget(t)
+	kcp := s.kubeadmControlPlane(t)
+	tmpl := s.copyMachineTemplate(t, kcp.Spec.MachineTemplate.Spec.InfrastructureRef.Name, version, img.Volume)
+	s.replaceControlPlane(t, "control plane "+s.k8s.opts.KubernetesVersion+" → "+version, func(kcp *controlplanev1.KubeadmControlPlane) {
+		kcp.Spec.Version = version
+		kcp.Spec.MachineTemplate.Spec.InfrastructureRef.Name = tmpl
+	})
+	s.checkNodeVersions(t, version, true)
+}
+
+// upgradeWorkers moves the MachineDeployment to the newer version and a
+// machine template of the newer node image while a Deployment with a
+// PodDisruptionBudget runs on the workers: the drain must honour it.
+func (s *suite) upgradeWorkers(t *testing.T) {
+	version, img := s.upgradeTarget(t)
+	md := s.machineDeployment(t)
+	tmpl := s.copyMachineTemplate(t, md.Spec.Template.Spec.InfrastructureRef.Name, version, img.Volume)
+	s.replaceWorkers(t, "workers "+s.k8s.opts.KubernetesVersion+" → "+version, func(md *clusterv1.MachineDeployment) {
+		md.Spec.Template.Spec.Version = version
+		md.Spec.Template.Spec.InfrastructureRef.Name = tmpl
+	})
+	s.checkNodeVersions(t, version, false)
+}
+
+// workersRollout replaces the workers by rollout.after alone.
+func (s *suite) workersRollout(t *testing.T) {
+	s.replaceWorkers(t, "workers, rollout.after", func(md *clusterv1.MachineDeployment) {
+		md.Spec.Rollout.After = metav1.Now()
+	})
+}
+
+func (s *suite) kubeadmControlPlane(t *testing.T) *controlplanev1.KubeadmControlPlane {
+	t.Helper()
+	kcp := &controlplanev1.KubeadmControlPlane{}
+	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: kubeadmName + "-control-plane"}, kcp))
+	return kcp
+}
+
+func (s *suite) machineDeployment(t *testing.T) *clusterv1.MachineDeployment {
+	t.Helper()
+	md := &clusterv1.MachineDeployment{}
+	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: s.cut.workers}, md))
+	return md
+}
+
+// replaceControlPlane applies change to the KubeadmControlPlane and waits
+// until its one machine was replaced, probing the endpoint meanwhile; the
+// report gets the rollout's time and the endpoint's availability, and the
+// old machine must leave nothing in libvirt. It returns the new Machine.
+func (s *suite) replaceControlPlane(t *testing.T, name string, change func(*controlplanev1.KubeadmControlPlane)) *clusterv1.Machine {
+	t.Helper()
+	kcp := s.kubeadmControlPlane(t)
+	old := s.controlPlaneMachines(t)
+	if len(old) != 1 {
+		t.Fatalf("want one control-plane Machine before the rollout, have %d", len(old))
+	}
+	oldLM := s.lm(old[0].Spec.InfrastructureRef.Name)
+	if oldLM == nil {
+		t.Fatalf("LibvirtMachine %s of %s is gone", old[0].Spec.InfrastructureRef.Name, old[0].Name)
+	}
+	network := s.clusterNetworkOf(kubeadmName)
+	stopProbe := s.probeEndpoint(s.kubeadmEndpoint(t))
+	patch := client.MergeFrom(kcp.DeepCopy())
+	change(kcp)
+	must(t, s.c.Patch(s.ctx, kcp, patch))
+	start := time.Now()
+	t.Logf("KubeadmControlPlane %s changed: %s", kcp.Name, name)
+
+	var replacement *clusterv1.Machine
+	s.waitFor(t, "a new control-plane Machine", 10*time.Minute, func() (bool, string) {
+		for _, m := range s.controlPlaneMachines(t) {
+			if m.Name != old[0].Name {
+				replacement = &m
+				return true, ""
+			}
+		}
+		return false, "only " + old[0].Name
+	})
+	s.waitFor(t, "the control-plane rollout: "+old[0].Name+" gone, "+replacement.Name+" up to date and ready", rolloutTimeout, func() (bool, string) {
+		if err := s.c.Get(s.ctx, client.ObjectKeyFromObject(kcp), kcp); err != nil {
+			return false, err.Error()
+		}
+		machines := s.controlPlaneMachines(t)
+		names := make([]string, 0, len(machines))
+		for _, m := range machines {
+			names = append(names, m.Name)
+		}
+		st := kcp.Status
+		done := len(machines) == 1 && machines[0].Name == replacement.Name &&
+			ptr.Deref(st.UpToDateReplicas, 0) == 1 && ptr.Deref(st.ReadyReplicas, 0) == 1 && ptr.Deref(st.Replicas, 0) == 1
+		return done, fmt.Sprintf("machines %v; KubeadmControlPlane replicas %d, up to date %d, ready %d; %s", names,
+			ptr.Deref(st.Replicas, 0), ptr.Deref(st.UpToDateReplicas, 0), ptr.Deref(st.ReadyReplicas, 0), s.bootstrapLine(replacement))
+	})
+	s.waitNodes(t, kubeadmJoinTimeout)
+	s.recordRollout(t, name, start, stopProbe())
+	if l := s.machineLeftovers(oldLM.Name, macSeed(oldLM), network); len(l) > 0 {
+		t.Errorf("the replaced control-plane machine %s left in libvirt: %s", oldLM.Name, strings.Join(l, ", "))
+	}
+	s.checkKubeadmMachines(t)
+	return replacement
+}
+
+// replaceWorkers applies change to the MachineDeployment and waits until
+// each of its machines was replaced, with a Deployment guarded by a
+// PodDisruptionBudget running on the workers: at least one of its pods
+// must stay available throughout. Figures and leak checks as
+// replaceControlPlane's.
+func (s *suite) replaceWorkers(t *testing.T, name string, change func(*clusterv1.MachineDeployment)) {
+	t.Helper()
+	md := s.machineDeployment(t)
+	old := map[string]*infrav1.LibvirtMachine{}
+	for _, m := range s.mdMachines(t) {
+		machine := &clusterv1.Machine{}
+		must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: m}, machine))
+		if lm := s.lm(machine.Spec.InfrastructureRef.Name); lm != nil {
+			old[m] = lm
+		}
+	}
+	network := s.clusterNetworkOf(kubeadmName)
+	stopWorkload := s.guardedWorkload(t)
+	stopProbe := s.probeEndpoint(s.kubeadmEndpoint(t))
+	patch := client.MergeFrom(md.DeepCopy())
+	change(md)
+	must(t, s.c.Patch(s.ctx, md, patch))
+	start := time.Now()
+	t.Logf("MachineDeployment %s changed: %s", md.Name, name)
+	s.waitFor(t, "the workers' rollout", rolloutTimeout, func() (bool, string) {
+		machines := s.mdMachines(t)
+		for _, m := range machines {
+			if old[m] != nil {
+				return false, fmt.Sprintf("old worker %s still there (workers %v)", m, machines)
+			}
+		}
+		if err := s.c.Get(s.ctx, client.ObjectKeyFromObject(md), md); err != nil {
+			return false, err.Error()
+		}
+		st := md.Status
+		want := ptr.Deref(md.Spec.Replicas, 1)
+		return len(machines) == int(want) && ptr.Deref(st.UpToDateReplicas, 0) == want && ptr.Deref(st.AvailableReplicas, 0) == want,
+			fmt.Sprintf("workers %v; MachineDeployment up to date %d, available %d of %d", machines, ptr.Deref(st.UpToDateReplicas, 0), ptr.Deref(st.AvailableReplicas, 0), want)
+	})
+	s.waitNodes(t, kubeadmJoinTimeout)
+	s.recordRollout(t, name, start, stopProbe())
+	minAvailable, samples := stopWorkload()
+	t.Logf("the guarded Deployment kept at least %d available pods over %d samples", minAvailable, samples)
+	if minAvailable < 1 {
+		t.Errorf("the PodDisruptionBudget's Deployment had no available pod at some point of the workers' rollout (%d samples)", samples)
+	}
+	s.rep.note("%s: the Deployment guarded by a PodDisruptionBudget (minAvailable 1 of 2) kept at least %d pods available (%d samples every %s).",
+		name, minAvailable, samples, workloadPollInterval)
+	for m, lm := range old {
+		if l := s.machineLeftovers(lm.Name, macSeed(lm), network); len(l) > 0 {
+			t.Errorf("the replaced worker %s left in libvirt: %s", m, strings.Join(l, ", "))
+		}
+	}
+	s.checkKubeadmMachines(t)
+}
+
+// recordRollout puts a rollout's time and endpoint availability into the
+// report; an endpoint that never answered fails t.
+func (s *suite) recordRollout(t *testing.T, name string, start time.Time, availability endpointAvailability) {
+	t.Helper()
+	took := time.Since(start)
+	s.rep.phaseSince("kubeadm: rollout: "+name, start)()
+	s.rep.addRollout(rolloutReport{Name: name, Seconds: took.Seconds(), endpointAvailability: availability})
+	t.Logf("rollout %q took %s; endpoint: %s", name, took.Round(time.Second), availability)
+	if availability.Answered == 0 {
+		t.Errorf("the endpoint never answered during the rollout %q: %s", name, availability)
+	}
+}
+
+// guardedWorkload runs a Deployment of two pause pods on the workers with
+// a PodDisruptionBudget of one, and samples its available pods until the
+// returned function is called, which removes both and returns the fewest
+// available pods seen.
+func (s *suite) guardedWorkload(t *testing.T) func() (minAvailable int32, samples int) {
+	t.Helper()
+	image := s.pauseImage(t)
+	labels := map[string]string{"app": "capl-guarded"}
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "capl-guarded"}}
+	dep.Spec.Replicas = ptr.To[int32](2)
+	dep.Spec.Selector = &metav1.LabelSelector{MatchLabels: labels}
+	dep.Spec.Template.Labels = labels
+	dep.Spec.Template.Spec.Containers = []corev1.Container{{Name: "pause", Image: image, ImagePullPolicy: corev1.PullNever}}
+	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "capl-guarded"}}
+	pdb.Spec.MinAvailable = ptr.To(intstr.FromInt32(1))
+	pdb.Spec.Selector = &metav1.LabelSelector{MatchLabels: labels}
+	wc := s.k8s.wc
+	for _, o := range []client.Object{dep, pdb} {
+		s.workloadCall(t, "creating "+o.GetName(), func() error { return client.IgnoreAlreadyExists(wc.Create(s.ctx, o)) })
+	}
+	s.waitWorkload(t, "the guarded Deployment's two pods available", 10*time.Minute, func() (bool, string) {
+		if err := wc.Get(s.ctx, client.ObjectKeyFromObject(dep), dep); err != nil {
+			return false, err.Error()
+		}
+		return dep.Status.AvailableReplicas == 2, fmt.Sprintf("%d available", dep.Status.AvailableReplicas)
+	})
+	ctx, cancel := context.WithCancel(s.ctx)
+	var (
+		wg       sync.WaitGroup
+		minAvail int32 = 2
+		n        int
+	)
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			d := &appsv1.Deployment{}
+			if err := wc.Get(ctx, client.ObjectKeyFromObject(dep), d); err == nil {
+				minAvail, n = min(minAvail, d.Status.AvailableReplicas), n+1
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(workloadPollInterval):
+			}
+		}
+	})
+	return func() (int32, int) {
+		cancel()
+		wg.Wait()
+		for _, o := range []client.Object{pdb, dep} {
+			s.workloadCall(t, "deleting "+o.GetName(), func() error { return client.IgnoreNotFound(wc.Delete(s.ctx, o)) })
+		}
+		return minAvail, n
+	}
+}
+
+// pauseImage is a pause image every worker node holds: the node images
+// carry their kubeadm's, and nothing can be pulled.
+func (s *suite) pauseImage(t *testing.T) string {
+	t.Helper()
+	nodes := &corev1.NodeList{}
+	s.workloadCall(t, "listing nodes", func() error { return s.k8s.wc.List(s.ctx, nodes) })
+	count := map[string]int{}
+	workers := 0
+	for _, n := range nodes.Items {
+		if _, cp := n.Labels["node-role.kubernetes.io/control-plane"]; cp {
+			continue
+		}
+		workers++
+		for _, img := range n.Status.Images {
+			for _, name := range img.Names {
+				if strings.HasPrefix(name, "registry.k8s.io/pause:") {
+					count[name]++
+				}
+			}
+		}
+	}
+	for name, c := range count {
+		if c == workers {
+			return name
+		}
+	}
+	t.Fatalf("no pause image on all %d workers: %v", workers, count)
+	return ""
+}
+
+// checkNodeVersions checks that every control-plane node (controlPlane) or
+// worker node reports kubelet version.
+func (s *suite) checkNodeVersions(t *testing.T, version string, controlPlane bool) {
+	t.Helper()
+	nodes := &corev1.NodeList{}
+	s.workloadCall(t, "listing nodes", func() error { return s.k8s.wc.List(s.ctx, nodes) })
+	for _, n := range nodes.Items {
+		if _, cp := n.Labels["node-role.kubernetes.io/control-plane"]; cp != controlPlane {
+			continue
+		}
+		if got := n.Status.NodeInfo.KubeletVersion; got != version {
+			t.Errorf("node %s: kubelet %s, want %s", n.Name, got, version)
+		}
+		if !strings.HasPrefix(n.Spec.ProviderID, infrav1.ProviderIDPrefix) {
+			t.Errorf("node %s: providerID %q is not ours", n.Name, n.Spec.ProviderID)
+		}
+	}
+}
