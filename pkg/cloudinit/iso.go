@@ -21,6 +21,7 @@ const (
 	UserDataFile      = "user-data"
 	MetaDataFile      = "meta-data"
 	NetworkConfigFile = "network-config"
+	VendorDataFile    = "vendor-data"
 )
 
 // Image layout (ECMA-119): sectors 0-15 are the unused system area, then one
@@ -53,9 +54,9 @@ type isoFile struct {
 }
 
 // BuildISO returns the NoCloud seed for s as an ISO 9660 image labelled
-// "cidata", holding user-data, meta-data and, if s.NetworkConfig is not
-// empty, network-config. It validates s first. The image is built in memory
-// only, and the same Seed always yields the same bytes.
+// "cidata", holding user-data, meta-data and, each when not empty in s,
+// network-config and vendor-data. It validates s first. The image is built
+// in memory only, and the same Seed always yields the same bytes.
 func BuildISO(s Seed) ([]byte, error) {
 	metaData, err := s.MetaData()
 	if err != nil {
@@ -67,6 +68,9 @@ func BuildISO(s Seed) ([]byte, error) {
 	}
 	if len(s.NetworkConfig) > 0 {
 		files = append(files, isoFile{identifier: NetworkConfigFile + fileVersion, data: s.NetworkConfig})
+	}
+	if len(s.VendorData) > 0 {
+		files = append(files, isoFile{identifier: VendorDataFile + fileVersion, data: s.VendorData})
 	}
 	return buildImage(VolumeLabel, files)
 }

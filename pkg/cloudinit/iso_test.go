@@ -3,6 +3,8 @@ package cloudinit
 import (
 	"bytes"
 	"crypto/rand"
+	"crypto/sha256"
+	"fmt"
 	"io"
 	"maps"
 	"os"
@@ -21,23 +23,29 @@ func TestBuildISO(t *testing.T) {
 		t.Fatal(err)
 	}
 	networkConfig := []byte("version: 2\nethernets:\n  id0:\n    match: {macaddress: '52:54:00:12:34:56'}\n    dhcp4: true\n")
+	vendorData := []byte("#!/bin/sh\necho vendor\n")
 
 	tests := []struct {
 		name          string
 		userData      []byte
 		networkConfig []byte
+		vendorData    []byte
 	}{
 		{name: "without network-config", userData: []byte("#cloud-config\n")},
 		{name: "with network-config", userData: []byte("#cloud-config\n"), networkConfig: networkConfig},
-		{name: "64 KiB user-data", userData: sixtyFourKiB, networkConfig: networkConfig},
+		{name: "with vendor-data", userData: []byte("#cloud-config\n"), vendorData: vendorData},
+		{name: "with network-config and vendor-data", userData: []byte("#cloud-config\n"), networkConfig: networkConfig, vendorData: vendorData},
+		{name: "64 KiB user-data", userData: sixtyFourKiB, networkConfig: networkConfig, vendorData: vendorData},
 		{name: "user-data of exactly one sector", userData: bytes.Repeat([]byte{'x'}, sectorSize)},
 		{name: "user-data one byte over a sector", userData: bytes.Repeat([]byte{'y'}, sectorSize+1), networkConfig: networkConfig},
+		{name: "vendor-data of exactly one sector", userData: []byte("#cloud-config\n"), vendorData: bytes.Repeat([]byte{'v'}, sectorSize)},
 		{name: "empty user-data", userData: nil},
+		{name: "empty user-data with vendor-data", userData: nil, vendorData: vendorData},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := validSeed()
-			s.UserData, s.NetworkConfig = tt.userData, tt.networkConfig
+			s.UserData, s.NetworkConfig, s.VendorData = tt.userData, tt.networkConfig, tt.vendorData
 			metaData, err := s.MetaData()
 			if err != nil {
 				t.Fatal(err)
@@ -45,6 +53,9 @@ func TestBuildISO(t *testing.T) {
 			want := map[string][]byte{UserDataFile: tt.userData, MetaDataFile: metaData}
 			if len(tt.networkConfig) > 0 {
 				want[NetworkConfigFile] = tt.networkConfig
+			}
+			if len(tt.vendorData) > 0 {
+				want[VendorDataFile] = tt.vendorData
 			}
 
 			image, err := BuildISO(s)
@@ -86,16 +97,40 @@ func TestBuildISO(t *testing.T) {
 }
 
 func TestBuildISOIsDeterministic(t *testing.T) {
-	first, err := BuildISO(validSeed())
+	withVendorData := func() Seed {
+		s := validSeed()
+		s.VendorData = []byte("#!/bin/sh\necho vendor\n")
+		return s
+	}
+	for name, seed := range map[string]func() Seed{"without vendor-data": validSeed, "with vendor-data": withVendorData} {
+		t.Run(name, func(t *testing.T) {
+			first, err := BuildISO(seed())
+			if err != nil {
+				t.Fatal(err)
+			}
+			second, err := BuildISO(seed())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(first, second) {
+				t.Error("two builds of the same seed differ")
+			}
+		})
+	}
+}
+
+// TestBuildISOWithoutVendorDataUnchanged pins the bytes of a seed without
+// vendor-data: the seed service recognises an emptied seed by comparing
+// the volume with what BuildISO returns, also for seeds emptied by an
+// older release.
+func TestBuildISOWithoutVendorDataUnchanged(t *testing.T) {
+	image, err := BuildISO(Seed{InstanceID: "0d5b5d3c-3c1e-4b6a-9d5e-6f1f3b8c2a10", LocalHostname: "cp-0"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, err := BuildISO(validSeed())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(first, second) {
-		t.Error("two builds of the same seed differ")
+	const want = "eb2477a8f56bd8ee1f518a6785c9703c87deb63b82d83d365d17cad42152b5fa"
+	if got := fmt.Sprintf("%x", sha256.Sum256(image)); got != want {
+		t.Errorf("sha256 of an emptied seed = %s, was %s before vendor-data existed", got, want)
 	}
 }
 
@@ -117,6 +152,7 @@ func TestBuildISOWithIsoinfo(t *testing.T) {
 	}
 	s := validSeed()
 	s.NetworkConfig = []byte("version: 2\n")
+	s.VendorData = []byte("#!/bin/sh\necho vendor\n")
 	image, err := BuildISO(s)
 	if err != nil {
 		t.Fatal(err)
@@ -138,13 +174,16 @@ func TestBuildISOWithIsoinfo(t *testing.T) {
 		t.Errorf("isoinfo -d does not report label %q:\n%s", VolumeLabel, info)
 	}
 	listing := string(run("-l"))
-	for _, id := range []string{"meta-data;1", "network-config;1", "user-data;1"} {
+	for _, id := range []string{"meta-data;1", "network-config;1", "user-data;1", "vendor-data;1"} {
 		if !strings.Contains(listing, " "+id+" ") {
 			t.Errorf("isoinfo -l does not list %s:\n%s", id, listing)
 		}
 	}
 	if got := run("-x", "/user-data;1"); !bytes.Equal(got, s.UserData) {
 		t.Errorf("isoinfo extracts user-data as %q, want %q", got, s.UserData)
+	}
+	if got := run("-x", "/vendor-data;1"); !bytes.Equal(got, s.VendorData) {
+		t.Errorf("isoinfo extracts vendor-data as %q, want %q", got, s.VendorData)
 	}
 }
 

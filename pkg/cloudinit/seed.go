@@ -12,8 +12,9 @@ import (
 
 // Seed is the NoCloud data for one guest.
 //
-// Seed redacts UserData and NetworkConfig when formatted with fmt or logged
-// through logr, so logging a Seed by mistake does not leak bootstrap secrets.
+// Seed redacts UserData, NetworkConfig and VendorData when formatted with
+// fmt or logged through logr, so logging a Seed by mistake does not leak
+// bootstrap secrets.
 type Seed struct {
 	// InstanceID is the domain UUID. cloud-init runs its first-boot modules
 	// (and so the bootstrap) again whenever this value changes.
@@ -24,6 +25,10 @@ type Seed struct {
 	UserData []byte
 	// NetworkConfig is optional; it is left out of the ISO when empty.
 	NetworkConfig []byte
+	// VendorData is optional; it is left out of the ISO when empty.
+	// cloud-init runs it next to the user-data (see
+	// BootstrapSentinelVendorData).
+	VendorData []byte
 }
 
 // metaData is the NoCloud meta-data document. It is marshalled rather than
@@ -79,10 +84,11 @@ func validateHostname(hostname string) error {
 	return nil
 }
 
-// String describes s without the contents of UserData and NetworkConfig.
+// String describes s without the contents of UserData, NetworkConfig and
+// VendorData.
 func (s Seed) String() string {
-	return fmt.Sprintf("{InstanceID:%s LocalHostname:%s UserData:<%d bytes redacted> NetworkConfig:<%d bytes redacted>}",
-		s.InstanceID, s.LocalHostname, len(s.UserData), len(s.NetworkConfig))
+	return fmt.Sprintf("{InstanceID:%s LocalHostname:%s UserData:<%d bytes redacted> NetworkConfig:<%d bytes redacted> VendorData:<%d bytes redacted>}",
+		s.InstanceID, s.LocalHostname, len(s.UserData), len(s.NetworkConfig), len(s.VendorData))
 }
 
 // GoString makes %#v redact like String.
@@ -98,5 +104,6 @@ func (s Seed) MarshalLog() any {
 		LocalHostname      string `json:"localHostname"`
 		UserDataBytes      int    `json:"userDataBytes"`
 		NetworkConfigBytes int    `json:"networkConfigBytes"`
-	}{s.InstanceID, s.LocalHostname, len(s.UserData), len(s.NetworkConfig)}
+		VendorDataBytes    int    `json:"vendorDataBytes"`
+	}{s.InstanceID, s.LocalHostname, len(s.UserData), len(s.NetworkConfig), len(s.VendorData)}
 }

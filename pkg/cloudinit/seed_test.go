@@ -101,6 +101,7 @@ func TestSeedRedactsSecrets(t *testing.T) {
 		LocalHostname: "cp-0",
 		UserData:      []byte("token: " + secret),
 		NetworkConfig: []byte("password: " + secret),
+		VendorData:    []byte("#!/bin/sh\necho " + secret),
 	}
 	logged, err := json.Marshal(s.MarshalLog())
 	if err != nil {

@@ -126,7 +126,8 @@ type Bootstrap struct {
 }
 
 // SucceededOnce tells whether the machine's bootstrap succeeded at some
-// earlier boot, from what the host keeps (seed.Emptied): after a reboot the
+// earlier boot, from what the host keeps (seed.Emptied): after a reboot of
+// a guest whose seed had no sentinel vendor-data (an older release's) the
 // sentinel is gone and cloud-init has finished without writing it again.
 type SucceededOnce func(ctx context.Context) (bool, error)
 
@@ -156,13 +157,21 @@ func (svc *Bootstrap) Reconcile(ctx context.Context) (services.Result, error) {
 		return services.Done(infrav1.ReadyReason, ""), nil
 	case virt.IsNotFound(err):
 		if errs, done := svc.cloudInitResult(ctx); done {
+			// cloud-init writes its result after the per-boot scripts, one
+			// of which links /run/cluster-api to where the sentinel of an
+			// earlier boot is kept (cloudinit.BootstrapSentinelVendorData):
+			// read again, the sentinel is there by now if it exists.
+			if _, err := svc.host.GuestReadFile(ctx, s.DomainName(), SentinelPath); err == nil {
+				return services.Done(infrav1.ReadyReason, ""), nil
+			}
 			if once, err := svc.succeededOnce(ctx); err != nil {
 				return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, err, "Reading the seed: %v", err)
 			} else if once {
 				return services.Done(infrav1.ReadyReason, "The bootstrap succeeded at an earlier boot: the seed no longer holds the bootstrap data"), nil
 			}
 			return services.Result{}, services.Fail(infrav1.BootstrapFailedReason, services.Requeue(maxBackoff, "bootstrap failed"),
-				"cloud-init finished (%d errors) without writing %s; see /var/log/cloud-init-output.log in the guest", errs, SentinelPath)
+				"cloud-init finished (%d errors) without writing %s: the bootstrap failed, or the guest went down before it ended and "+
+					"cloud-init does not run it again; see /var/log/cloud-init-output.log in the guest", errs, SentinelPath)
 		}
 		return services.Result{}, services.Fail(infrav1.WaitingForBootstrapReason, services.Requeue(svc.backoff(), "bootstrap not finished"),
 			"cloud-init has not written %s yet", SentinelPath)

@@ -62,7 +62,7 @@ func TestGuestBootstrapSentinel(t *testing.T) {
 	f.Host.Files[s.DomainName()+":/run/cloud-init/result.json"] = []byte(`{"v1": {"errors": ["runcmd failed: ` + servicetest.SecretMarker + `"]}}`)
 	_ = servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, g)
 	c := servicetest.WantCondition(t, f.LM, infrav1.BootstrapSucceededCondition, metav1.ConditionFalse, infrav1.BootstrapFailedReason)
-	if !strings.Contains(c.Message, "1 errors") {
+	if !strings.Contains(c.Message, "1 errors") || !strings.Contains(c.Message, "went down before it ended") {
 		t.Errorf("message %q", c.Message)
 	}
 
@@ -83,7 +83,8 @@ func TestGuestBootstrapSentinel(t *testing.T) {
 func neverBefore(context.Context) (bool, error) { return false, nil }
 
 // TestGuestBootstrapAfterReboot: a guest rebooted after its bootstrap has
-// no sentinel (it lives in /run) and a finished cloud-init; whether that is
+// no sentinel (a seed without the sentinel vendor-data leaves it in /run
+// only) and a finished cloud-init; whether that is
 // a failure depends on whether the bootstrap succeeded at an earlier boot,
 // which the status may no longer say (clusterctl move, a restore).
 func TestGuestBootstrapAfterReboot(t *testing.T) {
@@ -105,4 +106,28 @@ func TestGuestBootstrapAfterReboot(t *testing.T) {
 			servicetest.WantCondition(t, f.LM, infrav1.BootstrapSucceededCondition, tc.status, tc.reason)
 		})
 	}
+}
+
+// TestGuestBootstrapSentinelShownDuringTheCheck: after a reboot the
+// sentinel kept on the disk shows only once a per-boot script linked
+// /run/cluster-api, which may happen between the check's read of the
+// sentinel and its read of cloud-init's result; a finished cloud-init
+// with the sentinel there is a success, not BootstrapFailed.
+func TestGuestBootstrapSentinelShownDuringTheCheck(t *testing.T) {
+	f := servicetest.NewFixture(t)
+	s := f.Scope()
+	reads := 0
+	f.Host.OnCall = func(method string) {
+		if method != "GuestReadFile" {
+			return
+		}
+		if reads++; reads == 2 { // the result's read: the link is there by now
+			f.Host.Files[s.DomainName()+":/run/cloud-init/result.json"] = []byte(`{"v1": {"errors": []}}`)
+			f.Host.Files[s.DomainName()+":"+guest.SentinelPath] = []byte("success\n")
+		}
+	}
+	if err := servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, guest.NewBootstrap(s, neverBefore)); err != nil {
+		t.Fatal(err)
+	}
+	servicetest.WantCondition(t, f.LM, infrav1.BootstrapSucceededCondition, metav1.ConditionTrue, infrav1.ReadyReason)
 }

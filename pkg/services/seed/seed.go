@@ -57,14 +57,19 @@ type Service struct {
 	// networkConfig returns the seed's network-config; nil or empty for
 	// none (cloud-init's DHCP on the first NIC).
 	networkConfig func() ([]byte, error)
+	// vendorData is the seed's vendor-data; empty for none.
+	vendorData []byte
 }
 
 var _ services.Service = (*Service)(nil)
 
 // New returns the seed service of s, whose user-data is the Machine's
-// bootstrap data.
+// bootstrap data. Its vendor-data keeps the bootstrap's sentinel through
+// reboots (cloudinit.BootstrapSentinelVendorData), which the bootstrap
+// check relies on when the guest went down before the sentinel was read.
 func New(s *scope.MachineScope) *Service {
-	return &Service{scope: s, host: s.LibvirtHost(), userData: func(ctx context.Context) ([]byte, error) { return bootstrapData(ctx, s) }}
+	return &Service{scope: s, host: s.LibvirtHost(), userData: func(ctx context.Context) ([]byte, error) { return bootstrapData(ctx, s) },
+		vendorData: []byte(cloudinit.BootstrapSentinelVendorData)}
 }
 
 // NewWithUserData returns the seed service of a VM whose user-data the
@@ -116,6 +121,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		LocalHostname: s.Hostname(),
 		UserData:      userData,
 		NetworkConfig: networkConfig,
+		VendorData:    svc.vendorData,
 	})
 	if err != nil {
 		// Validation errors name the instance-id and hostname only.
@@ -199,7 +205,10 @@ func (*Removal) Delete(context.Context) error { return nil }
 
 // emptySeed is the seed Removal writes: the machine's instance-id and
 // hostname, no user-data. BuildISO is deterministic, so it is also what
-// the volume starts with once the data was removed.
+// the volume starts with once the data was removed. It has no vendor-data
+// either: cloud-init ran that once for the instance, and what it installed
+// stays on the guest's disk. Without it the bytes are those that releases
+// before the vendor-data wrote, so Emptied recognises their machines too.
 func emptySeed(s RemovalScope) ([]byte, error) {
 	iso, err := cloudinit.BuildISO(cloudinit.Seed{InstanceID: s.DomainUUID(), LocalHostname: s.Hostname()})
 	if err != nil {
@@ -211,8 +220,10 @@ func emptySeed(s RemovalScope) ([]byte, error) {
 // Emptied tells whether the machine's seed volume holds the seed Removal
 // writes, which it does only after the bootstrap succeeded. That fact is
 // in libvirt, where nothing loses it: the sentinel the bootstrap leaves is
-// in the guest's /run (gone after a reboot) and BootstrapSucceeded in
-// status (gone after clusterctl move or a restore).
+// in the guest's /run, gone after a reboot where the vendor-data did not
+// keep it (seeds of older releases, user-data that disables vendor data),
+// and BootstrapSucceeded in status (gone after clusterctl move or a
+// restore).
 func Emptied(ctx context.Context, s RemovalScope) (bool, error) {
 	iso, err := emptySeed(s)
 	if err != nil {

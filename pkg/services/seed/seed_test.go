@@ -11,6 +11,8 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/servicetest"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/cloudinit"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -113,6 +115,9 @@ func TestRemovalTakesBootstrapDataOffTheHost(t *testing.T) {
 	if !strings.Contains(iso, "instance-id: "+s.DomainUUID()) || !strings.Contains(iso, "local-hostname: m0") {
 		t.Error("the rewritten seed lost its instance-id or hostname: a reboot would bootstrap again")
 	}
+	if strings.Contains(iso, cloudinit.VendorDataFile) {
+		t.Error("the rewritten seed holds vendor-data: it would not be the bytes Emptied looks for")
+	}
 	if !f.LM.Status.BootstrapDataRemoved {
 		t.Error("the removal is not recorded")
 	}
@@ -153,6 +158,33 @@ func TestEmptiedTellsAnEarlierBootstrap(t *testing.T) {
 	f.Host.Errs["ReadVolume"] = errors.New("libvirtd gone")
 	if _, err := seed.Emptied(ctx, s); err == nil {
 		t.Error("a failed read was taken for an answer")
+	}
+}
+
+// TestSeedVendorData: a machine's seed carries the vendor-data that keeps
+// its bootstrap sentinel through reboots; the HAProxy VM, whose bootstrap
+// nobody checks, gets none.
+func TestSeedVendorData(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		svc  func(*scope.MachineScope) *seed.Service
+		want bool
+	}{
+		{name: "machine", svc: seed.New, want: true},
+		{name: "generated user-data", svc: func(s *scope.MachineScope) *seed.Service { return seed.NewWithUserData(s, []byte("#cloud-config\n")) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := servicetest.NewFixture(t)
+			s := f.Scope()
+			if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, tc.svc(s)); err != nil {
+				t.Fatal(err)
+			}
+			iso := string(f.Host.Data["pool/"+s.SeedVolume()])
+			got := strings.Contains(iso, cloudinit.VendorDataFile+";1") && strings.Contains(iso, cloudinit.BootstrapSentinelVendorData)
+			if got != tc.want {
+				t.Errorf("seed holds the sentinel vendor-data: %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
 
