@@ -17,9 +17,12 @@ package cloudinit
 //   - makes /var/lib/capi-libvirt/cluster-api/<instance-id>, 0700, with
 //     chattr +S and +D where the file system has them: a file written there
 //     is on the disk when its write returns, so a power cut right after the
-//     bootstrap wrote the sentinel cannot lose it with the page cache. The
-//     instance-id keeps a sentinel in an image made from a bootstrapped
-//     guest from passing for a new instance's.
+//     bootstrap wrote the sentinel cannot lose it with the page cache; with
+//     +D its creation is too, so a cut between the shell opening the
+//     sentinel and echo writing it leaves the sentinel, empty, which counts
+//     (the bootstrap's command had ended). The instance-id keeps a sentinel
+//     in an image made from a bootstrapped guest from passing for a new
+//     instance's.
 //   - installs /var/lib/cloud/scripts/per-boot/capl-bootstrap-sentinel,
 //     which makes /run/cluster-api a link to that directory, after moving
 //     into it what a real /run/cluster-api holds (Cluster API's write_files
