@@ -33,7 +33,7 @@ TEST_ENV = KUBEBUILDER_ASSETS="$$(hack/envtest.sh)" \
 	CAPL_TEST_NODE_IMAGE=$(NODE_IMAGE)
 # -p 1: packages share one libvirtd, and reconnect tests restart it; a restart
 # must not break another package's calls mid-test.
-GO_TEST_FLAGS ?= -count=1 -p 1 -timeout=40m
+GO_TEST_FLAGS ?= -count=1 -p 1 -timeout=60m
 # FUZZTIME is how long make fuzz runs FuzzInspectImage.
 FUZZTIME ?= 60s
 
