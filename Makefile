@@ -22,6 +22,9 @@ TEST_IMAGE := $(CAPL_IMAGE_DIR)/capl-debian-12.qcow2
 # tools module its binaries (and envtest's) are built from.
 KUBERNETES_VERSION ?= $(shell awk '$$1 == "k8s.io/kubernetes" {print $$2; exit}' hack/tools/envtest/go.mod)
 NODE_IMAGE := $(CAPL_IMAGE_DIR)/capl-node-$(KUBERNETES_VERSION).qcow2
+# The previous minor, for upgrade tests: its latest patch the Go module proxy
+# serves (make node-images builds its node image next to KUBERNETES_VERSION's).
+KUBERNETES_VERSION_PREVIOUS ?= v1.35.4
 LIBVIRT_URI ?= qemu:///system
 
 # Tests run against the real libvirtd and the test image; a test that needs
@@ -111,7 +114,8 @@ test-e2e-multihost: ## A kubeadm cluster over two libvirt hosts (hack/testbed-ho
 	$(MAKE) test-e2e E2E_TIMEOUT=90m E2E_ARGS="-e2e.multihost $(E2E_ARGS)"
 
 .PHONY: test-e2e-upgrade
-test-e2e-upgrade: node-images ## Day two on real VMs: a kubeadm cluster at KUBERNETES_VERSION_PREVIOUS, its control plane then its workers moved to KUBERNETES_VERSION (new machine templates, PodDisruptionBudget honoured), then rollout.after on both with a control-plane join failing once on purpose; the endpoint probed throughout; outside CI like test-e2e-kubeadm.
+test-e2e-upgrade: ## Day two on real VMs: a kubeadm cluster at KUBERNETES_VERSION_PREVIOUS, its control plane then its workers moved to KUBERNETES_VERSION (new machine templates, PodDisruptionBudget honoured), then rollout.after on both with a control-plane join failing once on purpose; the endpoint probed throughout; outside CI like test-e2e-kubeadm.
+	$(MAKE) node-image KUBERNETES_VERSION=$(KUBERNETES_VERSION_PREVIOUS)
 	CAPL_TEST_NODE_IMAGE_FROM=$(CAPL_IMAGE_DIR)/capl-node-$(KUBERNETES_VERSION_PREVIOUS).qcow2 \
 		$(MAKE) test-e2e E2E_TIMEOUT=180m E2E_ARGS="-e2e.upgrade $(E2E_ARGS)"
 
