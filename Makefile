@@ -22,6 +22,9 @@ TEST_IMAGE := $(CAPL_IMAGE_DIR)/capl-debian-12.qcow2
 # tools module its binaries (and envtest's) are built from.
 KUBERNETES_VERSION ?= $(shell awk '$$1 == "k8s.io/kubernetes" {print $$2; exit}' hack/tools/envtest/go.mod)
 NODE_IMAGE := $(CAPL_IMAGE_DIR)/capl-node-$(KUBERNETES_VERSION).qcow2
+# The previous minor, for upgrade tests: its latest patch the Go module proxy
+# serves (make node-images builds its node image next to KUBERNETES_VERSION's).
+KUBERNETES_VERSION_PREVIOUS ?= v1.35.4
 LIBVIRT_URI ?= qemu:///system
 
 # Tests run against the real libvirtd and the test image; a test that needs
@@ -152,6 +155,11 @@ images: ## Build the offline test images (cached in $(CAPL_IMAGE_DIR)).
 
 .PHONY: node-image
 node-image: ## Build the Kubernetes node image $(NODE_IMAGE) offline (KUBERNETES_VERSION; cached).
+	KUBERNETES_VERSION=$(KUBERNETES_VERSION) images/build.sh node >/dev/null
+
+.PHONY: node-images
+node-images: ## Both node images: KUBERNETES_VERSION_PREVIOUS and KUBERNETES_VERSION (the upgrade e2e's)
+	KUBERNETES_VERSION=$(KUBERNETES_VERSION_PREVIOUS) images/build.sh node >/dev/null
 	KUBERNETES_VERSION=$(KUBERNETES_VERSION) images/build.sh node >/dev/null
 
 ##@ Generate and verify
