@@ -87,22 +87,21 @@ if [[ $version != "$pinned" ]]; then
   mod_path=$(awk '$1 == "module" {print $2; exit}' "$module/go.mod")
   go_version=$(awk '$1 == "go" {print $2; exit}' "$module/go.mod")
   module=$tmp
-  (
-    cd "$module"
-    go mod init "$mod_path" 2>/dev/null
-    go mod edit -go="$go_version"
-    kube_dir=$(go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
-    [[ -n $kube_dir ]] || die "k8s.io/kubernetes@$version is not served"
-    etcd=$(sed -n 's/^\tDefaultEtcdVersion = "\([0-9.]*\)-[0-9]*"$/\1/p' "$kube_dir/cmd/kubeadm/app/constants/constants.go")
-    [[ -n $etcd ]] || die "no DefaultEtcdVersion in kubeadm $version's constants"
-    edits=(-require="k8s.io/kubernetes@$version" -require="go.etcd.io/etcd/server/v3@v$etcd")
-    for m in $(awk '$2 == "=>" && $3 ~ /^\.\/staging\// {print $1}' "$kube_dir/go.mod"); do
-      edits+=(-replace="$m=$m@v0.${version#v1.}")
-    done
-    go mod edit "${edits[@]}"
-    go mod tidy
-    log "module for $version: etcd v$etcd, $(grep -c '=>' go.mod) staging modules"
-  ) || die "no module graph for Kubernetes $version"
+  cd "$module"
+  go mod init "$mod_path" 2>/dev/null || die "go mod init $mod_path failed in $module"
+  go mod edit -go="$go_version"
+  kube_dir=$(go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p') ||
+    die "k8s.io/kubernetes@$version is not served"
+  [[ -n $kube_dir ]] || die "no directory for k8s.io/kubernetes@$version in the module cache"
+  etcd=$(sed -n 's/^\tDefaultEtcdVersion = "\([0-9.]*\)-[0-9]*"$/\1/p' "$kube_dir/cmd/kubeadm/app/constants/constants.go")
+  [[ -n $etcd ]] || die "no DefaultEtcdVersion in kubeadm $version's constants"
+  edits=(-require="k8s.io/kubernetes@$version" -require="go.etcd.io/etcd/server/v3@v$etcd")
+  for m in $(awk '$2 == "=>" && $3 ~ /^\.\/staging\// {print $1}' "$kube_dir/go.mod"); do
+    edits+=(-replace="$m=$m@v0.${version#v1.}")
+  done
+  go mod edit "${edits[@]}"
+  go mod tidy || die "no module graph for Kubernetes $version"
+  log "module for $version: etcd v$etcd, $(grep -c '=>' go.mod) staging modules"
 fi
 
 v=${version#v}
@@ -116,11 +115,13 @@ for b in kubelet kubeadm kube-apiserver kube-controller-manager kube-scheduler k
   t=$SECONDS
   if [[ $b == etcd ]]; then
     go build -trimpath -ldflags "-s -w" -o "$out/$b.tmp" go.etcd.io/etcd/server/v3
+    what="etcd $(go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3) for $version"
   else
     go build -trimpath -ldflags "$ldflags" -o "$out/$b.tmp" "k8s.io/kubernetes/cmd/$b"
+    what="$b $version"
   fi
   mv "$out/$b.tmp" "$out/$b"
-  log "built $b $version in $((SECONDS - t)) s"
+  log "built $what in $((SECONDS - t)) s"
 done
 log "built ${todo[*]} in $((SECONDS - start)) s: $out"
 echo "$out" >&3

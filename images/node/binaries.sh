@@ -145,11 +145,11 @@ if [[ $coredns_version != "$(mod_version "$m/go.mod" github.com/coredns/coredns)
   mkdir "$mods/coredns"
   cp "$m/tools.go" "$mods/coredns/"
   (
-    cd "$mods/coredns"
-    go mod init "$(awk '$1 == "module" {print $2; exit}' "$m/go.mod")" 2>/dev/null
-    go mod edit -go="$(awk '$1 == "go" {print $2; exit}' "$m/go.mod")" -require="github.com/coredns/coredns@$coredns_version"
-    go mod tidy
-  ) || die "no module graph for coredns $coredns_version"
+    cd "$mods/coredns" &&
+      go mod init "$(awk '$1 == "module" {print $2; exit}' "$m/go.mod")" 2>/dev/null &&
+      go mod edit -go="$(awk '$1 == "go" {print $2; exit}' "$m/go.mod")" -require="github.com/coredns/coredns@$coredns_version" &&
+      go mod tidy
+  ) || die "no module graph for coredns $coredns_version" # (set -e does not apply left of ||)
   m=$mods/coredns
 fi
 build "$m" CGO_ENABLED=0 -- -ldflags "-s -w" -o "$tmp/bin/coredns" github.com/coredns/coredns
