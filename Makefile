@@ -163,6 +163,11 @@ images: ## Build the offline test images (cached in $(CAPL_IMAGE_DIR)).
 node-image: ## Build the Kubernetes node image $(NODE_IMAGE) offline (KUBERNETES_VERSION; cached).
 	KUBERNETES_VERSION=$(KUBERNETES_VERSION) images/build.sh node >/dev/null
 
+.PHONY: node-images
+node-images: ## Both node images: KUBERNETES_VERSION_PREVIOUS and KUBERNETES_VERSION (the upgrade e2e's)
+	KUBERNETES_VERSION=$(KUBERNETES_VERSION_PREVIOUS) images/build.sh node >/dev/null
+	KUBERNETES_VERSION=$(KUBERNETES_VERSION) images/build.sh node >/dev/null
+
 ##@ Generate and verify
 
 .PHONY: generate

@@ -8,7 +8,8 @@
 #   BINARY: kube-apiserver kube-controller-manager kube-scheduler kube-proxy
 #           kubelet kubeadm kubectl etcd
 #   KUBERNETES_VERSION: the release (default: hack/tools/envtest's pin); etcd
-#           stays at the pin's version whatever the release
+#           is the version that release's kubeadm deploys (for the pin:
+#           the module's go.etcd.io/etcd/server/v3, the same one)
 # Prints the directory holding the binaries on stdout. Binaries already there
 # are not built again.
 #
@@ -71,24 +72,36 @@ if ((${#todo[@]} == 0)); then
 fi
 rm -f "$out"/*.tmp # leftovers of an interrupted build; we hold the lock
 
-# Another release than the pinned one: the same module with k8s.io/kubernetes
-# and its staging modules (v0.MINOR.PATCH) at that release.
+# Another release than the pinned one: a module of its own, made the way the
+# pinned one was: k8s.io/kubernetes at that release, the staging modules its
+# go.mod replaces by ./staging paths at v0.MINOR.PATCH, and the etcd server its
+# kubeadm deploys (DefaultEtcdVersion); go mod tidy takes every other version
+# from that release's requirements. (Editing a copy of the pinned module would
+# keep the pin's dependency versions and staging list, which another minor
+# does not have: 1.36 added k8s.io/cri-streaming, absent from 1.35.)
 if [[ $version != "$pinned" ]]; then
   log "Kubernetes $version instead of the pinned $pinned"
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
-  cp "$module"/{go.mod,go.sum,tools.go} "$tmp/"
+  cp "$module/tools.go" "$tmp/"
+  mod_path=$(awk '$1 == "module" {print $2; exit}' "$module/go.mod")
+  go_version=$(awk '$1 == "go" {print $2; exit}' "$module/go.mod")
   module=$tmp
-  staging=v0.${version#v1.}
-  (
-    cd "$module"
-    edits=(-require="k8s.io/kubernetes@$version")
-    for m in $(awk '$2 == "=>" && $1 ~ /^k8s\.io\// {print $1}' go.mod); do
-      edits+=(-replace="$m=$m@$staging")
-    done
-    go mod edit "${edits[@]}"
-    go mod tidy
-  ) || die "no module graph for Kubernetes $version"
+  cd "$module"
+  go mod init "$mod_path" 2>/dev/null || die "go mod init $mod_path failed in $module"
+  go mod edit -go="$go_version"
+  kube_dir=$(go mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p') ||
+    die "k8s.io/kubernetes@$version is not served"
+  [[ -n $kube_dir ]] || die "no directory for k8s.io/kubernetes@$version in the module cache"
+  etcd=$(sed -n 's/^\tDefaultEtcdVersion = "\([0-9.]*\)-[0-9]*"$/\1/p' "$kube_dir/cmd/kubeadm/app/constants/constants.go")
+  [[ -n $etcd ]] || die "no DefaultEtcdVersion in kubeadm $version's constants"
+  edits=(-require="k8s.io/kubernetes@$version" -require="go.etcd.io/etcd/server/v3@v$etcd")
+  for m in $(awk '$2 == "=>" && $3 ~ /^\.\/staging\// {print $1}' "$kube_dir/go.mod"); do
+    edits+=(-replace="$m=$m@v0.${version#v1.}")
+  done
+  go mod edit "${edits[@]}"
+  go mod tidy || die "no module graph for Kubernetes $version"
+  log "module for $version: etcd v$etcd, $(grep -c '=>' go.mod) staging modules"
 fi
 
 v=${version#v}
@@ -102,11 +115,13 @@ for b in kubelet kubeadm kube-apiserver kube-controller-manager kube-scheduler k
   t=$SECONDS
   if [[ $b == etcd ]]; then
     go build -trimpath -ldflags "-s -w" -o "$out/$b.tmp" go.etcd.io/etcd/server/v3
+    what="etcd $(go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3) for $version"
   else
     go build -trimpath -ldflags "$ldflags" -o "$out/$b.tmp" "k8s.io/kubernetes/cmd/$b"
+    what="$b $version"
   fi
   mv "$out/$b.tmp" "$out/$b"
-  log "built $b $version in $((SECONDS - t)) s"
+  log "built $what in $((SECONDS - t)) s"
 done
 log "built ${todo[*]} in $((SECONDS - start)) s: $out"
 echo "$out" >&3

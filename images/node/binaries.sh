@@ -11,7 +11,9 @@
 #   hack/tools/node/runc        runc (cgo, static, libseccomp)
 #   hack/tools/node/cri-tools   crictl
 #   hack/tools/node/cni-plugins the containernetworking plugins
-#   hack/tools/node/coredns     coredns
+#   hack/tools/node/coredns     coredns (for another Kubernetes minor whose
+#                               kubeadm deploys another coredns: a module
+#                               made at build time, see below)
 #   hack/tools/node/flannel     flanneld
 #
 # Usage: images/node/binaries.sh [--key]
@@ -80,7 +82,8 @@ if [[ -f $out/.complete ]]; then # another build finished while we waited
 fi
 rm -rf "$image_dir/node-bin"/.tmp.* # leftovers of an interrupted build; we hold the lock
 tmp=$(mktemp -d "$image_dir/node-bin/.tmp.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+mods=$(mktemp -d) # modules made at build time
+trap 'rm -rf "$tmp" "$mods"' EXIT
 
 mkdir -p "$tmp/bin" "$tmp/cni"
 start=$SECONDS
@@ -125,7 +128,30 @@ for p in $(sed -n 's|^\t_ "github.com/containernetworking/plugins/\(plugins/.*\)
     -o "$tmp/cni/${p##*/}" "github.com/containernetworking/plugins/$p"
 done
 
+# The Kubernetes module of the release: kubeadm's constants name the coredns
+# it deploys, build/pause the pause program.
+kube_dir=$(cd "$kube_module" && go mod download -json "k8s.io/kubernetes@$kube_version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+[[ -n $kube_dir ]] || die "k8s.io/kubernetes@$kube_version is not served"
+kubeadm_constants=$kube_dir/cmd/kubeadm/app/constants/constants.go
+
+# coredns: the pinned module when kubeadm deploys its version (the pinned
+# release's kubeadm does); for another minor's a module made like it, from
+# scratch, so that every dependency is the one that coredns release requires.
+coredns_version=$(sed -n 's/^\tCoreDNSVersion = "\(v[0-9.]*\)"$/\1/p' "$kubeadm_constants")
+[[ -n $coredns_version ]] || die "no CoreDNSVersion in $kubeadm_constants"
 m=$node_modules/coredns
+if [[ $coredns_version != "$(mod_version "$m/go.mod" github.com/coredns/coredns)" ]]; then
+  log "coredns $coredns_version for Kubernetes $kube_version instead of the pinned $(mod_version "$m/go.mod" github.com/coredns/coredns)"
+  mkdir "$mods/coredns"
+  cp "$m/tools.go" "$mods/coredns/"
+  (
+    cd "$mods/coredns" &&
+      go mod init "$(awk '$1 == "module" {print $2; exit}' "$m/go.mod")" 2>/dev/null &&
+      go mod edit -go="$(awk '$1 == "go" {print $2; exit}' "$m/go.mod")" -require="github.com/coredns/coredns@$coredns_version" &&
+      go mod tidy
+  ) || die "no module graph for coredns $coredns_version" # (set -e does not apply left of ||)
+  m=$mods/coredns
+fi
 build "$m" CGO_ENABLED=0 -- -ldflags "-s -w" -o "$tmp/bin/coredns" github.com/coredns/coredns
 
 # flanneld's UDP backend needs cgo; link statically so the binary runs in
@@ -142,7 +168,6 @@ kube_bin=$(KUBERNETES_VERSION=$kube_version "$root/hack/kubernetes.sh" kubelet k
 cp "$kube_bin"/{kubelet,kubeadm,kubectl,kube-proxy,kube-scheduler,kube-controller-manager,kube-apiserver,etcd} "$tmp/bin/"
 
 # pause: the C program of kubernetes' build/pause, as its Makefile builds it.
-kube_dir=$(cd "$kube_module" && go mod download -json "k8s.io/kubernetes@$kube_version" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
 pause_version=$(sed -n 's/^TAG ?= *//p' "$kube_dir/build/pause/Makefile")
 [[ -n $pause_version ]] || die "no TAG in $kube_dir/build/pause/Makefile"
 gcc -Os -Wall -Werror -static -DVERSION="v$pause_version" -o "$tmp/bin/pause" "$kube_dir/build/pause/linux/pause.c"
@@ -151,8 +176,11 @@ strip "$tmp/bin/pause"
 {
   echo "k8s.io/kubernetes $kube_version"
   echo "pause $pause_version"
-  echo "go.etcd.io/etcd/server/v3 $(mod_version "$kube_module/go.mod" go.etcd.io/etcd/server/v3)"
+  # etcd and coredns as the binaries report themselves (containers.sh tags their images so)
+  echo "go.etcd.io/etcd/server/v3 v$("$tmp/bin/etcd" --version | awk '$1 == "etcd" && $2 == "Version:" {print $3}')"
+  echo "github.com/coredns/coredns v$("$tmp/bin/coredns" -version | sed -n 's/^CoreDNS-//p')"
   for d in "$node_modules"/*/; do # each tools module requires its component first
+    [[ $d == */coredns/ ]] && continue
     awk '$1 == "require" && $2 != "(" {print $2, $3; exit}' "$d/go.mod"
   done
 } >"$tmp/VERSIONS"

@@ -14,7 +14,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
-bin=${1:?usage: containers.sh BIN_DIR BASE_ROOTFS_TAR OUT_TAR OUT_REFS}/bin
+bin_dir=${1:?usage: containers.sh BIN_DIR BASE_ROOTFS_TAR OUT_TAR OUT_REFS}
+bin=$bin_dir/bin
 base=${2:?} out=${3:?} refs=${4:?}
 log() { printf '%s node-images: %s\n' "$(date +%T)" "$*" >&2; }
 die() {
@@ -24,8 +25,10 @@ die() {
 
 kube_version=$("$bin/kubeadm" version -o short)
 flannel_version=$(awk '$1 == "require" && $2 == "github.com/flannel-io/flannel" {print $3}' "$root/hack/tools/node/flannel/go.mod")
-etcd_version=$(awk '$1 == "go.etcd.io/etcd/server/v3" {print $2; exit}' "$root/hack/tools/envtest/go.mod")
-coredns_version=$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" {print $3}' "$root/hack/tools/node/coredns/go.mod")
+# etcd and coredns: the versions binaries.sh built for this release (its kubeadm's)
+etcd_version=$(awk '$1 == "go.etcd.io/etcd/server/v3" {print $2; exit}' "$bin_dir/VERSIONS")
+coredns_version=$(awk '$1 == "github.com/coredns/coredns" {print $2; exit}' "$bin_dir/VERSIONS")
+[[ -n $etcd_version && -n $coredns_version ]] || die "no etcd or coredns version in $bin_dir/VERSIONS"
 pause_version=$("$bin/pause" -v 2>&1 | awk '{print $NF}' | sed 's/^v//')
 path_env='PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
 
@@ -51,11 +54,11 @@ while read -r ref; do
     images+=("$(json_image "$ref" "$base" "$bin/kube-proxy" /usr/local/bin/kube-proxy /usr/local/bin/kube-proxy)")
     ;;
   etcd)
-    [[ ${tag%-*} == "${etcd_version#v}" ]] || die "kubeadm wants $ref, hack/tools/envtest pins etcd $etcd_version"
+    [[ ${tag%-*} == "${etcd_version#v}" ]] || die "kubeadm wants $ref, the etcd built is $etcd_version"
     images+=("$(json_image "$ref" "" "$bin/etcd" /usr/local/bin/etcd /usr/local/bin/etcd)")
     ;;
   coredns)
-    [[ $tag == "$coredns_version" ]] || die "kubeadm wants $ref, hack/tools/node/coredns pins $coredns_version"
+    [[ $tag == "$coredns_version" ]] || die "kubeadm wants $ref, the coredns built is $coredns_version"
     images+=("$(json_image "$ref" "" "$bin/coredns" /coredns /coredns)")
     ;;
   pause)
