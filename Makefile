@@ -116,7 +116,9 @@ test-e2e-multihost: ## A kubeadm cluster over two libvirt hosts (hack/testbed-ho
 .PHONY: test-e2e-upgrade
 test-e2e-upgrade: ## Day two on real VMs: a kubeadm cluster at KUBERNETES_VERSION_PREVIOUS, its control plane then its workers moved to KUBERNETES_VERSION (new machine templates, PodDisruptionBudget honoured), then rollout.after on both with a control-plane join failing once on purpose; the endpoint probed throughout; outside CI like test-e2e-kubeadm.
 	$(MAKE) node-image KUBERNETES_VERSION=$(KUBERNETES_VERSION_PREVIOUS)
+	$(MAKE) node-image
 	CAPL_TEST_NODE_IMAGE_FROM=$(CAPL_IMAGE_DIR)/capl-node-$(KUBERNETES_VERSION_PREVIOUS).qcow2 \
+	CAPL_TEST_NODE_VERSIONS=$(NODE_IMAGE_VERSIONS) \
 		$(MAKE) test-e2e E2E_TIMEOUT=180m E2E_ARGS="-e2e.upgrade $(E2E_ARGS)"
 
 .PHONY: test-e2e-move
@@ -162,6 +164,14 @@ images: ## Build the offline test images (cached in $(CAPL_IMAGE_DIR)).
 .PHONY: node-image
 node-image: ## Build the Kubernetes node image $(NODE_IMAGE) offline (KUBERNETES_VERSION; cached).
 	KUBERNETES_VERSION=$(KUBERNETES_VERSION) images/build.sh node >/dev/null
+
+# What the node image of KUBERNETES_VERSION holds (its binaries' VERSIONS,
+# in the image as /etc/capl-node-versions).
+NODE_IMAGE_VERSIONS = $(CAPL_IMAGE_DIR)/node-bin/$$(KUBERNETES_VERSION=$(KUBERNETES_VERSION) images/node/binaries.sh --key)/VERSIONS
+
+.PHONY: node-image-versions
+node-image-versions: node-image ## Print the versions the node image of KUBERNETES_VERSION holds (an upgrade sets CoreDNS's as dns.imageTag).
+	@cat $(NODE_IMAGE_VERSIONS)
 
 .PHONY: node-images
 node-images: ## Both node images: KUBERNETES_VERSION_PREVIOUS and KUBERNETES_VERSION (the upgrade e2e's)

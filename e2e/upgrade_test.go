@@ -31,6 +31,31 @@ import (
 // the upgrade scenario starts from; `make test-e2e-upgrade` sets it.
 const envNodeImageFrom = "CAPL_TEST_NODE_IMAGE_FROM"
 
+// envNodeVersions names the VERSIONS file of the newer node image's
+// binaries (installed in the image as /etc/capl-node-versions); `make
+// test-e2e-upgrade` sets it. The scenario takes the CoreDNS tag from it:
+// KubeadmControlPlane keeps a cluster's CoreDNS image unless
+// dns.imageTag names another, and the newer image holds only its own.
+const envNodeVersions = "CAPL_TEST_NODE_VERSIONS"
+
+// upgradeCoreDNSTag is the CoreDNS image tag of the newer node image.
+func upgradeCoreDNSTag(t *testing.T) string {
+	t.Helper()
+	path := os.Getenv(envNodeVersions)
+	if path == "" {
+		t.Fatalf("%s is not set: run the upgrade scenario through `make test-e2e-upgrade`", envNodeVersions)
+	}
+	b, err := os.ReadFile(path)
+	must(t, err)
+	for line := range strings.Lines(string(b)) {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "github.com/coredns/coredns" {
+			return f[1]
+		}
+	}
+	t.Fatalf("%s names no github.com/coredns/coredns version", path)
+	return ""
+}
+
 // nodeImageFrom is the upgrade scenario's older node image.
 func nodeImageFrom(t *testing.T) string {
 	t.Helper()
@@ -64,6 +89,7 @@ func (s *suite) upgradeScenario(t *testing.T) {
 	}{
 		{"kubeadm control-plane upgrade", s.upgradeControlPlane},
 		{"kubeadm workers upgrade", s.upgradeWorkers},
+		{"kubeadm service across nodes after the upgrade", s.kubeadmService},
 		{"kubeadm control-plane rollout", s.kubeadmControlPlaneRollout},
 		{"kubeadm workers rollout", s.workersRollout},
 	} {
@@ -102,18 +128,40 @@ func (s *suite) copyMachineTemplate(t *testing.T, name, version, volume string) 
 	return tmpl.Name
 }
 
-// upgradeControlPlane moves the KubeadmControlPlane to the newer version
-// and a machine template of the newer node image; its machine must be
-// replaced with the endpoint answering.
+// upgradeControlPlane moves the KubeadmControlPlane to the newer version,
+// a machine template of the newer node image and the newer image's CoreDNS
+// in one change; its machine must be replaced with the endpoint answering,
+// and CoreDNS moved.
 func (s *suite) upgradeControlPlane(t *testing.T) {
 	version, img := s.upgradeTarget(t)
+	coreDNS := upgradeCoreDNSTag(t)
 	kcp := s.kubeadmControlPlane(t)
 	tmpl := s.copyMachineTemplate(t, kcp.Spec.MachineTemplate.Spec.InfrastructureRef.Name, version, img.Volume)
 	s.replaceControlPlane(t, "control plane "+s.k8s.opts.KubernetesVersion+" → "+version, func(kcp *controlplanev1.KubeadmControlPlane) {
 		kcp.Spec.Version = version
 		kcp.Spec.MachineTemplate.Spec.InfrastructureRef.Name = tmpl
+		kcp.Spec.KubeadmConfigSpec.ClusterConfiguration.DNS.ImageTag = coreDNS
 	})
 	s.checkNodeVersions(t, version, true)
+	s.checkCoreDNSImage(t, coreDNS)
+}
+
+// checkCoreDNSImage waits until KubeadmControlPlane moved the CoreDNS
+// Deployment to tag.
+func (s *suite) checkCoreDNSImage(t *testing.T, tag string) {
+	t.Helper()
+	dep := &appsv1.Deployment{}
+	s.waitWorkload(t, "CoreDNS moved to "+tag, 10*time.Minute, func() (bool, string) {
+		if err := s.k8s.wc.Get(s.ctx, client.ObjectKey{Namespace: "kube-system", Name: "coredns"}, dep); err != nil {
+			return false, err.Error()
+		}
+		for _, c := range dep.Spec.Template.Spec.Containers {
+			if !strings.HasSuffix(c.Image, ":"+tag) {
+				return false, "image " + c.Image
+			}
+		}
+		return true, ""
+	})
 }
 
 // upgradeWorkers moves the MachineDeployment to the newer version and a
@@ -128,6 +176,9 @@ func (s *suite) upgradeWorkers(t *testing.T) {
 		md.Spec.Template.Spec.InfrastructureRef.Name = tmpl
 	})
 	s.checkNodeVersions(t, version, false)
+	// The cluster is at the newer version from here on (the Service check
+	// runs the newer kube-proxy image, which only the new nodes hold).
+	s.k8s.opts.KubernetesVersion = version
 }
 
 // workersRollout replaces the workers by rollout.after alone.
