@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -35,7 +36,8 @@ import (
 const CNILabel = "cni"
 
 // ClusterOptions shape the Kubernetes cluster `capl-dev up` renders from
-// templates/cluster-template.yaml.
+// templates/cluster-template.yaml, or a Cluster of the ClusterClass of
+// templates/clusterclass-libvirt.yaml (ClusterClass).
 type ClusterOptions struct {
 	// Namespace and Name of the Cluster.
 	Namespace, Name string
@@ -47,6 +49,13 @@ type ClusterOptions struct {
 	// Template is the path of the cluster template; CNI that of the CNI
 	// manifest the ClusterResourceSet applies.
 	Template, CNI string
+	// ClusterClass is the path of the ClusterClass file (and its
+	// templates) the topology Cluster of Template uses, e.g.
+	// templates/clusterclass-libvirt.yaml with
+	// templates/cluster-template-topology.yaml; empty for a template
+	// without a ClusterClass. It is rendered with the same variables, as
+	// clusterctl renders a flavour's ClusterClass.
+	ClusterClass string
 	// ImageDir holds the node image (NodeImageFileFor) and HAProxyImageFile.
 	ImageDir string
 	// DomainType of every VM; TCGCacheMiB the node VMs' TCG translation
@@ -241,9 +250,35 @@ func ClusterVariables(o ClusterOptions, imgs ClusterImages) map[string]string {
 
 // RenderCluster renders the template at o.Template with vars by
 // clusterctl's own variable rules (its yamlprocessor: ${VAR}, ${VAR:=default},
-// an error naming every variable left unset).
+// an error naming every variable left unset). With o.ClusterClass the
+// ClusterClass and its templates come first, rendered with the same
+// variables and put into o.Namespace, as `clusterctl generate cluster`
+// does for a flavour whose class is not installed: they must exist before
+// the Cluster that names them.
 func RenderCluster(o ClusterOptions, vars map[string]string) ([]*unstructured.Unstructured, error) {
-	raw, err := os.ReadFile(o.Template)
+	var objs []*unstructured.Unstructured
+	if o.Topology() {
+		class, err := renderFile(o.ClusterClass, vars)
+		if err != nil {
+			return nil, err
+		}
+		for _, u := range class {
+			if u.GetNamespace() == "" {
+				u.SetNamespace(o.Namespace)
+			}
+		}
+		objs = class
+	}
+	cluster, err := renderFile(o.Template, vars)
+	if err != nil {
+		return nil, err
+	}
+	return append(objs, cluster...), nil
+}
+
+// renderFile renders the YAML file at path with vars (RenderCluster).
+func renderFile(path string, vars map[string]string) ([]*unstructured.Unstructured, error) {
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -257,7 +292,7 @@ func RenderCluster(o ClusterOptions, vars map[string]string) ([]*unstructured.Un
 		return "", fmt.Errorf("variable %s is not set", name)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("rendering %s: %w", o.Template, err)
+		return nil, fmt.Errorf("rendering %s: %w", path, err)
 	}
 	return decodeObjects(out)
 }
@@ -361,18 +396,63 @@ func (o ClusterOptions) TCGTuning() ClusterOptions {
 	return o
 }
 
-// MachineDeploymentName is the template's MachineDeployment of workers.
-func (o ClusterOptions) MachineDeploymentName() string { return o.Name + "-md-0" }
+// Topology tells whether o renders a Cluster of a ClusterClass.
+func (o ClusterOptions) Topology() bool { return o.ClusterClass != "" }
 
-// ScaleWorkers sets the replicas of the cluster's MachineDeployment.
-func ScaleWorkers(ctx context.Context, c client.Client, o ClusterOptions, replicas int32) error {
+// TopologyWorkers is the name cluster-template-topology.yaml gives its
+// MachineDeployment of workers in spec.topology.
+const TopologyWorkers = "md-0"
+
+// MachineDeploymentName is cluster-template.yaml's MachineDeployment of
+// workers. A topology's is named by Cluster API (WorkerMachineDeployment).
+func (o ClusterOptions) MachineDeploymentName() string { return o.Name + "-" + TopologyWorkers }
+
+// WorkerMachineDeployment reads the cluster's MachineDeployment of workers:
+// the template's, or the one Cluster API's topology controller made for
+// TopologyWorkers, which it names with a random suffix (and creates only
+// once the control plane has a Machine).
+func WorkerMachineDeployment(ctx context.Context, c client.Client, o ClusterOptions) (*clusterv1.MachineDeployment, error) {
 	md := &clusterv1.MachineDeployment{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: o.Namespace, Name: o.MachineDeploymentName()}, md); err != nil {
+	if !o.Topology() {
+		return md, c.Get(ctx, client.ObjectKey{Namespace: o.Namespace, Name: o.MachineDeploymentName()}, md)
+	}
+	var mds clusterv1.MachineDeploymentList
+	if err := c.List(ctx, &mds, client.InNamespace(o.Namespace), client.MatchingLabels{
+		clusterv1.ClusterNameLabel: o.Name, clusterv1.ClusterTopologyMachineDeploymentNameLabel: TopologyWorkers,
+	}); err != nil {
+		return nil, err
+	}
+	if len(mds.Items) != 1 {
+		return nil, fmt.Errorf("cluster %s/%s has %d MachineDeployments of topology %s, want 1", o.Namespace, o.Name, len(mds.Items), TopologyWorkers)
+	}
+	return &mds.Items[0], nil
+}
+
+// ScaleWorkers sets the replicas of the cluster's MachineDeployment: in
+// the Cluster's topology when it has one, whose controller owns the
+// MachineDeployment's replicas.
+func ScaleWorkers(ctx context.Context, c client.Client, o ClusterOptions, replicas int32) error {
+	if !o.Topology() {
+		md := &clusterv1.MachineDeployment{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: o.Namespace, Name: o.MachineDeploymentName()}, md); err != nil {
+			return err
+		}
+		patch := client.MergeFrom(md.DeepCopy())
+		md.Spec.Replicas = &replicas
+		return c.Patch(ctx, md, patch)
+	}
+	cl := &clusterv1.Cluster{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: o.Namespace, Name: o.Name}, cl); err != nil {
 		return err
 	}
-	patch := client.MergeFrom(md.DeepCopy())
-	md.Spec.Replicas = &replicas
-	return c.Patch(ctx, md, patch)
+	patch := client.MergeFrom(cl.DeepCopy())
+	mds := cl.Spec.Topology.Workers.MachineDeployments
+	i := slices.IndexFunc(mds, func(md clusterv1.MachineDeploymentTopology) bool { return md.Name == TopologyWorkers })
+	if i < 0 {
+		return fmt.Errorf("cluster %s/%s has no MachineDeployment %s in its topology", o.Namespace, o.Name, TopologyWorkers)
+	}
+	mds[i].Replicas = &replicas
+	return c.Patch(ctx, cl, patch)
 }
 
 // RecordClusterScope adds the cluster's namespace and storage pool to the

@@ -57,8 +57,12 @@ func (s DemoStatus) String() string {
 // ClusterStatus reads the status of cluster namespace/name.
 func ClusterStatus(ctx context.Context, c client.Client, namespace, name string) (DemoStatus, error) {
 	var s DemoStatus
-	lc := &infrav1.LibvirtCluster{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, lc); err != nil {
+	cl := &clusterv1.Cluster{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, cl); err != nil {
+		return s, err
+	}
+	lc, err := LibvirtClusterOf(ctx, c, cl)
+	if err != nil {
 		return s, err
 	}
 	s.ClusterProvisioned = lc.Status.Initialization.IsProvisioned()
@@ -83,10 +87,6 @@ func ClusterStatus(ctx context.Context, c client.Client, namespace, name string)
 	// Cluster reports how many it wants, count that. Workers come from the
 	// MachineDeployments' specs, not the Cluster's status, which lags a
 	// scaling by a reconcile.
-	cl := &clusterv1.Cluster{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, cl); err != nil {
-		return s, err
-	}
 	if cp := cl.Status.ControlPlane; cp != nil && cp.DesiredReplicas != nil {
 		controlPlane = int(*cp.DesiredReplicas)
 	}
@@ -116,8 +116,20 @@ func ClusterStatus(ctx context.Context, c client.Client, namespace, name string)
 	return s, nil
 }
 
-// WaitProvisioned waits until the LibvirtCluster namespace/name and every
-// LibvirtMachine of the cluster report provisioned, calling progress with
+// LibvirtClusterOf reads the LibvirtCluster of cl: the one its
+// infrastructureRef names. A ClusterClass's topology controller names it
+// with a random suffix and sets the reference only once it made it.
+func LibvirtClusterOf(ctx context.Context, c client.Client, cl *clusterv1.Cluster) (*infrav1.LibvirtCluster, error) {
+	ref := cl.Spec.InfrastructureRef
+	if !ref.IsDefined() {
+		return nil, fmt.Errorf("cluster %s/%s has no infrastructureRef yet", cl.Namespace, cl.Name)
+	}
+	lc := &infrav1.LibvirtCluster{}
+	return lc, c.Get(ctx, client.ObjectKey{Namespace: cl.Namespace, Name: ref.Name}, lc)
+}
+
+// WaitProvisioned waits until the LibvirtCluster of cluster namespace/name
+// and every LibvirtMachine of the cluster report provisioned, calling progress with
 // each changed status.
 func WaitProvisioned(ctx context.Context, c client.Client, namespace, name string, progress func(DemoStatus)) (DemoStatus, error) {
 	last := ""
