@@ -112,6 +112,23 @@ func TestRenderedTemplatesAreAccepted(t *testing.T) {
 		"LIBVIRT_STORAGE_POOL_PATH":                "/srv/ci",
 		"LIBVIRT_POD_CIDR":                         "172.20.0.0/16",
 		"LIBVIRT_SERVICE_CIDR":                     "172.21.0.0/16",
+		// devplane.ClusterOptions.TCGTuning's, and CPU weights.
+		"LIBVIRT_TCG_CACHE_MIB":                       "1024",
+		"LIBVIRT_CONTROL_PLANE_CPU_SHARES":            "4096",
+		"LIBVIRT_WORKER_CPU_SHARES":                   "1024",
+		"LIBVIRT_ETCD_UNSAFE_NO_FSYNC":                "true",
+		"LIBVIRT_ETCD_PROGRESS_NOTIFY_INTERVAL":       "60s",
+		"LIBVIRT_ETCD_HEARTBEAT_INTERVAL_MS":          "500",
+		"LIBVIRT_ETCD_ELECTION_TIMEOUT_MS":            "5000",
+		"LIBVIRT_LEADER_ELECT":                        "false",
+		"LIBVIRT_LEADER_ELECT_LEASE_DURATION":         "180s",
+		"LIBVIRT_LEADER_ELECT_RENEW_DEADLINE":         "150s",
+		"LIBVIRT_NODE_MONITOR_GRACE_PERIOD":           "2m",
+		"LIBVIRT_PROBE_TIMEOUT_SECONDS":               "60",
+		"LIBVIRT_LIVENESS_PROBE_FAILURE_THRESHOLD":    "60",
+		"LIBVIRT_STARTUP_PROBE_FAILURE_THRESHOLD":     "120",
+		"LIBVIRT_API_SERVER_READINESS_PERIOD_SECONDS": "10",
+		"LIBVIRT_COREDNS_REPLICAS":                    "1",
 	}
 	cases := []struct {
 		name, flavor string
@@ -344,14 +361,7 @@ func TestTopology(t *testing.T) {
 	}
 	checkMachineTemplate(t, cpTemplate, 2, 4096)
 
-	// Cluster API creates MachineDeployments once the control plane is
-	// stable, which the KubeadmControlPlane controller (it needs a
-	// workload cluster) would report; its status stands in for it.
-	kcp.Status.Version = kcp.Spec.Version
-	kcp.Status.Replicas = kcp.Spec.Replicas
-	if err := c.Status().Update(ctx(t), kcp); err != nil {
-		t.Fatal(err)
-	}
+	markControlPlaneProvisioned(t, kcp)
 	workerTemplate := &infrav1.LibvirtMachineTemplate{}
 	eventually(t, "the topology controller creates the MachineDeployment", func() error {
 		mds := &clusterv1.MachineDeploymentList{}
