@@ -223,7 +223,7 @@ func (s *suite) badCIDR(t *testing.T) {
 	lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name,
 		Labels: map[string]string{clusterv1.ClusterNameLabel: name}}}
 	lc.Spec.Network.CIDR = dummyCIDR
-	lc.Spec.StoragePool = s.libvirtCluster(t, s.cut.name).Spec.StoragePool
+	lc.Spec.StoragePool = s.libvirtCluster(t, s.cut.infrastructure).Spec.StoragePool
 	lc.Spec.LoadBalancer.Type = infrav1.LoadBalancerNone
 	lc.Spec.ControlPlaneEndpoint = clusterv1.APIEndpoint{Host: "172.31.213.10", Port: 6443}
 	if err := s.c.Create(s.ctx, lc); err != nil {

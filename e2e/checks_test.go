@@ -63,7 +63,7 @@ func (s *suite) checkContract(t *testing.T) {
 	ctx := s.ctx
 	cl := &clusterv1.Cluster{}
 	must(t, s.c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: s.cut.name}, cl))
-	lc := s.libvirtCluster(t, s.cut.name)
+	lc := s.libvirtCluster(t, s.cut.infrastructure)
 
 	// LibvirtCluster.
 	ep := lc.Spec.ControlPlaneEndpoint

@@ -184,7 +184,7 @@ func (s *suite) createDemo() {
 			t.Fatalf("devplane.Demo put %T %s into namespace %q, want %q", o, o.GetName(), o.GetNamespace(), namespace)
 		}
 	}
-	s.cut = clusterUnderTest{name: s.demo.cluster.Name, workers: s.demo.md.Name,
+	s.cut = clusterUnderTest{name: s.demo.cluster.Name, infrastructure: s.demo.lc.Name, workers: s.demo.md.Name,
 		machineSpec: *s.demo.template.Spec.Template.Spec.DeepCopy(), bootstrapSecret: s.demo.workerSecret,
 		controlPlaneMachines: standInControlPlane(), workerMachines: standInWorkers()}
 	must(t, devplane.ApplyDemo(s.ctx, s.c, objs))

@@ -200,10 +200,17 @@ func (s *suite) deleteClusterWhileCreating(t *testing.T) {
 	for _, st := range s.newWorkerStates(t, before) {
 		t.Logf("deleting the cluster while %s", st)
 	}
+	defer s.rep.phase(deletion)()
+	s.deleteCluster(t)
+}
+
+// deleteCluster deletes the cluster under test and waits until it is gone
+// (waitClusterGone).
+func (s *suite) deleteCluster(t *testing.T) {
+	t.Helper()
 	cl := &clusterv1.Cluster{}
 	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: s.cut.name}, cl))
 	must(t, s.c.Delete(s.ctx, cl))
-	defer s.rep.phase(deletion)()
 	s.waitClusterGone(t)
 }
 

@@ -25,7 +25,7 @@ func (s *suite) measureIdleCost(t *testing.T) {
 	vms := s.clusterVMPIDs(t)
 	nodes := map[string]string{} // node domain → its guest's processes before the window
 	for d := range vms {
-		if d != scope.LoadBalancerDomainName(namespace, s.cut.name) {
+		if d != scope.LoadBalancerDomainName(namespace, s.cut.infrastructure) {
 			nodes[d] = ""
 		}
 	}
@@ -72,7 +72,7 @@ func (s *suite) clusterVMPIDs(t *testing.T) map[string]int {
 	t.Helper()
 	lms, err := s.clusterMachines(s.cut.name)
 	must(t, err)
-	domains := []string{scope.LoadBalancerDomainName(namespace, s.cut.name)}
+	domains := []string{scope.LoadBalancerDomainName(namespace, s.cut.infrastructure)}
 	for _, lm := range lms {
 		if d := lm.Status.Domain; d != nil && d.Name != "" {
 			domains = append(domains, d.Name)

@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -62,29 +63,17 @@ type kubeadmState struct {
 // `make up` does, with one control-plane machine and workers, and applies
 // them.
 func (s *suite) createKubeadm(t *testing.T, workers int32) {
-	s.k8s.opts = kubeadmOptions(t, workers)
-	version := s.k8s.opts.KubernetesVersion
+	o := kubeadmOptions(t, workers)
+	version := o.KubernetesVersion
 	if s.k8s.durableEtcd {
-		s.k8s.opts.EtcdUnsafeNoFsync = "false"
+		o.EtcdUnsafeNoFsync = "false"
 	}
-	if filepath.Dir(s.image) != s.k8s.opts.ImageDir {
-		t.Fatalf("the node image (in %s) and the HAProxy image must share a directory (%s)", s.k8s.opts.ImageDir, filepath.Dir(s.image))
-	}
-	must(t, devplane.RecordClusterScope(s.state, s.k8s.opts))
-	stop := s.rep.phase("kubeadm: import node and load-balancer images into the pool")
-	imgs, err := devplane.SeedImages(s.ctx, s.host, s.k8s.opts)
-	stop()
-	must(t, err)
-	objs, err := devplane.RenderCluster(s.k8s.opts, devplane.ClusterVariables(s.k8s.opts, imgs))
-	must(t, err)
-	cni, err := devplane.CNIObjects(s.k8s.opts)
-	must(t, err)
-	s.cut = clusterUnderTest{name: kubeadmName, workers: s.k8s.opts.MachineDeploymentName(), bootstrapSecret: extraBootstrapSecret,
-		controlPlaneMachines: s.k8s.opts.ControlPlane, workerMachines: s.k8s.opts.Workers}
-	for _, o := range objs {
-		if o.GetKind() == "LibvirtMachineTemplate" && o.GetName() == s.cut.workers {
+	objs := s.renderCluster(t, o)
+	s.cut = templateCut(o)
+	for _, u := range objs {
+		if u.GetKind() == "LibvirtMachineTemplate" && u.GetName() == s.cut.workers {
 			tmpl := &infrav1.LibvirtMachineTemplate{}
-			must(t, runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, tmpl))
+			must(t, runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, tmpl))
 			s.cut.machineSpec = tmpl.Spec.Template.Spec
 		}
 	}
@@ -92,8 +81,7 @@ func (s *suite) createKubeadm(t *testing.T, workers int32) {
 		t.Fatalf("the template rendered no LibvirtMachineTemplate %s with an image volume", s.cut.workers)
 	}
 	must(t, s.c.Create(s.ctx, extraBootstrap()))
-	must(t, devplane.ApplyCluster(s.ctx, s.c, cni, objs))
-	s.k8s.applied = time.Now()
+	s.applyCluster(t, objs)
 	t.Logf("kubeadm cluster %s applied (%d objects from the template, Kubernetes %s)", kubeadmName, len(objs), version)
 	s.rep.mu.Lock()
 	s.rep.KubeadmCluster = fmt.Sprintf("Kubernetes %s, domain type %s (TCG) with CPU mode maximum and a %d MiB translation cache, on %d host cores; "+
@@ -108,6 +96,42 @@ func (s *suite) createKubeadm(t *testing.T, workers int32) {
 		cmp.Or(s.k8s.opts.EtcdProgressNotifyInterval, "5s"), cmp.Or(s.k8s.opts.EtcdHeartbeatIntervalMS, "100"),
 		cmp.Or(s.k8s.opts.EtcdElectionTimeoutMS, "1000"), cmp.Or(s.k8s.opts.CoreDNSReplicas, 2))
 	s.rep.mu.Unlock()
+}
+
+// templateCut is the cluster under test of cluster-template.yaml rendered
+// with o, whose objects are named after the Cluster; the suite's own
+// machines get extraBootstrapSecret.
+func templateCut(o devplane.ClusterOptions) clusterUnderTest {
+	return clusterUnderTest{name: o.Name, infrastructure: o.Name, controlPlane: o.Name + "-control-plane", workers: o.MachineDeploymentName(),
+		bootstrapSecret: extraBootstrapSecret, controlPlaneMachines: o.ControlPlane, workerMachines: o.Workers}
+}
+
+// renderCluster makes o the kubeadm cluster's options, imports the images
+// it names into its pool and renders it as `make up` does.
+func (s *suite) renderCluster(t *testing.T, o devplane.ClusterOptions) []*unstructured.Unstructured {
+	t.Helper()
+	s.k8s.opts, s.k8s.wc, s.k8s.ready = o, nil, false
+	if filepath.Dir(s.image) != o.ImageDir {
+		t.Fatalf("the node image (in %s) and the HAProxy image must share a directory (%s)", o.ImageDir, filepath.Dir(s.image))
+	}
+	must(t, devplane.RecordClusterScope(s.state, o))
+	stop := s.rep.phase("kubeadm: import node and load-balancer images into the pool")
+	imgs, err := devplane.SeedImages(s.ctx, s.host, o)
+	stop()
+	must(t, err)
+	objs, err := devplane.RenderCluster(o, devplane.ClusterVariables(o, imgs))
+	must(t, err)
+	return objs
+}
+
+// applyCluster applies the rendered cluster and the CNI's
+// ClusterResourceSet (which stays when it exists).
+func (s *suite) applyCluster(t *testing.T, objs []*unstructured.Unstructured) {
+	t.Helper()
+	cni, err := devplane.CNIObjects(s.k8s.opts)
+	must(t, err)
+	must(t, devplane.ApplyCluster(s.ctx, s.c, cni, objs))
+	s.k8s.applied = time.Now()
 }
 
 // kubeadmOptions are the options of the scenarios' kubeadm cluster:
@@ -149,30 +173,64 @@ func extraBootstrap() *corev1.Secret {
 }
 
 // kubeadmReady waits for the load balancer, the first control-plane node
-// and every node, recording each as a figure, and checks that Nodes and
-// Machines agree.
+// and every node, recording each as a figure with the workers' join cost,
+// and checks that Nodes and Machines agree.
 func (s *suite) kubeadmReady(t *testing.T) {
+	joining := s.clusterReady(t, "kubeadm cluster", kubeadmPhasePrefix)
+	s.recordJoinCost(t, joining)
+	s.k8s.ready = true
+	s.checkKubeadmMachines(t)
+}
+
+// clusterReady waits until the kubeadm cluster's load balancer serves, its
+// first control-plane node is Ready (then it scales staged workers) and
+// every node is Ready, recording each as a figure named after
+// phasePrefix; what prefixes the progress lines. It returns the CPU
+// snapshot taken when the workers started to boot, and fills in the names
+// of the cluster under test that Cluster API chose.
+func (s *suite) clusterReady(t *testing.T, what, phasePrefix string) cpuSnapshot {
+	t.Helper()
 	k := &s.k8s
-	s.waitFor(t, "kubeadm cluster: load balancer serving", kubeadmReadyTimeout, func() (bool, string) {
-		lc := &infrav1.LibvirtCluster{}
-		if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: kubeadmName}, lc); err != nil {
+	s.waitFor(t, what+": load balancer serving", kubeadmReadyTimeout, func() (bool, string) {
+		lc, err := s.readClusterRefs()
+		if err != nil {
 			return false, err.Error()
 		}
 		st, reason, msg := condition(lc, infrav1.LoadBalancerReadyCondition)
 		return st == metav1.ConditionTrue, fmt.Sprintf("LoadBalancerReady %s %s: %s", st, reason, msg)
 	})
-	s.rep.phaseSince("kubeadm: apply → load balancer serving", k.applied)()
-	s.waitControlPlaneNode(t, "kubeadm cluster")
-	s.rep.phaseSince("kubeadm: apply → first control-plane node Ready", k.applied)()
+	s.rep.phaseSince(phasePrefix+"apply → load balancer serving", k.applied)()
+	s.waitControlPlaneNode(t, what)
+	s.rep.phaseSince(phasePrefix+"apply → first control-plane node Ready", k.applied)()
 	joining := s.snapshotCPU(t)
 	if k.opts.StagedWorkers {
 		must(t, devplane.ScaleWorkers(s.ctx, s.c, k.opts, k.opts.Workers))
 	}
 	s.waitNodes(t, kubeadmReadyTimeout)
-	s.rep.phaseSince(fmt.Sprintf("kubeadm: apply → all nodes Ready (1 control plane + %d workers)", k.opts.Workers), k.applied)()
-	s.recordJoinCost(t, joining)
-	k.ready = true
-	s.checkKubeadmMachines(t)
+	s.rep.phaseSince(fmt.Sprintf("%sapply → all nodes Ready (1 control plane + %d workers)", phasePrefix, k.opts.Workers), k.applied)()
+	md, err := devplane.WorkerMachineDeployment(s.ctx, s.c, k.opts)
+	must(t, err)
+	s.cut.workers = md.Name
+	return joining
+}
+
+// readClusterRefs reads the LibvirtCluster and KubeadmControlPlane names
+// of the cluster under test from its Cluster into s.cut (the topology
+// controller names them) and returns the LibvirtCluster.
+func (s *suite) readClusterRefs() (*infrav1.LibvirtCluster, error) {
+	cl := &clusterv1.Cluster{}
+	if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: s.cut.name}, cl); err != nil {
+		return nil, err
+	}
+	if !cl.Spec.ControlPlaneRef.IsDefined() {
+		return nil, fmt.Errorf("cluster %s has no controlPlaneRef yet", cl.Name)
+	}
+	lc, err := devplane.LibvirtClusterOf(s.ctx, s.c, cl)
+	if err != nil {
+		return nil, err
+	}
+	s.cut.infrastructure, s.cut.controlPlane = lc.Name, cl.Spec.ControlPlaneRef.Name
+	return lc, nil
 }
 
 // waitControlPlaneNode waits for the workload cluster's kubeconfig, keeps
@@ -181,7 +239,7 @@ func (s *suite) kubeadmReady(t *testing.T) {
 func (s *suite) waitControlPlaneNode(t *testing.T, what string) {
 	t.Helper()
 	s.waitFor(t, what+": workload kubeconfig", kubeadmReadyTimeout, func() (bool, string) {
-		wc, _, err := devplane.WorkloadClient(s.ctx, s.c, namespace, kubeadmName)
+		wc, _, err := devplane.WorkloadClient(s.ctx, s.c, namespace, s.cut.name)
 		if err != nil {
 			return false, err.Error()
 		}
@@ -190,7 +248,7 @@ func (s *suite) waitControlPlaneNode(t *testing.T, what string) {
 	})
 	ctx, cancel := context.WithTimeout(s.ctx, kubeadmReadyTimeout)
 	defer cancel()
-	must(t, devplane.WaitControlPlaneNode(ctx, s.c, namespace, kubeadmName, func(line string) { t.Logf("%s: %s", what, line) }))
+	must(t, devplane.WaitControlPlaneNode(ctx, s.c, namespace, s.cut.name, func(line string) { t.Logf("%s: %s", what, line) }))
 }
 
 // waitNodes waits until every Machine of the kubeadm cluster has a Ready
@@ -202,7 +260,7 @@ func (s *suite) waitNodes(t *testing.T, timeout time.Duration) devplane.NodesSta
 		if s.k8s.wc == nil {
 			return false, "no workload client"
 		}
-		st, err := devplane.ReadNodesStatus(s.ctx, s.c, s.k8s.wc, namespace, kubeadmName)
+		st, err := devplane.ReadNodesStatus(s.ctx, s.c, s.k8s.wc, namespace, s.cut.name)
 		if err != nil {
 			return false, err.Error()
 		}
@@ -216,7 +274,7 @@ func (s *suite) waitNodes(t *testing.T, timeout time.Duration) devplane.NodesSta
 // providerID libvirt:///<UUID of the running domain>, the Node's
 // providerID and addresses, and the LibvirtMachine's conditions.
 func (s *suite) checkKubeadmMachines(t *testing.T) {
-	lms, err := s.clusterMachines(kubeadmName)
+	lms, err := s.clusterMachines(s.cut.name)
 	must(t, err)
 	nodes := &corev1.NodeList{}
 	s.workloadCall(t, "listing the workload cluster's nodes", func() error { return s.k8s.wc.List(s.ctx, nodes) })
@@ -373,7 +431,7 @@ func (s *suite) kubeadmService(t *testing.T) {
 func (s *suite) domainOfNode(t *testing.T, node string) string {
 	t.Helper()
 	machines := &clusterv1.MachineList{}
-	must(t, s.c.List(s.ctx, machines, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: kubeadmName}))
+	must(t, s.c.List(s.ctx, machines, client.InNamespace(namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: s.cut.name}))
 	for _, m := range machines.Items {
 		if m.Status.NodeRef.Name == node {
 			lm := s.lm(m.Spec.InfrastructureRef.Name)
@@ -440,8 +498,8 @@ func (s *suite) kubeadmScale(t *testing.T) {
 // join Ready.
 func (s *suite) kubeadmRemediation(t *testing.T) {
 	s.needReady(t)
-	mhc := &clusterv1.MachineHealthCheck{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: kubeadmName + "-workers"}}
-	mhc.Spec.ClusterName = kubeadmName
+	mhc := &clusterv1.MachineHealthCheck{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: s.cut.name + "-workers"}}
+	mhc.Spec.ClusterName = s.cut.name
 	mhc.Spec.Selector = metav1.LabelSelector{MatchLabels: map[string]string{clusterv1.MachineDeploymentNameLabel: s.cut.workers}}
 	// A dead node's Ready turns Unknown; False is a live kubelet's
 	// verdict, which a new node gives until its CNI pod runs: minutes under
@@ -503,7 +561,7 @@ func (s *suite) kubeadmRemediation(t *testing.T) {
 			t.Errorf("the replacement %s is marked for remediation: %s %s: %s", name, c.Status, c.Reason, c.Message)
 		}
 	}
-	if l := s.machineLeftovers(lm.Name, macSeed(lm), s.clusterNetworkOf(kubeadmName)); len(l) > 0 {
+	if l := s.machineLeftovers(lm.Name, macSeed(lm), s.clusterNetwork()); len(l) > 0 {
 		t.Errorf("the remediated machine %s left in libvirt: %s", lm.Name, strings.Join(l, ", "))
 	}
 }

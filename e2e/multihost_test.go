@@ -92,6 +92,7 @@ func (s *suite) multiHostScenario(t *testing.T) {
 // b.
 func (s *suite) createMultiHost(t *testing.T) {
 	s.k8s.opts = kubeadmOptions(t, 1)
+	s.cut = templateCut(s.k8s.opts)
 	version := s.k8s.opts.KubernetesVersion
 	must(t, devplane.RecordClusterScope(s.state, s.k8s.opts))
 	imgs, err := devplane.ImageVolumes(s.k8s.opts)

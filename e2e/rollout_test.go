@@ -170,7 +170,7 @@ func (s *suite) controlPlaneMachines(t *testing.T) []clusterv1.Machine {
 	t.Helper()
 	list := &clusterv1.MachineList{}
 	must(t, s.c.List(s.ctx, list, client.InNamespace(namespace), client.MatchingLabels{
-		clusterv1.ClusterNameLabel: kubeadmName, clusterv1.MachineControlPlaneLabel: "",
+		clusterv1.ClusterNameLabel: s.cut.name, clusterv1.MachineControlPlaneLabel: "",
 	}))
 	out := slices.DeleteFunc(list.Items, func(m clusterv1.Machine) bool { return m.DeletionTimestamp != nil })
 	slices.SortFunc(out, func(a, b clusterv1.Machine) int { return a.CreationTimestamp.Compare(b.CreationTimestamp.Time) })
@@ -190,6 +190,6 @@ func (s *suite) bootstrapLine(m *clusterv1.Machine) string {
 
 // kubeadmEndpoint is the kubeadm cluster's control-plane endpoint.
 func (s *suite) kubeadmEndpoint(t *testing.T) string {
-	lc := s.libvirtCluster(t, kubeadmName)
+	lc := s.libvirtCluster(t, s.cut.infrastructure)
 	return fmt.Sprintf("%s:%d", lc.Spec.ControlPlaneEndpoint.Host, lc.Spec.ControlPlaneEndpoint.Port)
 }

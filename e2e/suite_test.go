@@ -107,8 +107,14 @@ type suite struct {
 // clusterUnderTest is what the shared checks, the bad-input cases and the
 // fault rounds need to know of the cluster they run against.
 type clusterUnderTest struct {
-	// name is the Cluster's and the LibvirtCluster's.
+	// name is the Cluster's.
 	name string
+	// infrastructure is the LibvirtCluster's: the Cluster's name in the
+	// templates and the demo, one the topology controller makes up for a
+	// Cluster of a ClusterClass (readClusterRefs).
+	infrastructure string
+	// controlPlane is the KubeadmControlPlane's; none for the demo.
+	controlPlane string
 	// workers is the MachineDeployment of workers.
 	workers string
 	// machineSpec is the spec of the machines the suite adds itself (bad
@@ -542,7 +548,7 @@ func (s *suite) waitGone(t *testing.T, timeout time.Duration, objs ...client.Obj
 }
 
 // clusterNetwork is the libvirt network of the cluster under test.
-func (s *suite) clusterNetwork() string { return s.clusterNetworkOf(s.cut.name) }
+func (s *suite) clusterNetwork() string { return s.clusterNetworkOf(s.cut.infrastructure) }
 
 // clusterNetworkOf is the libvirt network of LibvirtCluster cluster of the
 // namespace.

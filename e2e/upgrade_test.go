@@ -188,13 +188,16 @@ func (s *suite) workersRollout(t *testing.T) {
 	})
 }
 
+// kubeadmControlPlane reads the cluster under test's KubeadmControlPlane.
 func (s *suite) kubeadmControlPlane(t *testing.T) *controlplanev1.KubeadmControlPlane {
 	t.Helper()
 	kcp := &controlplanev1.KubeadmControlPlane{}
-	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: kubeadmName + "-control-plane"}, kcp))
+	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: s.cut.controlPlane}, kcp))
 	return kcp
 }
 
+// machineDeployment reads the cluster under test's MachineDeployment of
+// workers.
 func (s *suite) machineDeployment(t *testing.T) *clusterv1.MachineDeployment {
 	t.Helper()
 	md := &clusterv1.MachineDeployment{}
@@ -208,7 +211,34 @@ func (s *suite) machineDeployment(t *testing.T) *clusterv1.MachineDeployment {
 // old machine must leave nothing in libvirt. It returns the new Machine.
 func (s *suite) replaceControlPlane(t *testing.T, name string, change func(*controlplanev1.KubeadmControlPlane)) *clusterv1.Machine {
 	t.Helper()
+	r := s.controlPlaneToReplace(t)
+	stopProbe := s.probeEndpoint(s.kubeadmEndpoint(t))
 	kcp := s.kubeadmControlPlane(t)
+	patch := client.MergeFrom(kcp.DeepCopy())
+	change(kcp)
+	must(t, s.c.Patch(s.ctx, kcp, patch))
+	start := time.Now()
+	t.Logf("KubeadmControlPlane %s changed: %s", kcp.Name, name)
+	replacement := s.waitControlPlaneReplaced(t, r)
+	s.waitNodes(t, kubeadmJoinTimeout)
+	s.recordRollout(t, name, start, stopProbe())
+	r.checkLeftovers(t, s)
+	s.checkKubeadmMachines(t)
+	return replacement
+}
+
+// controlPlaneRollout is a rollout of the one control-plane machine about
+// to start: the machine it is to replace.
+type controlPlaneRollout struct {
+	old     clusterv1.Machine
+	oldLM   *infrav1.LibvirtMachine
+	network string
+}
+
+// controlPlaneToReplace notes the one control-plane machine a rollout is
+// to replace.
+func (s *suite) controlPlaneToReplace(t *testing.T) *controlPlaneRollout {
+	t.Helper()
 	old := s.controlPlaneMachines(t)
 	if len(old) != 1 {
 		t.Fatalf("want one control-plane Machine before the rollout, have %d", len(old))
@@ -217,25 +247,25 @@ func (s *suite) replaceControlPlane(t *testing.T, name string, change func(*cont
 	if oldLM == nil {
 		t.Fatalf("LibvirtMachine %s of %s is gone", old[0].Spec.InfrastructureRef.Name, old[0].Name)
 	}
-	network := s.clusterNetworkOf(kubeadmName)
-	stopProbe := s.probeEndpoint(s.kubeadmEndpoint(t))
-	patch := client.MergeFrom(kcp.DeepCopy())
-	change(kcp)
-	must(t, s.c.Patch(s.ctx, kcp, patch))
-	start := time.Now()
-	t.Logf("KubeadmControlPlane %s changed: %s", kcp.Name, name)
+	return &controlPlaneRollout{old: old[0], oldLM: oldLM, network: s.clusterNetwork()}
+}
 
+// waitControlPlaneReplaced waits until the KubeadmControlPlane replaced
+// r's machine by a new one, up to date and ready, and returns it.
+func (s *suite) waitControlPlaneReplaced(t *testing.T, r *controlPlaneRollout) *clusterv1.Machine {
+	t.Helper()
 	var replacement *clusterv1.Machine
 	s.waitFor(t, "a new control-plane Machine", 10*time.Minute, func() (bool, string) {
 		for _, m := range s.controlPlaneMachines(t) {
-			if m.Name != old[0].Name {
+			if m.Name != r.old.Name {
 				replacement = &m
 				return true, ""
 			}
 		}
-		return false, "only " + old[0].Name
+		return false, "only " + r.old.Name
 	})
-	s.waitFor(t, "the control-plane rollout: "+old[0].Name+" gone, "+replacement.Name+" up to date and ready", rolloutTimeout, func() (bool, string) {
+	kcp := s.kubeadmControlPlane(t)
+	s.waitFor(t, "the control-plane rollout: "+r.old.Name+" gone, "+replacement.Name+" up to date and ready", rolloutTimeout, func() (bool, string) {
 		if err := s.c.Get(s.ctx, client.ObjectKeyFromObject(kcp), kcp); err != nil {
 			return false, err.Error()
 		}
@@ -250,39 +280,68 @@ func (s *suite) replaceControlPlane(t *testing.T, name string, change func(*cont
 		return done, fmt.Sprintf("machines %v; KubeadmControlPlane replicas %d, up to date %d, ready %d; %s", names,
 			ptr.Deref(st.Replicas, 0), ptr.Deref(st.UpToDateReplicas, 0), ptr.Deref(st.ReadyReplicas, 0), s.bootstrapLine(replacement))
 	})
-	s.waitNodes(t, kubeadmJoinTimeout)
-	s.recordRollout(t, name, start, stopProbe())
-	if l := s.machineLeftovers(oldLM.Name, macSeed(oldLM), network); len(l) > 0 {
-		t.Errorf("the replaced control-plane machine %s left in libvirt: %s", oldLM.Name, strings.Join(l, ", "))
-	}
-	s.checkKubeadmMachines(t)
 	return replacement
+}
+
+// checkLeftovers fails t for anything of r's replaced machine still in
+// libvirt.
+func (r *controlPlaneRollout) checkLeftovers(t *testing.T, s *suite) {
+	t.Helper()
+	if l := s.machineLeftovers(r.oldLM.Name, macSeed(r.oldLM), r.network); len(l) > 0 {
+		t.Errorf("the replaced control-plane machine %s left in libvirt: %s", r.oldLM.Name, strings.Join(l, ", "))
+	}
 }
 
 // replaceWorkers applies change to the MachineDeployment and waits until
 // each of its machines was replaced, with a Deployment guarded by a
-// PodDisruptionBudget running on the workers: at least one of its pods
-// must stay available throughout. Figures and leak checks as
-// replaceControlPlane's.
+// PodDisruptionBudget running on the workers and the endpoint probed
+// (guardWorkers, waitWorkersReplaced).
 func (s *suite) replaceWorkers(t *testing.T, name string, change func(*clusterv1.MachineDeployment)) {
 	t.Helper()
-	md := s.machineDeployment(t)
-	old := map[string]*infrav1.LibvirtMachine{}
-	for _, m := range s.mdMachines(t) {
-		machine := &clusterv1.Machine{}
-		must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: m}, machine))
-		if lm := s.lm(machine.Spec.InfrastructureRef.Name); lm != nil {
-			old[m] = lm
-		}
-	}
-	network := s.clusterNetworkOf(kubeadmName)
-	stopWorkload := s.guardedWorkload(t)
+	w := s.guardWorkers(t)
 	stopProbe := s.probeEndpoint(s.kubeadmEndpoint(t))
+	md := s.machineDeployment(t)
 	patch := client.MergeFrom(md.DeepCopy())
 	change(md)
 	must(t, s.c.Patch(s.ctx, md, patch))
 	start := time.Now()
 	t.Logf("MachineDeployment %s changed: %s", md.Name, name)
+	s.waitWorkersReplaced(t, w, name, start, stopProbe)
+}
+
+// workerRollout is a rollout of the workers about to start: the machines
+// it is to replace, and the guarded Deployment running meanwhile.
+type workerRollout struct {
+	old          map[string]*infrav1.LibvirtMachine // by Machine
+	network      string
+	stopWorkload func() (minAvailable int32, samples int)
+}
+
+// guardWorkers notes the workers a rollout is to replace and starts a
+// Deployment guarded by a PodDisruptionBudget on them (guardedWorkload).
+func (s *suite) guardWorkers(t *testing.T) *workerRollout {
+	t.Helper()
+	w := &workerRollout{old: map[string]*infrav1.LibvirtMachine{}, network: s.clusterNetwork()}
+	for _, m := range s.mdMachines(t) {
+		machine := &clusterv1.Machine{}
+		must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: m}, machine))
+		if lm := s.lm(machine.Spec.InfrastructureRef.Name); lm != nil {
+			w.old[m] = lm
+		}
+	}
+	w.stopWorkload = s.guardedWorkload(t)
+	return w
+}
+
+// waitWorkersReplaced waits until every worker of w was replaced and the
+// MachineDeployment is up to date and available; at least one pod of the
+// guarded Deployment must have stayed available throughout. The report
+// gets the rollout's time since start and what stopProbe saw of the
+// endpoint, and the old machines must leave nothing in libvirt.
+func (s *suite) waitWorkersReplaced(t *testing.T, w *workerRollout, name string, start time.Time, stopProbe func() endpointAvailability) {
+	t.Helper()
+	old, network, stopWorkload := w.old, w.network, w.stopWorkload
+	md := s.machineDeployment(t)
 	s.waitFor(t, "the workers' rollout", rolloutTimeout, func() (bool, string) {
 		machines := s.mdMachines(t)
 		for _, m := range machines {
