@@ -387,19 +387,21 @@ func (s *suite) recordRollout(t *testing.T, name string, start time.Time, availa
 	}
 }
 
-// guardedWorkload runs a Deployment of two pause pods on the workers with
+// guardedWorkload runs a Deployment of two idle pods on the workers with
 // a PodDisruptionBudget of one, and samples its available pods until the
 // returned function is called, which removes both and returns the fewest
 // available pods seen.
 func (s *suite) guardedWorkload(t *testing.T) func() (minAvailable int32, samples int) {
 	t.Helper()
-	image := s.pauseImage(t)
+	image := s.cniImage(t)
 	labels := map[string]string{"app": "capl-guarded"}
 	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "capl-guarded"}}
 	dep.Spec.Replicas = ptr.To[int32](2)
 	dep.Spec.Selector = &metav1.LabelSelector{MatchLabels: labels}
 	dep.Spec.Template.Labels = labels
-	dep.Spec.Template.Spec.Containers = []corev1.Container{{Name: "pause", Image: image, ImagePullPolicy: corev1.PullNever}}
+	// Idle until told to stop (as PID 1, sh gets SIGTERM only with a trap).
+	dep.Spec.Template.Spec.Containers = []corev1.Container{{Name: "idle", Image: image, ImagePullPolicy: corev1.PullNever,
+		Command: []string{"/bin/sh", "-c", "trap 'exit 0' TERM; sleep infinity & wait"}}}
 	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "capl-guarded"}}
 	pdb.Spec.MinAvailable = ptr.To(intstr.FromInt32(1))
 	pdb.Spec.Selector = &metav1.LabelSelector{MatchLabels: labels}
@@ -441,33 +443,25 @@ func (s *suite) guardedWorkload(t *testing.T) func() (minAvailable int32, sample
 	}
 }
 
-// pauseImage is a pause image every worker node holds: the node images
-// carry their kubeadm's, and nothing can be pulled.
-func (s *suite) pauseImage(t *testing.T) string {
+// cniImage is the image of the CNI's pods: every node holds it, those of
+// either node image and those not joined yet, since the CNI's DaemonSet
+// runs on each, and nothing can be pulled. Its Debian base has a shell.
+// (Each node image holds only its own Kubernetes version's pause image,
+// v1.35.4's 3.10.1 and v1.36.3's 3.10.2: a pause pod evicted from an old
+// worker could not start on its replacement, and the PodDisruptionBudget
+// would hold the drain of the second pod forever.)
+func (s *suite) cniImage(t *testing.T) string {
 	t.Helper()
-	nodes := &corev1.NodeList{}
-	s.workloadCall(t, "listing nodes", func() error { return s.k8s.wc.List(s.ctx, nodes) })
-	count := map[string]int{}
-	workers := 0
-	for _, n := range nodes.Items {
-		if _, cp := n.Labels["node-role.kubernetes.io/control-plane"]; cp {
-			continue
-		}
-		workers++
-		for _, img := range n.Status.Images {
-			for _, name := range img.Names {
-				if strings.HasPrefix(name, "registry.k8s.io/pause:") {
-					count[name]++
-				}
-			}
+	pods := &corev1.PodList{}
+	s.workloadCall(t, "listing the CNI's pods", func() error {
+		return s.k8s.wc.List(s.ctx, pods, client.InNamespace(devplane.CNINamespace), devplane.CNIPodLabels)
+	})
+	for _, p := range pods.Items {
+		if len(p.Spec.Containers) > 0 {
+			return p.Spec.Containers[0].Image
 		}
 	}
-	for name, c := range count {
-		if c == workers {
-			return name
-		}
-	}
-	t.Fatalf("no pause image on all %d workers: %v", workers, count)
+	t.Fatalf("no CNI pod in namespace %s", devplane.CNINamespace)
 	return ""
 }
 
