@@ -75,8 +75,10 @@ func nodeImageFrom(t *testing.T) string {
 // scenario at the older Kubernetes version; its control plane, then its
 // workers, moved to the newer version and node image by new machine
 // templates; then rollout.after on both, the control plane's new machine
-// failing its first join on purpose. The endpoint is probed throughout and
-// every replaced machine must leave nothing in libvirt.
+// failing its first join on purpose; then, in place of the kubeadm
+// cluster, a Cluster of the ClusterClass upgraded by its topology version
+// (clusterClassUpgrade). The endpoint is probed throughout and every
+// replaced machine must leave nothing in libvirt.
 func (s *suite) upgradeScenario(t *testing.T) {
 	s.createKubeadm(t, 1)
 	t.Run("kubeadm nodes ready", s.kubeadmReady)
@@ -92,6 +94,7 @@ func (s *suite) upgradeScenario(t *testing.T) {
 		{"kubeadm service across nodes after the upgrade", s.kubeadmService},
 		{"kubeadm control-plane rollout", s.kubeadmControlPlaneRollout},
 		{"kubeadm workers rollout", s.workersRollout},
+		{"ClusterClass cluster upgrade", s.clusterClassUpgrade},
 	} {
 		if !t.Run(phase.name, phase.run) {
 			return
