@@ -16,7 +16,7 @@
 #                      Debian archive URIs (default: read from /etc/apt)
 #   KUBERNETES_VERSION node: the Kubernetes release (default: hack/tools/envtest's pin)
 #
-# An image is rebuilt only when its recipe hash changes: this script, customize.sh,
+# An image is rebuilt only when its recipe hash changes: this script, lib.sh, customize.sh,
 # the package lists, suite, mirrors and the mmdebstrap/GRUB versions (for the node
 # image also images/node/ and the key of its binaries). The hash is
 # the first line of <image>.manifest, written after the image has been renamed
@@ -27,11 +27,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 exec 3>&1 1>&2 # stdout is for the image paths only
 
-log() { printf '%s images: %s\n' "$(date +%T)" "$*" >&2; }
-die() {
-  log "error: $*"
-  exit 1
-}
+. "$here/lib.sh"
 
 usage() {
   sed -n '2,26s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
@@ -63,7 +59,6 @@ for tool in mmdebstrap sfdisk losetup partx mkfs.ext4 grub-install qemu-img floc
 done
 [[ -d /usr/lib/grub/i386-pc ]] || die "missing GRUB's i386-pc modules (package grub-pc-bin)"
 
-suite=bookworm
 # disk_size VARIANT: the image's virtual size; cloud-init's growpart grows it
 # to the machine's disk. The node image holds ~1.5 GiB of binaries and images.
 disk_size() {
@@ -72,106 +67,8 @@ disk_size() {
   *) echo 2G ;;
   esac
 }
-image_dir=${CAPL_IMAGE_DIR:-/var/cache/capi-libvirt/images}
-deb_cache=${CAPL_DEB_CACHE:-$image_dir/debs}
-# Pinned so that two builds of the same recipe and mirror content agree.
-export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1735689600} # 2025-01-01T00:00:00Z
 
-# --- Debian mirrors, read from the host's apt configuration ----------------------
-apt_uris() { # URIs of enabled "deb" entries, one-line and deb822 style
-  local f
-  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-    [[ -f $f ]] || continue
-    awk '$1 == "deb" { i = 2; if ($i ~ /^\[/) { while (i <= NF && $i !~ /\]$/) i++; i++ } print $i }' "$f"
-  done
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [[ -f $f ]] || continue
-    awk 'function flush() {
-           if (types ~ /(^| )deb( |$)/ && enabled != "no") { n = split(uris, u, " "); for (j = 1; j <= n; j++) print u[j] }
-           types = ""; uris = ""; enabled = ""
-         }
-         /^[ \t]*#/ { next }
-         /^[ \t]*$/ { flush(); next }
-         tolower($1) == "types:" { sub(/^[^:]*:[ \t]*/, ""); types = $0 }
-         tolower($1) == "uris:" { sub(/^[^:]*:[ \t]*/, ""); uris = $0 }
-         tolower($1) == "enabled:" { enabled = tolower($2) }
-         END { flush() }' "$f"
-  done
-}
-uris=$(apt_uris)
-mirror=${CAPL_MIRROR:-$(grep -E '/debian/?$' <<<"$uris" | head -n1 || true)}
-security=${CAPL_SECURITY_MIRROR:-$(grep -E '/debian-security/?$' <<<"$uris" | head -n1 || true)}
-[[ -n $mirror ]] || die "no Debian mirror (URI ending in /debian) in /etc/apt; set CAPL_MIRROR"
-mirror=${mirror%/} security=${security%/}
-sources=("deb $mirror $suite main" "deb $mirror $suite-updates main")
-if [[ -n $security ]]; then
-  sources+=("deb $security $suite-security main")
-else
-  log "warning: no Debian security mirror (URI ending in /debian-security) in /etc/apt; building without $suite-security"
-fi
-
-# --- work directory, lock, cleanup on every exit path ------------------------------
-mkdir -p "$image_dir" "$deb_cache"
-exec 9>"$image_dir/.build.lock"
-if ! flock -n 9; then
-  log "waiting for another images/build.sh ($image_dir/.build.lock)"
-  flock 9
-fi
-
-mounts_under() { # mount points below $1, deepest first
-  awk -v d="$1/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r
-}
-release_dir() { # unmount, detach loop devices of and delete a work directory
-  local dir=$1 m dev back
-  while read -r m; do
-    [[ -n $m ]] || continue
-    umount "$m" 2>/dev/null || umount -l "$m" || true
-  done < <(mounts_under "$dir")
-  while read -r dev back; do
-    [[ -n $dev && $back == "$dir/"* ]] || continue
-    partx -d "$dev" 2>/dev/null || true
-    losetup -d "$dev" || true
-  done < <(losetup -l -n -O NAME,BACK-FILE 2>/dev/null)
-  if [[ -n $(mounts_under "$dir") ]]; then
-    log "warning: $dir still has mounts; not deleting it"
-    return 0
-  fi
-  rm -rf --one-file-system "$dir"
-}
-
-# Leftovers of a build that was killed (SIGKILL, power loss); we hold the lock.
-rm -f "$deb_cache"/.*.part
-for stale in "$image_dir"/.work.*; do
-  [[ -d $stale ]] || continue
-  log "removing leftovers of an interrupted build: $stale"
-  release_dir "$stale"
-done
-
-work=$(mktemp -d "$image_dir/.work.XXXXXX")
-chmod 0755 "$work" # apt's _apt user downloads into the chroot
-child=
-run() { # a long command, in the background so that signals reach our traps at once
-  "$@" &
-  child=$!
-  wait "$child"
-  child=
-}
-cleanup() {
-  local rc=$?
-  set +e
-  if [[ -n $child ]]; then # interrupted: let mmdebstrap undo its own mounts first
-    kill -TERM "$child" 2>/dev/null
-    wait "$child" 2>/dev/null
-  fi
-  release_dir "$work"
-  ((rc == 0)) || log "failed (exit $rc); nothing half-built was kept"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM HUP
-mkdir -p "$work/tmp"
-export TMPDIR=$work/tmp # mmdebstrap and friends: nothing in /tmp
+start_work # the build lock, $work and its removal on every exit path (lib.sh)
 
 # grub-install finds a partition's start sector through "udevadm info --query
 # path"; hosts without udev (containers, CI sandboxes) get this stand-in that
@@ -191,10 +88,6 @@ EOF
 fi
 
 # --- recipe -------------------------------------------------------------------------
-packages() { # package names from list files
-  sed -e 's/#.*//' "$@" | tr -s ' \t' '\n\n' | sed '/^$/d'
-}
-
 recipe_hash() { # $1 variant, $2.. package lists
   local variant=$1
   shift
@@ -207,7 +100,7 @@ recipe_hash() { # $1 variant, $2.. package lists
     printf 'source %s\n' "${sources[@]}"
     echo "mmdebstrap $(dpkg-query -W -f='${Version}' mmdebstrap 2>/dev/null || mmdebstrap --version)"
     echo "grub $(dpkg-query -W -f='${Version}' grub-pc-bin 2>/dev/null || grub-install --version)"
-    for f in "$here/build.sh" "$here/customize.sh" "$@"; do
+    for f in "$here/build.sh" "$here/lib.sh" "$here/customize.sh" "$@"; do
       echo "file ${f##*/}"
       cat "$f"
     done
@@ -225,33 +118,6 @@ if grep -q orphan_file /etc/mke2fs.conf 2>/dev/null; then
   # newer e2fsprogs default; GRUB 2.06 and bookworm's e2fsck predate it
   mkfs_features=(-O '^orphan_file,^metadata_csum_seed')
 fi
-
-# mmdebstrap options of every root file system: .debs come from the cache
-# (mm_common) and go back into it (mm_save_debs, after the other hooks); no
-# documentation, manual pages or translations.
-mm_common=(
-  --mode=root
-  --aptopt='Acquire::Retries "3"'
-  --dpkgopt='path-exclude=/usr/share/man/*'
-  --dpkgopt='path-exclude=/usr/share/locale/*'
-  --dpkgopt='path-include=/usr/share/locale/locale.alias'
-  --dpkgopt='path-exclude=/usr/share/doc/*'
-  --dpkgopt='path-include=/usr/share/doc/*/copyright'
-  --dpkgopt='path-exclude=/usr/share/info/*'
-  --setup-hook='mkdir -p "$1/var/cache/apt/archives/partial" &&
-      for f in "$CAPL_DEB_CACHE"/*.deb; do
-        [ -e "$f" ] || continue
-        ln "$f" "$1/var/cache/apt/archives/" 2>/dev/null || cp "$f" "$1/var/cache/apt/archives/"
-      done'
-)
-mm_save_debs=(
-  --customize-hook='for f in "$1"/var/cache/apt/archives/*.deb; do
-        [ -e "$f" ] || continue
-        b=${f##*/}
-        [ -e "$CAPL_DEB_CACHE/$b" ] && continue
-        cp "$f" "$CAPL_DEB_CACHE/.$b.part" && mv "$CAPL_DEB_CACHE/.$b.part" "$CAPL_DEB_CACHE/$b"
-      done'
-)
 
 # node_inputs: what the node image's customize step installs, built in $work:
 # the binaries (cached by images/node/binaries.sh), a minimal Debian root file
