@@ -18,7 +18,7 @@
 #
 # An image is rebuilt only when its recipe hash changes: this script, lib.sh, customize.sh,
 # the package lists, suite, mirrors and the mmdebstrap/GRUB versions (for the node
-# image also images/node/ and the key of its binaries). The hash is
+# image also images/node/, images/oci/ and the key of its binaries). The hash is
 # the first line of <image>.manifest, written after the image has been renamed
 # into place; an image without a matching manifest is never reused.
 # Prints the image paths on stdout, one per line; logs go to stderr.
@@ -95,7 +95,7 @@ recipe_hash() { # $1 variant, $2.. package lists
     echo "variant $variant suite $suite disk $(disk_size "$variant")"
     if [[ $variant == node ]]; then
       echo "node binaries $("$here/node/binaries.sh" --key)"
-      cat "$here"/node/*.sh "$here"/node/oci/go.* "$here"/node/oci/*.go
+      cat "$here"/node/*.sh "$here"/oci/go.* "$here"/oci/*.go
     fi
     printf 'source %s\n' "${sources[@]}"
     echo "mmdebstrap $(dpkg-query -W -f='${Version}' mmdebstrap 2>/dev/null || mmdebstrap --version)"

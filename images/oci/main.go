@@ -1,16 +1,18 @@
-// Command oci writes the container images of the Kubernetes node image into one
-// OCI image layout tarball, from binaries and root file systems built offline.
-// Each image carries its reference in the io.containerd.image.name annotation,
-// so `ctr images import` names it exactly so and keeps its manifest digest.
+// Command oci writes container images, from binaries and root file systems
+// built offline, into an OCI image layout: a tarball, a directory or both. The
+// node image's container images (images/node/containers.sh) and the manager's
+// image (images/manager/build.sh) are written with it. Each image carries its
+// reference in the io.containerd.image.name annotation, so `ctr images import`
+// names it exactly so and keeps its manifest digest.
 //
-//	oci -spec images.json -out images.tar -refs refs.txt
+//	oci -spec images.json [-out images.tar] [-layout DIR] [-refs refs.txt] [-gzip-level N]
 //
-// The spec lists the images: for each, its reference (exactly the name and tag
-// kubeadm or the CNI manifest asks for), an optional root file system tarball
-// used as the first layer (shared between images that name the same file), the
-// files of a second layer, and the image configuration. Everything is written
-// with a fixed timestamp, so the same inputs give the same image digests.
-// refs.txt gets one "reference digest" line per image.
+// The spec lists the images: for each, its reference, an optional root file
+// system tarball used as the first layer (shared between images that name the
+// same file), the files of a second layer, and the image configuration.
+// Everything is written with a fixed timestamp (SOURCE_DATE_EPOCH), so the same
+// inputs give the same image digests. refs.txt gets one "reference digest" line
+// per image.
 package main
 
 import (
@@ -62,6 +64,8 @@ type ImageSpec struct {
 	Env        []string `json:"env,omitempty"`
 	User       string   `json:"user,omitempty"`
 	WorkingDir string   `json:"workingDir,omitempty"`
+	// Labels are the configuration's labels, e.g. org.opencontainers.image.*.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // File is one file of a layer.
@@ -81,12 +85,27 @@ const containerdImageName = "io.containerd.image.name"
 // root file systems of the node image are built.
 var epoch = time.Unix(0, 0).UTC()
 
+// output says where run writes the images and how it compresses layers.
+type output struct {
+	// Tar is the OCI image layout tarball to write, Dir the OCI image layout
+	// directory (replaced); at least one is set.
+	Tar, Dir string
+	// Refs, if set, gets one "reference digest" line per image.
+	Refs string
+	// GzipLevel compresses every layer: the node image favours build time
+	// (gzip.BestSpeed), a pushed image its size.
+	GzipLevel int
+}
+
 func main() {
 	specPath := flag.String("spec", "", "JSON file listing the images")
-	out := flag.String("out", "", "docker-archive tarball to write")
-	refsPath := flag.String("refs", "", "file to write \"reference digest\" lines to")
+	var out output
+	flag.StringVar(&out.Tar, "out", "", "OCI image layout tarball to write")
+	flag.StringVar(&out.Dir, "layout", "", "OCI image layout directory to write (replaced)")
+	flag.StringVar(&out.Refs, "refs", "", "file to write \"reference digest\" lines to")
+	flag.IntVar(&out.GzipLevel, "gzip-level", gzip.BestSpeed, "gzip level of the layers")
 	flag.Parse()
-	if *specPath == "" || *out == "" {
+	if *specPath == "" || (out.Tar == "" && out.Dir == "") {
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -97,12 +116,12 @@ func main() {
 		}
 		epoch = time.Unix(secs, 0).UTC()
 	}
-	if err := run(*specPath, *out, *refsPath); err != nil {
+	if err := run(*specPath, out); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func run(specPath, out, refsPath string) error {
+func run(specPath string, out output) error {
 	data, err := os.ReadFile(specPath)
 	if err != nil {
 		return err
@@ -111,7 +130,12 @@ func run(specPath, out, refsPath string) error {
 	if err := json.Unmarshal(data, &spec); err != nil {
 		return fmt.Errorf("%s: %w", specPath, err)
 	}
-	dir, err := os.MkdirTemp(path.Dir(out), ".oci-layout-")
+	// The layout is written next to its destination, then renamed into place.
+	next := out.Dir
+	if next == "" {
+		next = out.Tar
+	}
+	dir, err := os.MkdirTemp(path.Dir(next), ".oci-layout-")
 	if err != nil {
 		return err
 	}
@@ -132,7 +156,7 @@ func run(specPath, out, refsPath string) error {
 			return fmt.Errorf("image %q listed twice", s.Ref)
 		}
 		seen[ref.String()] = true
-		img, err := build(s, bases)
+		img, err := build(s, bases, out.GzipLevel)
 		if err != nil {
 			return fmt.Errorf("image %s: %w", s.Ref, err)
 		}
@@ -148,44 +172,67 @@ func run(specPath, out, refsPath string) error {
 		}
 		refs = append(refs, fmt.Sprintf("%s %s", s.Ref, digest))
 	}
-	if err := writeAtomic(out, func(f *os.File) error { return tarDir(dir, f) }); err != nil {
+	if err := shareable(dir); err != nil {
 		return err
 	}
-	if refsPath == "" {
+	if out.Tar != "" {
+		if err := writeAtomic(out.Tar, func(f *os.File) error { return tarDir(dir, f) }); err != nil {
+			return err
+		}
+	}
+	if out.Dir != "" {
+		if err := os.RemoveAll(out.Dir); err != nil {
+			return err
+		}
+		if err := os.Rename(dir, out.Dir); err != nil {
+			return err
+		}
+	}
+	if out.Refs == "" {
 		return nil
 	}
 	sort.Strings(refs)
-	return writeAtomic(refsPath, func(f *os.File) error {
+	return writeAtomic(out.Refs, func(f *os.File) error {
 		_, err := io.WriteString(f, strings.Join(refs, "\n")+"\n")
 		return err
 	})
 }
 
 // build assembles one image: base layer, file layer, configuration.
-func build(s ImageSpec, bases map[string]v1.Layer) (v1.Image, error) {
-	var layers []v1.Layer
+func build(s ImageSpec, bases map[string]v1.Layer, level int) (v1.Image, error) {
+	// Each layer's history entry says what it holds, never where it was
+	// built: the digest must not depend on the build's directories.
+	var layers []mutate.Addendum
 	if s.BaseTar != "" {
 		base, ok := bases[s.BaseTar]
 		if !ok {
 			var err error
-			if base, err = tarball.LayerFromFile(s.BaseTar, tarball.WithCompressionLevel(gzip.BestSpeed)); err != nil {
+			if base, err = tarball.LayerFromFile(s.BaseTar, tarball.WithCompressionLevel(level)); err != nil {
 				return nil, err
 			}
 			bases[s.BaseTar] = base
 		}
-		layers = append(layers, base)
+		layers = append(layers, mutate.Addendum{Layer: base, History: v1.History{
+			Created: v1.Time{Time: epoch}, CreatedBy: "images/oci: root file system",
+		}})
 	}
 	if len(s.Files) > 0 {
-		layer, err := fileLayer(s.Files)
+		layer, err := fileLayer(s.Files, level)
 		if err != nil {
 			return nil, err
 		}
-		layers = append(layers, layer)
+		var dsts []string
+		for _, f := range s.Files {
+			dsts = append(dsts, path.Clean(f.Dst))
+		}
+		layers = append(layers, mutate.Addendum{Layer: layer, History: v1.History{
+			Created: v1.Time{Time: epoch}, CreatedBy: "images/oci: " + strings.Join(dsts, " "),
+		}})
 	}
 	if len(layers) == 0 {
 		return nil, errors.New("no baseTar and no files")
 	}
-	img, err := mutate.AppendLayers(empty.Image, layers...)
+	img, err := mutate.Append(empty.Image, layers...)
 	if err != nil {
 		return nil, err
 	}
@@ -201,6 +248,7 @@ func build(s ImageSpec, bases map[string]v1.Layer) (v1.Image, error) {
 	cfg.Config.Env = s.Env
 	cfg.Config.User = s.User
 	cfg.Config.WorkingDir = s.WorkingDir
+	cfg.Config.Labels = s.Labels
 	if img, err = mutate.ConfigFile(img, cfg); err != nil {
 		return nil, err
 	}
@@ -209,7 +257,7 @@ func build(s ImageSpec, bases map[string]v1.Layer) (v1.Image, error) {
 
 // fileLayer is an uncompressed tar of files with their parent directories,
 // root-owned, timestamped epoch; the tarball package compresses it.
-func fileLayer(files []File) (v1.Layer, error) {
+func fileLayer(files []File, level int) (v1.Layer, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	dirs := map[string]bool{}
@@ -248,7 +296,7 @@ func fileLayer(files []File) (v1.Layer, error) {
 	content := buf.Bytes()
 	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(content)), nil
-	}, tarball.WithCompressionLevel(gzip.BestSpeed))
+	}, tarball.WithCompressionLevel(level))
 }
 
 // tarDir writes the files below dir into w, with paths relative to dir.
@@ -270,10 +318,14 @@ func tarDir(dir string, w io.Writer) error {
 		if err != nil {
 			return err
 		}
-		h.Name, h.ModTime = filepath.ToSlash(rel), epoch
+		// Only names and contents from the build: the same layout gives the
+		// same tarball whatever the umask, owner or clock.
+		h.Name, h.ModTime, h.AccessTime, h.ChangeTime = filepath.ToSlash(rel), epoch, time.Time{}, time.Time{}
 		h.Uid, h.Gid, h.Uname, h.Gname = 0, 0, "", ""
+		h.Mode = 0o644
 		if d.IsDir() {
 			h.Name += "/"
+			h.Mode = 0o755
 		}
 		if err := tw.WriteHeader(h); err != nil || !d.Type().IsRegular() {
 			return err
@@ -290,6 +342,20 @@ func tarDir(dir string, w io.Writer) error {
 		return err
 	}
 	return tw.Close()
+}
+
+// shareable makes the files below dir readable by everyone: go-containerregistry
+// writes them private, and a registry or another user serves them.
+func shareable(dir string) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return os.Chmod(p, 0o755)
+		}
+		return os.Chmod(p, 0o644)
+	})
 }
 
 // parents lists the directories above a relative path, outermost first.
@@ -309,6 +375,10 @@ func writeAtomic(dst string, write func(*os.File) error) error {
 	}
 	defer os.Remove(f.Name())
 	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(0o644); err != nil {
 		f.Close()
 		return err
 	}

@@ -1,8 +1,8 @@
-// Module oci is the node image's container-image writer: it builds the images
-// kubeadm and the CNI run from binaries built offline, with
-// go-containerregistry, so no registry is ever contacted. Its own module keeps
+// Module oci writes container images with go-containerregistry, so no
+// registry or Docker engine is ever contacted: the node image's (the images
+// kubeadm and the CNI run) and the manager's. Its own module keeps
 // go-containerregistry's dependencies out of the provider's go.mod.
-module github.com/capi-libvirt/cluster-api-provider-libvirt/images/node/oci
+module github.com/capi-libvirt/cluster-api-provider-libvirt/images/oci
 
 go 1.26.0
 
