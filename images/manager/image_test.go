@@ -1,0 +1,362 @@
+// Package manager_test checks the manager's container image that `make image`
+// writes (images/manager/build.sh): built twice from the same commit into
+// fresh directories it is the same image, byte for byte, and in a chroot of
+// its root file system /manager and ssh find their libraries and run as the
+// image's user.
+package manager_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// ref is the reference the test builds the image as; it names no registry
+// that exists.
+const ref = "localhost/capl-manager:test"
+
+// TestManagerImage builds the image twice, compares the builds and runs the
+// image's programs. It needs root (mmdebstrap, chroot) and takes minutes, so
+// it runs only with CAPL_TEST_MANAGER_IMAGE set (make test-image).
+func TestManagerImage(t *testing.T) {
+	if os.Getenv("CAPL_TEST_MANAGER_IMAGE") == "" {
+		t.Skip("CAPL_TEST_MANAGER_IMAGE unset: make test-image builds the manager image twice (root, minutes)")
+	}
+	if os.Geteuid() != 0 {
+		t.Fatal("CAPL_TEST_MANAGER_IMAGE is set, but building the image and chroot need root")
+	}
+	tmp := t.TempDir()
+	dirs := []string{filepath.Join(tmp, "first"), filepath.Join(tmp, "second")}
+	for i, dir := range dirs {
+		start := time.Now()
+		var stderr bytes.Buffer
+		cmd := exec.Command("./build.sh", dir)
+		cmd.Env = append(os.Environ(), "IMG="+ref, "RELEASE_VERSION=v0.0.0-test")
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("build %d: %v\n%s", i+1, err, stderr.String())
+		}
+		fmt.Printf("BENCH manager image build %d took %v: %s", i+1, time.Since(start).Round(time.Second), out)
+		if got := strings.TrimSpace(string(out)); !strings.HasPrefix(got, ref+"@sha256:") {
+			t.Fatalf("build %d printed %q, want %s@sha256:…", i+1, got, ref)
+		}
+	}
+
+	first, second := readTree(t, dirs[0]), readTree(t, dirs[1])
+	if first["digest"] != second["digest"] {
+		t.Errorf("the builds' digests differ: %s and %s", first["digest"], second["digest"])
+	}
+	for name, data := range first {
+		if second[name] != data {
+			t.Errorf("%s differs between the builds", name)
+		}
+	}
+	if len(first) != len(second) {
+		t.Errorf("the builds wrote different files: %v and %v", keys(first), keys(second))
+	}
+	t.Logf("image %s, %d MB compressed", strings.TrimSpace(first["ref"]), blobBytes(first)>>20)
+
+	config, layers := readImage(t, first)
+	rootfs := filepath.Join(tmp, "rootfs")
+	for _, layer := range layers {
+		extract(t, rootfs, layer)
+	}
+	// What a container runtime gives every container, and ssh opens first.
+	null := filepath.Join(rootfs, "dev/null")
+	if err := syscall.Mknod(null, syscall.S_IFCHR, 1<<8|3); err != nil { // major 1, minor 3
+		t.Fatal(err)
+	}
+	if err := os.Chmod(null, 0o666); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("configuration", func(t *testing.T) {
+		rev := strings.TrimSpace(first["revision"])
+		for _, tc := range []struct {
+			field     string
+			got, want any
+		}{
+			{"entrypoint", config.Config.Entrypoint, []string{"/manager"}},
+			{"user", config.Config.User, "65532:65532"},
+			{"HOME", slices.Contains(config.Config.Env, "HOME=/home/manager"), true},
+			{"created", config.Created, "2025-01-01T00:00:00Z"},
+			{"version label", config.Config.Labels["org.opencontainers.image.version"], "v0.0.0-test"},
+			{"revision label", config.Config.Labels["org.opencontainers.image.revision"], rev},
+			{"source label", config.Config.Labels["org.opencontainers.image.source"], "https://github.com/capi-libvirt/cluster-api-provider-libvirt"},
+		} {
+			if !reflect.DeepEqual(tc.got, tc.want) {
+				t.Errorf("%s = %v, want %v", tc.field, tc.got, tc.want)
+			}
+		}
+		if rev == "" || rev == "unknown" {
+			t.Errorf("revision %q: the build did not record its commit", rev)
+		}
+	})
+
+	// The dynamic loader resolves every library, as it will in a container.
+	for _, bin := range []string{"/manager", "/usr/bin/ssh"} {
+		t.Run("libraries of "+bin, func(t *testing.T) {
+			out := chroot(t, rootfs, nil, "/lib64/ld-linux-x86-64.so.2", "--list", bin)
+			if strings.Contains(out, "not found") {
+				t.Errorf("unresolved libraries:\n%s", out)
+			}
+			if bin == "/manager" && !strings.Contains(out, "libvirt.so.0 => ") {
+				t.Errorf("/manager does not load libvirt.so.0:\n%s", out)
+			}
+		})
+	}
+
+	user := []string{"--userspec=65532:65532"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"manager runs", []string{"/manager", "--help"}, "--libvirt-uri"},
+		// ssh -G reads the configuration as for a connection: the user comes
+		// from /etc/passwd, the ssh_config from openssh-client.
+		{"ssh runs", []string{"/usr/bin/ssh", "-G", "host.example"}, "user manager"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if out := chroot(t, rootfs, user, tc.args...); !strings.Contains(out, tc.want) {
+				t.Errorf("%s printed no %q:\n%s", strings.Join(tc.args, " "), tc.want, out)
+			}
+		})
+	}
+
+	t.Run("CA bundle", func(t *testing.T) {
+		data, err := os.ReadFile(filepath.Join(rootfs, "etc/ssl/certs/ca-certificates.crt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for block, rest := pem.Decode(data); block != nil; block, rest = pem.Decode(rest) {
+			if _, err := x509.ParseCertificate(block.Bytes); err != nil {
+				t.Errorf("certificate %d: %v", n+1, err)
+			}
+			n++
+		}
+		if n < 100 {
+			t.Errorf("%d certificates, want Mozilla's 100 and more", n)
+		}
+	})
+
+	t.Run("files", func(t *testing.T) {
+		var home syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(rootfs, "home/manager"), &home); err != nil || home.Uid != 65532 || home.Gid != 65532 {
+			t.Errorf("/home/manager: %v, owner %d:%d, want 65532:65532", err, home.Uid, home.Gid)
+		}
+		err := filepath.WalkDir(rootfs, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || !d.Type().IsRegular() {
+				return err
+			}
+			info, err := d.Info()
+			if err == nil && info.Mode()&(fs.ModeSetuid|fs.ModeSetgid) != 0 {
+				t.Errorf("%s is %v: no file may be setuid or setgid", strings.TrimPrefix(p, rootfs), info.Mode())
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			pkg       string
+			installed bool
+		}{
+			{"libvirt0", true}, {"openssh-client", true}, {"ca-certificates", true}, {"base-files", true},
+			// what only maintainer scripts need is left out
+			{"passwd", false}, {"openssl", false}, {"debconf", false}, {"libpam0g", false},
+		} {
+			_, err := os.Stat(filepath.Join(rootfs, "var/lib/dpkg/status.d", tc.pkg))
+			if got := err == nil; got != tc.installed {
+				t.Errorf("package %s in /var/lib/dpkg/status.d: %v, want %v", tc.pkg, got, tc.installed)
+			}
+		}
+	})
+}
+
+// chroot runs a program of rootfs in it with the image's environment and
+// returns its output; it fails t when the program fails.
+func chroot(t *testing.T, rootfs string, opts []string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("chroot", append(append(opts, rootfs), args...)...)
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/home/manager"}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Errorf("chroot %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// readTree reads the regular files below dir by slash-separated relative path.
+func readTree(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	files := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		files[filepath.ToSlash(rel)] = string(data)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+func keys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func blobBytes(files map[string]string) int {
+	n := 0
+	for name, data := range files {
+		if strings.HasPrefix(name, "oci/blobs/") {
+			n += len(data)
+		}
+	}
+	return n
+}
+
+// imageConfig is the part of the image configuration the test checks.
+type imageConfig struct {
+	Created string `json:"created"`
+	Config  struct {
+		Entrypoint []string          `json:"Entrypoint"`
+		Env        []string          `json:"Env"`
+		User       string            `json:"User"`
+		Labels     map[string]string `json:"Labels"`
+	} `json:"config"`
+}
+
+// readImage reads the one image of the OCI layout in files (oci/): its
+// configuration and its layers, compressed, base first.
+func readImage(t *testing.T, files map[string]string) (imageConfig, []string) {
+	t.Helper()
+	blob := func(digest string) string {
+		data, ok := files["oci/blobs/"+strings.Replace(digest, ":", "/", 1)]
+		if !ok {
+			t.Fatalf("blob %s is not in the layout", digest)
+		}
+		return data
+	}
+	var index struct {
+		Manifests []struct {
+			Digest      string            `json:"digest"`
+			Annotations map[string]string `json:"annotations"`
+		} `json:"manifests"`
+	}
+	if err := json.Unmarshal([]byte(files["oci/index.json"]), &index); err != nil || len(index.Manifests) != 1 {
+		t.Fatalf("index.json: %v, want one image:\n%s", err, files["oci/index.json"])
+	}
+	m := index.Manifests[0]
+	if want := strings.TrimSpace(files["digest"]); m.Digest != want {
+		t.Errorf("the layout's image is %s, the digest file says %s", m.Digest, want)
+	}
+	if got := m.Annotations["io.containerd.image.name"]; got != ref {
+		t.Errorf("the layout names the image %q for containerd, want %s", got, ref)
+	}
+	var manifest struct {
+		Config struct{ Digest string }   `json:"config"`
+		Layers []struct{ Digest string } `json:"layers"`
+	}
+	if err := json.Unmarshal([]byte(blob(m.Digest)), &manifest); err != nil {
+		t.Fatal(err)
+	}
+	var config imageConfig
+	if err := json.Unmarshal([]byte(blob(manifest.Config.Digest)), &config); err != nil {
+		t.Fatal(err)
+	}
+	var layers []string
+	for _, l := range manifest.Layers {
+		layers = append(layers, blob(l.Digest))
+	}
+	if len(layers) != 2 {
+		t.Errorf("%d layers, want 2 (Debian packages, manager)", len(layers))
+	}
+	return config, layers
+}
+
+// extract unpacks a gzip-compressed layer into rootfs as a container runtime
+// would, with owners and modes; the image has no whiteouts to apply.
+func extract(t *testing.T, rootfs, layer string) {
+	t.Helper()
+	zr, err := gzip.NewReader(strings.NewReader(layer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(zr)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := filepath.Clean("/" + h.Name)
+		if strings.HasPrefix(filepath.Base(name), ".wh.") {
+			t.Fatalf("whiteout %s: a layer of this image deletes nothing", h.Name)
+		}
+		p := filepath.Join(rootfs, name)
+		switch h.Typeflag {
+		case tar.TypeDir:
+			err = os.MkdirAll(p, 0o755)
+		case tar.TypeReg:
+			os.Remove(p) // a hard link's other names keep their content
+			var f *os.File
+			if f, err = os.OpenFile(p, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600); err == nil {
+				_, err = io.Copy(f, tr)
+				if cerr := f.Close(); err == nil {
+					err = cerr
+				}
+			}
+		case tar.TypeSymlink:
+			os.Remove(p)
+			err = os.Symlink(h.Linkname, p)
+		case tar.TypeLink:
+			os.Remove(p)
+			err = os.Link(filepath.Join(rootfs, filepath.Clean("/"+h.Linkname)), p)
+		default:
+			t.Fatalf("%s: unexpected type %c", h.Name, h.Typeflag)
+		}
+		if err == nil {
+			err = os.Lchown(p, h.Uid, h.Gid)
+		}
+		// After the owner, which clears setuid and setgid bits.
+		if err == nil && h.Typeflag != tar.TypeSymlink && h.Typeflag != tar.TypeLink {
+			err = syscall.Chmod(p, uint32(h.Mode&0o7777))
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", h.Name, err)
+		}
+	}
+}
