@@ -1,4 +1,4 @@
-# Manager image: `make docker-build IMG=...`.
+# Manager image with a Docker engine: `make docker-build IMG=...`.
 #
 # The manager talks to libvirt through libvirt's C client library (cgo), so
 # the build stage compiles against libvirt-dev and the runtime stage carries
@@ -6,6 +6,19 @@
 # an ssh client for qemu+ssh:// URIs (config/default mounts the optional
 # Secret capl-libvirt-ssh at /home/manager/.ssh) and CA certificates for
 # images fetched over https. It runs as the unprivileged user 65532.
+#
+# `make image` (images/manager/build.sh) builds it without Docker or a
+# registry, and `make release-manifests` then refers to it by digest. That
+# image differs from this one:
+# - its base is only those packages and their run-time dependencies, extracted
+#   from Debian's archive, not debian:bookworm-slim (no shell, apt or dpkg
+#   database; the packages' control files in /var/lib/dpkg/status.d);
+# - it is reproducible: the same commit, mirror content and Go give the same
+#   digest (here apt-get update, the base images' tags and the clock decide);
+# - the manager is built with the host's Go and libvirt-dev, not golang:1.26;
+# - it carries the labels org.opencontainers.image.{source,revision,version};
+# - it is written as an OCI image layout with its digest, for a registry
+#   (crane push, skopeo copy) or containerd (ctr images import).
 ARG GO_VERSION=1.26
 FROM golang:${GO_VERSION}-bookworm AS build
 RUN apt-get update \
