@@ -92,14 +92,27 @@ func (c *credentials) writeSSHClient() error {
 	if strings.ContainsAny(c.dir, "\"\n") {
 		return fmt.Errorf("credentials directory %q: a double quote or a line break cannot be written into an ssh_config", c.dir)
 	}
-	if err := writePrivate(filepath.Join(c.dir, sshConfigFile), []byte(sshConfig(c.dir))); err != nil {
-		return err
+	files, wrapper := SSHClientFiles(ssh, c.dir)
+	for _, name := range []string{sshConfigFile, wrapper} {
+		if err := writePrivate(filepath.Join(c.dir, name), []byte(files[name])); err != nil {
+			return err
+		}
 	}
-	wrapper := filepath.Join(c.dir, sshWrapperFile)
-	if err := writePrivate(wrapper, []byte(sshWrapper(ssh, c.dir))); err != nil {
-		return err
-	}
-	return os.Chmod(wrapper, 0o700)
+	return os.Chmod(filepath.Join(c.dir, wrapper), 0o700)
+}
+
+// SSHClientFiles returns the files writeSSHClient writes into the
+// credentials directory dir of a qemu+ssh connection, by name, and the name
+// of the wrapper among them, which libvirt runs instead of ssh (the URI's
+// command=, mode 0700): a #!/bin/sh script that execs the OpenSSH client at
+// path ssh with the connection's own configuration, the other file. The
+// manager's container image carries /bin/sh for it; its test
+// (images/manager) runs these files there.
+func SSHClientFiles(ssh, dir string) (files map[string]string, wrapper string) {
+	return map[string]string{
+		sshConfigFile:  sshConfig(dir),
+		sshWrapperFile: sshWrapper(ssh, dir),
+	}, sshWrapperFile
 }
 
 // credentialsURI is uri with the transport options that make it use the
@@ -189,6 +202,7 @@ func sshConfig(dir string) string {
 
 // sshWrapper is the program libvirt runs instead of ssh: the ssh binary
 // with the connection's own configuration, libvirt's arguments passed on.
+// It needs a /bin/sh where the manager runs (dash, in images/manager's image).
 func sshWrapper(ssh, dir string) string {
 	return "#!/bin/sh\nexec " + quoteShell(ssh) + " -F " + quoteShell(filepath.Join(dir, sshConfigFile)) + " \"$@\"\n"
 }
