@@ -23,11 +23,12 @@
 # into place; an image without a matching manifest is never reused.
 # Prints the image paths on stdout, one per line; logs go to stderr.
 set -euo pipefail
+umask 022 # what the script writes into an image has the same modes whatever the caller's umask
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 exec 3>&1 1>&2 # stdout is for the image paths only
 
-. "$here/lib.sh"
+. "$here/lib.sh" # definitions only; the mirrors are read after the checks below
 
 usage() {
   sed -n '2,26s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
@@ -58,6 +59,7 @@ for tool in mmdebstrap sfdisk losetup partx mkfs.ext4 grub-install qemu-img floc
   command -v "$tool" >/dev/null || die "missing $tool; run hack/prepare-host.sh"
 done
 [[ -d /usr/lib/grub/i386-pc ]] || die "missing GRUB's i386-pc modules (package grub-pc-bin)"
+find_mirrors # mirror, security, sources (lib.sh)
 
 # disk_size VARIANT: the image's virtual size; cloud-init's growpart grows it
 # to the machine's disk. The node image holds ~1.5 GiB of binaries and images.

@@ -2,10 +2,13 @@
 # (the manager's container image): what both build from and how, so that they
 # take the same Debian packages from the same mirrors and the same .deb cache.
 #
-# It sets: suite, image_dir, deb_cache, SOURCE_DATE_EPOCH (exported), mirror,
-# security, sources (mmdebstrap's source lines), mm_common and mm_save_debs
-# (mmdebstrap options). start_work takes the build lock and makes $work, which
-# every exit path removes. The sourcing script may set log_prefix first.
+# Sourcing it only defines: it sets suite, image_dir, deb_cache,
+# SOURCE_DATE_EPOCH (exported), mm_common and mm_save_debs (mmdebstrap
+# options) and fails on nothing, so a script can source it before parsing its
+# options and checking its host. find_mirrors, called after those checks,
+# sets mirror, security and sources (mmdebstrap's source lines) from /etc/apt.
+# start_work takes the build lock and makes $work, which every exit path
+# removes. The sourcing script may set log_prefix first.
 
 log() { printf '%s %s: %s\n' "$(date +%T)" "${log_prefix:-images}" "$*" >&2; }
 die() {
@@ -40,17 +43,22 @@ apt_uris() { # URIs of enabled "deb" entries, one-line and deb822 style
          END { flush() }' "$f"
   done
 }
-uris=$(apt_uris)
-mirror=${CAPL_MIRROR:-$(grep -E '/debian/?$' <<<"$uris" | head -n1 || true)}
-security=${CAPL_SECURITY_MIRROR:-$(grep -E '/debian-security/?$' <<<"$uris" | head -n1 || true)}
-[[ -n $mirror ]] || die "no Debian mirror (URI ending in /debian) in /etc/apt; set CAPL_MIRROR"
-mirror=${mirror%/} security=${security%/}
-sources=("deb $mirror $suite main" "deb $mirror $suite-updates main")
-if [[ -n $security ]]; then
-  sources+=("deb $security $suite-security main")
-else
-  log "warning: no Debian security mirror (URI ending in /debian-security) in /etc/apt; building without $suite-security"
-fi
+# find_mirrors sets mirror, security and sources: CAPL_MIRROR and
+# CAPL_SECURITY_MIRROR, or the host's apt configuration.
+find_mirrors() {
+  local uris
+  uris=$(apt_uris)
+  mirror=${CAPL_MIRROR:-$(grep -E '/debian/?$' <<<"$uris" | head -n1 || true)}
+  security=${CAPL_SECURITY_MIRROR:-$(grep -E '/debian-security/?$' <<<"$uris" | head -n1 || true)}
+  [[ -n $mirror ]] || die "no Debian mirror (URI ending in /debian) in /etc/apt; set CAPL_MIRROR"
+  mirror=${mirror%/} security=${security%/}
+  sources=("deb $mirror $suite main" "deb $mirror $suite-updates main")
+  if [[ -n $security ]]; then
+    sources+=("deb $security $suite-security main")
+  else
+    log "warning: no Debian security mirror (URI ending in /debian-security) in /etc/apt; building without $suite-security"
+  fi
+}
 
 packages() { # package names from list files
   sed -e 's/#.*//' "$@" | tr -s ' \t' '\n\n' | sed '/^$/d'

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Builds the manager's container image offline and reproducibly: the same
-# commit, Debian mirror content and Go toolchain give the same image digest.
-# Two layers, written by images/oci (go-containerregistry), no Docker engine
-# and no registry:
+# Builds the manager's container image reproducibly, without a Docker engine,
+# a registry or a base image: the same commit, Debian mirror content and build
+# host tools (Go, gcc, binutils, libc6-dev, libvirt-dev, tar) give the same
+# image digest. The network serves only what is not cached: apt reads the
+# mirror's indices, .debs come from the .deb cache, Go modules from the module
+# cache (what is missing there through GOPROXY, checked against go.sum).
+# Two layers, written by images/oci (go-containerregistry):
 #   base     the Debian bookworm packages of packages.txt and what they need at
 #            run time, extracted without maintainer scripts; users root and
 #            manager (65532), the CA bundle, the packages' control files in
-#            /var/lib/dpkg/status.d (what image scanners read); no shell, no apt
+#            /var/lib/dpkg/status.d (what image scanners read); no apt, no dpkg;
+#            /bin/sh (dash) only for the ssh wrapper pkg/hosts writes
 #   manager  /manager, built with cgo against the host's libvirt-dev, which must
 #            be the libvirt release of the base layer's libvirt0
 #
@@ -20,8 +24,14 @@
 #   RELEASE_VERSION  its org.opencontainers.image.version label (default: IMG's tag)
 #   CAPL_IMAGE_DIR, CAPL_DEB_CACHE, SOURCE_DATE_EPOCH, CAPL_MIRROR, CAPL_SECURITY_MIRROR
 #                    as for images/build.sh (the .deb cache and mirrors are shared)
+#   What would change the binary is not taken from the environment or go env -w
+#   (GOENV=off): CC, CGO_*FLAGS, GOAMD64, GOEXPERIMENT, GOFIPS140, PKG_CONFIG_PATH
+#   and the like are unset, GOWORK=off, GOFLAGS=-mod=readonly; GOPROXY, GOSUMDB,
+#   GOPRIVATE, GONOPROXY, GONOSUMDB, GOINSECURE, GOMODCACHE and GOCACHE are kept
+#   (as go env gives them).
 #
-# OUT_DIR is replaced by:
+# OUT_DIR, which must be absent, empty or a previous build's output (ref and
+# digest, nothing but the files below), is replaced by:
 #   oci/       the OCI image layout: for a registry (crane push OUT_DIR/oci IMG,
 #              skopeo copy oci:OUT_DIR/oci docker://IMG keep the digest)
 #   image.tar  the same layout as one tarball, named IMG for containerd
@@ -29,9 +39,11 @@
 #   digest     the image manifest's digest, sha256:…
 #   ref        IMG@digest
 #   revision   the commit it was built from, -dirty with uncommitted changes
-#   packages   the base layer's packages and versions, the Go and libvirt-dev versions
+#   packages   the base layer's packages and versions, then the build host's Go,
+#              libvirt-dev, gcc, binutils, libc6-dev and tar
 # Prints IMG@digest on stdout; logs go to stderr.
 set -euo pipefail
+umask 022 # the image's files and directories get the build's modes, not the caller's umask
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -69,33 +81,72 @@ fi
 
 exec 3>&1 1>&2 # stdout is for the reference only
 log_prefix=manager-image
-. "$root/images/lib.sh"
+. "$root/images/lib.sh" # definitions only; the mirrors are read after the checks below
 
-out_dir=${1:?usage: images/manager/build.sh OUT_DIR (images/manager/build.sh --help)}
-[[ $out_dir != -h && $out_dir != --help ]] || {
-  sed -n '2,33s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
+case ${1:-} in
+-h | --help)
+  sed -n '2,45s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" >&2
   exit 0
+  ;;
+'' | -*) die "usage: images/manager/build.sh OUT_DIR (images/manager/build.sh --help)" ;;
+esac
+(($# == 1)) || die "usage: images/manager/build.sh OUT_DIR (images/manager/build.sh --help)"
+out_dir=$(realpath -m "$1")
+
+# What a build writes into OUT_DIR; check_out_dir replaces nothing else.
+outputs=(digest image.tar oci packages ref revision)
+# check_out_dir: OUT_DIR is absent, empty or a previous build's output, which
+# the build may replace; anything else is not this script's to delete.
+check_out_dir() {
+  local entry
+  [[ -e $out_dir || -L $out_dir ]] || return 0
+  [[ -d $out_dir && ! -L $out_dir ]] || die "$out_dir exists and is not a directory; not replacing it (give a new or empty directory)"
+  [[ -n $(ls -A "$out_dir") ]] || return 0
+  [[ -f $out_dir/ref && -f $out_dir/digest ]] ||
+    die "$out_dir is not empty and holds no previous build (no ref and digest); not replacing it (give a new or empty directory)"
+  while IFS= read -r -d '' entry; do
+    entry=${entry##*/}
+    [[ " ${outputs[*]} " == *" $entry "* ]] ||
+      die "$out_dir holds $entry, which no build writes; not replacing it (give a new or empty directory)"
+  done < <(find "$out_dir" -mindepth 1 -maxdepth 1 -print0)
 }
-out_dir=$(realpath -m "$out_dir")
+
 : "${IMG:?IMG is not set (registry/repository:tag)}"
 tag=${IMG##*/}
 [[ $tag == *:* ]] || die "IMG $IMG has no tag"
 version=${RELEASE_VERSION:-${tag##*:}}
 [[ $version =~ ^[A-Za-z0-9][A-Za-z0-9._+-]*$ ]] || die "RELEASE_VERSION $version is not a version"
 [[ $(id -u) -eq 0 ]] || die "run as root (mmdebstrap root mode, file owners of the image)"
-for tool in mmdebstrap dpkg-deb tar flock go pkg-config git; do
+for tool in mmdebstrap dpkg-deb tar flock go gcc pkg-config git; do
   command -v "$tool" >/dev/null || die "missing $tool; run hack/prepare-host.sh"
 done
+check_out_dir
+find_mirrors # mirror, security, sources (lib.sh)
 start=$SECONDS
 rev=$(revision)
+
+# Go and cgo see nothing of the caller's settings that would change the
+# binary: not the go env file (go env -w), nor CC, CGO_*FLAGS, GOAMD64,
+# GOEXPERIMENT, a go.work or another pkg-config path (the toolchain's
+# defaults, the host's libvirt-dev). Where modules come from and the caches
+# are kept: modules are checked against go.sum, and -mod=readonly changes no
+# go.mod or go.sum.
+for v in GOPROXY GONOPROXY GOSUMDB GONOSUMDB GOPRIVATE GOINSECURE GOMODCACHE GOCACHE; do
+  val=$(go env "$v")
+  export "$v=$val"
+done
+unset CC CXX FC CGO_CFLAGS CGO_CPPFLAGS CGO_CXXFLAGS CGO_FFLAGS CGO_LDFLAGS \
+  GOAMD64 GOEXPERIMENT GOFIPS140 GO_EXTLINK_ENABLED \
+  PKG_CONFIG PKG_CONFIG_PATH PKG_CONFIG_LIBDIR PKG_CONFIG_SYSROOT_DIR \
+  CPATH C_INCLUDE_PATH LIBRARY_PATH GCC_EXEC_PREFIX COMPILER_PATH
+export GOENV=off GOWORK=off GOTOOLCHAIN=local GOFLAGS=-mod=readonly
 
 # 1. The manager, before taking the build lock that images/build.sh shares:
 #    cold, this is minutes of compiling. -trimpath and no DWARF: the binary
 #    depends on the sources, Go and libvirt-dev, not on where it is built.
 bin=$(mktemp -d "${TMPDIR:-/tmp}/capl-manager.XXXXXX")
 trap 'rm -rf "$bin"' EXIT
-(cd "$root" && CGO_ENABLED=1 GOOS=linux GOARCH=amd64 GOTOOLCHAIN=local GOFLAGS=-mod=readonly \
-  go build -trimpath -ldflags '-s -w' -o "$bin/manager" ./cmd/manager)
+(cd "$root" && CGO_ENABLED=1 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags '-s -w' -o "$bin/manager" ./cmd/manager)
 log "manager built after $((SECONDS - start)) s ($(du -h --apparent-size "$bin/manager" | cut -f1))"
 
 start_work
@@ -186,6 +237,11 @@ find "$rootfs/usr/share/locale" -mindepth 1 -maxdepth 1 ! -name locale.alias -ex
 # The manager needs no privilege: no setuid or setgid file (ssh-keysign is
 # setuid root) gives a process in the container a way up.
 find "$rootfs" -type f -perm /6000 -exec chmod ug-s {} +
+# /bin/sh, for the #!/bin/sh wrapper pkg/hosts writes for a qemu+ssh connection
+# with a credentials Secret, which libvirt runs as ssh (command=): dash's .deb
+# carries the link, which its maintainer scripts would otherwise make.
+[[ -e $rootfs/bin/sh || -L $rootfs/bin/sh ]] || ln -s dash "$rootfs/bin/sh"
+[[ -f $rootfs/bin/dash && $(readlink "$rootfs/bin/sh") == dash ]] || die "/bin/sh is not a link to dash"
 # The users ssh and libvirt look up, the CA bundle update-ca-certificates
 # would have written (every certificate of the package, in file name order).
 printf '%s\n' 'root:x:0:0:root:/root:/usr/sbin/nologin' 'manager:x:65532:65532:manager:/home/manager:/usr/sbin/nologin' >"$rootfs/etc/passwd"
@@ -219,19 +275,30 @@ cat >"$work/spec.json" <<EOF
   "labels": {$labels}
 }]}
 EOF
-(cd "$root/images/oci" && GOTOOLCHAIN=local GOFLAGS=-mod=mod go run . -spec "$work/spec.json" \
+(cd "$root/images/oci" && go run . -spec "$work/spec.json" \
   -layout "$work/out/oci" -out "$work/out/image.tar" -refs "$work/refs" -gzip-level 6)
 digest=$(awk '{print $2}' "$work/refs")
 [[ $digest == sha256:* ]] || die "no digest in $work/refs"
 echo "$digest" >"$work/out/digest"
 echo "$IMG@$digest" >"$work/out/ref"
 echo "$rev" >"$work/out/revision"
-echo "# manager: $(go version | cut -d' ' -f3), cgo against libvirt-dev $(dpkg-query -W -f='${Version}' libvirt-dev 2>/dev/null || echo "$dev_version")" >>"$work/out/packages"
+{
+  echo "# manager: $(go version | cut -d' ' -f3), cgo against libvirt-dev $(dpkg-query -W -f='${Version}' libvirt-dev 2>/dev/null || echo "$dev_version")"
+  echo "# build host: $(dpkg-query -W -f='${Package} ${Version}\n' gcc binutils libc6-dev tar 2>/dev/null | paste -sd, - | sed 's/,/, /g')"
+} >>"$work/out/packages"
 
-rm -rf "$out_dir.new"
-mkdir -p "$(dirname "$out_dir")"
-cp -r "$work/out" "$out_dir.new"
+# OUT_DIR: checked again (it may have changed during the build), then replaced
+# by a copy made next to it.
+check_out_dir
+parent=$(dirname "$out_dir")
+mkdir -p "$parent"
+new=$(mktemp -d "$parent/.${out_dir##*/}.new.XXXXXX")
+chmod 0755 "$new"
+cp -r "$work/out/." "$new/" || {
+  rm -rf "$new"
+  die "cannot copy the image to $parent"
+}
 rm -rf "$out_dir"
-mv "$out_dir.new" "$out_dir"
+mv -T "$new" "$out_dir"
 log "$IMG@$digest: $(du -sh --apparent-size "$out_dir/oci/blobs" | cut -f1) compressed, built in $((SECONDS - start)) s, in $out_dir"
 echo "$IMG@$digest" >&3

@@ -2,13 +2,15 @@
 // writes (images/manager/build.sh): built twice from the same commit into
 // fresh directories it is the same image, byte for byte, and in a chroot of
 // its root file system /manager and ssh find their libraries and run as the
-// image's user.
+// image's user, ssh also through the #!/bin/sh wrapper pkg/hosts writes for
+// a qemu+ssh connection.
 package manager_test
 
 import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
@@ -18,6 +20,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -25,6 +28,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 )
 
 // ref is the reference the test builds the image as; it names no registry
@@ -43,15 +48,34 @@ func TestManagerImage(t *testing.T) {
 	}
 	tmp := t.TempDir()
 	dirs := []string{filepath.Join(tmp, "first"), filepath.Join(tmp, "second")}
+	// The builds end before the test binary's -timeout would end it and leave
+	// them running with the build lock: at the deadline their whole process
+	// group (build.sh, mmdebstrap, go) gets SIGTERM, on which build.sh removes
+	// its work directory and releases the lock, and whatever is left a minute
+	// later SIGKILL.
+	ctx := t.Context()
+	if deadline, ok := t.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline.Add(-2*time.Minute))
+		defer cancel()
+	}
 	for i, dir := range dirs {
 		start := time.Now()
 		var stderr bytes.Buffer
-		cmd := exec.Command("./build.sh", dir)
+		cmd := exec.CommandContext(ctx, "./build.sh", dir)
 		cmd.Env = append(os.Environ(), "IMG="+ref, "RELEASE_VERSION=v0.0.0-test")
 		cmd.Stderr = &stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) }
+		cmd.WaitDelay = time.Minute
 		out, err := cmd.Output()
+		if ctx.Err() != nil && cmd.Process != nil {
+			// What outlived build.sh or ignored SIGTERM: the group exists
+			// as long as one of its processes does.
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		}
 		if err != nil {
-			t.Fatalf("build %d: %v\n%s", i+1, err, stderr.String())
+			t.Fatalf("build %d: %v (deadline: %v)\n%s", i+1, err, ctx.Err(), stderr.String())
 		}
 		fmt.Printf("BENCH manager image build %d took %v: %s", i+1, time.Since(start).Round(time.Second), out)
 		if got := strings.TrimSpace(string(out)); !strings.HasPrefix(got, ref+"@sha256:") {
@@ -86,6 +110,29 @@ func TestManagerImage(t *testing.T) {
 	if err := os.Chmod(null, 0o666); err != nil {
 		t.Fatal(err)
 	}
+
+	// build.sh sets its own umask: the caller's would otherwise reach what
+	// it makes itself (the root, status.d, the CA bundle), and the digest.
+	t.Run("modes", func(t *testing.T) {
+		if len(layers) == 0 {
+			t.Fatal("the image has no layers")
+		}
+		modes := layerModes(t, layers[0])
+		for name, want := range map[string]int64{
+			"/":                                  0o755,
+			"/etc/ssl/certs/ca-certificates.crt": 0o644,
+			"/var/lib/dpkg/status.d":             0o755,
+			"/var/lib/dpkg/status.d/libvirt0":    0o644,
+			"/etc/passwd":                        0o644,
+			"/home/manager":                      0o755,
+		} {
+			if got, ok := modes[name]; !ok {
+				t.Errorf("%s is not in the base layer", name)
+			} else if got != want {
+				t.Errorf("%s has mode %#o in the base layer, want %#o", name, got, want)
+			}
+		}
+	})
 
 	t.Run("configuration", func(t *testing.T) {
 		rev := strings.TrimSpace(first["revision"])
@@ -141,6 +188,66 @@ func TestManagerImage(t *testing.T) {
 		})
 	}
 
+	// A qemu+ssh connection with a credentials Secret: libvirt runs, as ssh
+	// (the URI's command=), the wrapper pkg/hosts writes, a #!/bin/sh script
+	// that execs ssh with the connection's own configuration. These are
+	// pkg/hosts' own files for the ssh the manager finds on the image's PATH,
+	// in a credentials directory under the image's /tmp (the manager's
+	// os.TempDir()), run as the manager's user with libvirt's kind of
+	// arguments; ssh -G prints the configuration it would connect with,
+	// without connecting.
+	t.Run("qemu+ssh wrapper", func(t *testing.T) {
+		if target, err := os.Readlink(filepath.Join(rootfs, "bin/sh")); err != nil || target != "dash" {
+			t.Errorf("/bin/sh: link to %q, %v; want a link to dash", target, err)
+		}
+		hostDir, err := os.MkdirTemp(filepath.Join(rootfs, "tmp"), "capl-credentials-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(hostDir, 65532, 65532); err != nil {
+			t.Fatal(err)
+		}
+		dir := "/tmp/" + filepath.Base(hostDir) // in the chroot
+		files, wrapper := hosts.SSHClientFiles("/usr/bin/ssh", dir)
+		for name, content := range files {
+			mode := os.FileMode(0o600)
+			if name == wrapper {
+				mode = 0o700
+			}
+			p := filepath.Join(hostDir, name)
+			if err := os.WriteFile(p, []byte(content), mode); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(p, 65532, 65532); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out := chroot(t, rootfs, user, path.Join(dir, wrapper), "-G", "-p", "2222", "-l", "root", "--", "kvm1")
+		got := map[string]string{}
+		for _, line := range strings.Split(out, "\n") {
+			if k, v, ok := strings.Cut(line, " "); ok {
+				got[k] = strings.TrimSpace(strings.Join([]string{got[k], v}, " "))
+			}
+		}
+		for key, want := range map[string]string{
+			// libvirt's arguments, passed on
+			"hostname": "kvm1",
+			"user":     "root",
+			"port":     "2222",
+			// the wrapper's -F: the connection's configuration, nothing else
+			"identityfile":          path.Join(dir, "id"),
+			"userknownhostsfile":    path.Join(dir, "known_hosts"),
+			"globalknownhostsfile":  "none",
+			"stricthostkeychecking": "true",
+			"identitiesonly":        "yes",
+			"batchmode":             "yes",
+		} {
+			if got[key] != want {
+				t.Errorf("ssh -G through the wrapper: %s = %q, want %q\n%s", key, got[key], want, out)
+			}
+		}
+	})
+
 	t.Run("CA bundle", func(t *testing.T) {
 		data, err := os.ReadFile(filepath.Join(rootfs, "etc/ssl/certs/ca-certificates.crt"))
 		if err != nil {
@@ -180,9 +287,10 @@ func TestManagerImage(t *testing.T) {
 			pkg       string
 			installed bool
 		}{
-			{"libvirt0", true}, {"openssh-client", true}, {"ca-certificates", true}, {"base-files", true},
+			{"libvirt0", true}, {"openssh-client", true}, {"ca-certificates", true}, {"base-files", true}, {"dash", true},
 			// what only maintainer scripts need is left out
 			{"passwd", false}, {"openssl", false}, {"debconf", false}, {"libpam0g", false},
+			{"dpkg", false}, {"tar", false}, {"debianutils", false},
 		} {
 			_, err := os.Stat(filepath.Join(rootfs, "var/lib/dpkg/status.d", tc.pkg))
 			if got := err == nil; got != tc.installed {
@@ -359,6 +467,28 @@ func readImage(t *testing.T, files map[string]string) (imageConfig, []string) {
 		t.Errorf("%d layers, want 2 (Debian packages, manager)", len(layers))
 	}
 	return config, layers
+}
+
+// layerModes reads the permission bits of a gzip-compressed layer's
+// entries, by absolute path.
+func layerModes(t *testing.T, layer string) map[string]int64 {
+	t.Helper()
+	zr, err := gzip.NewReader(strings.NewReader(layer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	modes := map[string]int64{}
+	tr := tar.NewReader(zr)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return modes
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		modes[path.Clean("/"+h.Name)] = h.Mode & 0o7777
+	}
 }
 
 // extract unpacks a gzip-compressed layer into rootfs as a container runtime

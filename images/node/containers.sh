@@ -79,5 +79,5 @@ trap 'rm -f "$spec"' EXIT
   (IFS=,; echo "${images[*]}")
   echo ']}'
 } >"$spec"
-(cd "$root/images/oci" && GOTOOLCHAIN=local GOFLAGS=-mod=mod go run . -spec "$spec" -out "$out" -refs "$refs")
+(cd "$root/images/oci" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go run . -spec "$spec" -out "$out" -refs "$refs")
 log "$(wc -l <"$refs") images, $(du -h --apparent-size "$out" | cut -f1): $(awk '{print $1}' "$refs" | paste -sd' ')"
