@@ -11,10 +11,13 @@
 # registry, and `make release-manifests` then refers to it by digest. That
 # image differs from this one:
 # - its base is only those packages and their run-time dependencies, extracted
-#   from Debian's archive, not debian:bookworm-slim (no shell, apt or dpkg
-#   database; the packages' control files in /var/lib/dpkg/status.d);
-# - it is reproducible: the same commit, mirror content and Go give the same
-#   digest (here apt-get update, the base images' tags and the clock decide);
+#   from Debian's archive, not debian:bookworm-slim (no apt, dpkg or dpkg
+#   database; the packages' control files in /var/lib/dpkg/status.d; the one
+#   shell is dash as /bin/sh, for the wrapper through which the manager runs
+#   ssh for a qemu+ssh:// host with a credentials Secret);
+# - it is reproducible: the same commit, mirror content, Go and host gcc,
+#   binutils, libc6-dev, libvirt-dev and tar give the same digest (here
+#   apt-get update, the base images' tags and the clock decide);
 # - the manager is built with the host's Go and libvirt-dev, not golang:1.26;
 # - it carries the labels org.opencontainers.image.{source,revision,version};
 # - it is written as an OCI image layout with its digest, for a registry

@@ -138,7 +138,7 @@ test-node-image: envtest node-image ## Only the node image's boot test, verbose,
 	$(TEST_ENV) CAPL_TEST_SOAK=1 go test -count=1 -timeout=40m -v -run TestNodeImageReadyForKubeadm ./images/
 
 .PHONY: test-image
-test-image: ## The manager image built twice into fresh directories (same digest, same bytes), then /manager and ssh run in a chroot of its root file system as its user (root, minutes).
+test-image: ## The manager image built twice into fresh directories (same digest, same bytes), then /manager and ssh (also through pkg/hosts' qemu+ssh wrapper) run in a chroot of its root file system as its user (root, minutes).
 	CAPL_TEST_MANAGER_IMAGE=1 go test -count=1 -timeout=40m -v -run '^TestManagerImage$$' ./images/manager/
 
 .PHONY: test-unit
@@ -236,7 +236,7 @@ clusterctl-override: release-manifests ## Install $(RELEASE_DIR) as clusterctl's
 	hack/clusterctl-override.sh $(RELEASE_DIR) $(RELEASE_VERSION) $(CLUSTERCTL_CONFIG_DIR)
 
 .PHONY: image
-image: ## Build the manager image $(IMG) offline and reproducibly, without Docker, into $(MANAGER_IMAGE_DIR) (root; images/manager/build.sh).
+image: ## Build the manager image $(IMG) reproducibly, without Docker, a registry or a base image (Debian .debs and Go modules from their caches, fetched when missing), into $(MANAGER_IMAGE_DIR) (root; images/manager/build.sh).
 	IMG=$(IMG) RELEASE_VERSION=$(RELEASE_VERSION) images/manager/build.sh $(MANAGER_IMAGE_DIR)
 
 .PHONY: docker-build
