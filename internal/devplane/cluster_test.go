@@ -141,13 +141,13 @@ func TestRenderCluster(t *testing.T) {
 		"KubeadmConfigTemplate/k8s-md-0":        {"spec", "template", "spec"},
 	} {
 		post, _, _ := unstructured.NestedStringSlice(kinds[name].Object, append(spec, "postKubeadmCommands")...)
-		script := renderedFile(t, kinds[name], append(spec, "files"), joinRetryScript)
+		script := renderedFile(t, kinds[name], append(spec, "files"), kubeadmRetryScript)
 		// The shell's own $ survive clusterctl's variable substitution.
 		if !strings.Contains(script, "for attempt in $(seq 5); do") || !strings.Contains(script, "retry $attempt of 5") {
-			t.Errorf("%s: join retry script %q, want 5 attempts with the shell's variables intact", name, script)
+			t.Errorf("%s: kubeadm retry script %q, want 5 attempts with the shell's variables intact", name, script)
 		}
-		if !slices.Equal(post, []string{joinRetryScript}) {
-			t.Errorf("%s: postKubeadmCommands %v, want the join retry", name, post)
+		if !slices.Equal(post, []string{kubeadmRetryScript}) {
+			t.Errorf("%s: postKubeadmCommands %v, want the kubeadm retry", name, post)
 		}
 	}
 
@@ -190,8 +190,9 @@ func renderedFile(t *testing.T, u *unstructured.Unstructured, filesPath []string
 	return ""
 }
 
-// joinRetryScript is the template's retry of a failed `kubeadm join`.
-const joinRetryScript = "/usr/local/sbin/capl-kubeadm-join-retry"
+// kubeadmRetryScript is the template's retry of a failed `kubeadm init`
+// or `kubeadm join`.
+const kubeadmRetryScript = "/usr/local/sbin/capl-kubeadm-retry"
 
 func TestRenderClusterNamesMissingVariables(t *testing.T) {
 	o := ClusterOptions{Template: repoFile("templates", "cluster-template.yaml")}
@@ -377,11 +378,11 @@ func TestRenderTopologyCluster(t *testing.T) {
 					t.Errorf("variable %s = %v, want %v", name, vars[name], want)
 				}
 			}
-			// The class is rendered with the same variables: its join retry
+			// The class is rendered with the same variables: its kubeadm retry
 			// keeps the shell's own $ and takes the default count.
-			script := renderedFile(t, objs[2], []string{"spec", "template", "spec", "kubeadmConfigSpec", "files"}, joinRetryScript)
+			script := renderedFile(t, objs[2], []string{"spec", "template", "spec", "kubeadmConfigSpec", "files"}, kubeadmRetryScript)
 			if !strings.Contains(script, "for attempt in $(seq 5); do") {
-				t.Errorf("the class's join retry script %q, want 5 attempts with the shell's variables intact", script)
+				t.Errorf("the class's kubeadm retry script %q, want 5 attempts with the shell's variables intact", script)
 			}
 		})
 	}
