@@ -86,18 +86,27 @@ func (s *suite) upgradeScenario(t *testing.T) {
 	if !s.k8s.ready {
 		return
 	}
-	for _, phase := range []struct {
-		name string
-		run  func(*testing.T)
-	}{
+	runInOrder(t, []phase{
 		{"kubeadm control-plane upgrade", s.upgradeControlPlane},
 		{"kubeadm workers upgrade", s.upgradeWorkers},
 		{"kubeadm service across nodes after the upgrade", s.kubeadmService},
 		{"kubeadm control-plane rollout", s.kubeadmControlPlaneRollout},
 		{"kubeadm workers rollout", s.workersRollout},
 		{"ClusterClass cluster upgrade", s.clusterClassUpgrade},
-	} {
-		if !t.Run(phase.name, phase.run) {
+	})
+}
+
+// phase is a named step of a scenario.
+type phase struct {
+	name string
+	run  func(*testing.T)
+}
+
+// runInOrder runs each phase as a subtest until one fails: each works on
+// what the one before left.
+func runInOrder(t *testing.T, phases []phase) {
+	for _, p := range phases {
+		if !t.Run(p.name, p.run) {
 			return
 		}
 	}

@@ -26,17 +26,25 @@ func repoFile(parts ...string) string {
 	return filepath.Join(append([]string{"..", ".."}, parts...)...)
 }
 
+// fakeImageDir is an image directory holding a node image of version and
+// the HAProxy image, each a few bytes: rendering only names them.
+func fakeImageDir(t *testing.T, version string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for file, content := range map[string]string{NodeImageFileFor(version): "node", HAProxyImageFile: "lb"} {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
 // TestRenderCluster renders the real cluster template with `make up`'s
 // variables: every variable is resolved, the images are the seeded
 // volumes, and the Cluster carries the label the CNI's
 // ClusterResourceSet selects.
 func TestRenderCluster(t *testing.T) {
-	dir := t.TempDir()
-	for file, content := range map[string]string{NodeImageFileFor("v1.36.3"): "node", HAProxyImageFile: "lb"} {
-		if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := fakeImageDir(t, "v1.36.3")
 	o := ClusterOptions{
 		Namespace: "team-a", Name: "k8s", ControlPlane: 3, Workers: 2, KubernetesVersion: "v1.36.3",
 		Template: repoFile("templates", "cluster-template.yaml"), CNI: repoFile("templates", "cni-flannel.yaml"),
@@ -282,12 +290,7 @@ func TestNodesStatusDone(t *testing.T) {
 // first, in the cluster's namespace; the Cluster carries the CNI label and
 // the same settings as the plain template's variables, TCG's included.
 func TestRenderTopologyCluster(t *testing.T) {
-	dir := t.TempDir()
-	for file, content := range map[string]string{NodeImageFileFor("v1.35.4"): "node", HAProxyImageFile: "lb"} {
-		if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := fakeImageDir(t, "v1.35.4")
 	base := ClusterOptions{
 		Namespace: "team-a", Name: "cc", ControlPlane: 1, Workers: 1, KubernetesVersion: "v1.35.4",
 		Template: repoFile("templates", "cluster-template-topology.yaml"), ClusterClass: repoFile("templates", "clusterclass-libvirt.yaml"),
