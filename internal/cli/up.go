@@ -1,76 +1,166 @@
-package main
+package cli
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
-func up(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("up", flag.ExitOnError)
-	o := plane.Options{Log: logf}
+// defaultTimeout bounds the wait for a cluster's nodes: under TCG on a
+// 2-core host a 1 + 1 cluster took up to 25 minutes.
+const defaultTimeout = 60 * time.Minute
+
+func (a *app) upCommand() *cobra.Command {
+	var o plane.Options
 	var cf clusterFlags
-	planeFlags(fs, &o)
-	managerFlags(fs, &o)
-	cf.bind(fs)
-	noCluster := fs.Bool("no-demo", false, "start the plane only")
-	timeout := fs.Duration("timeout", 60*time.Minute, "how long to wait for the cluster")
-	_ = fs.Parse(args)
-	o.ImageDir = cf.imageDir
-	choice, err := cf.choice()
-	if err != nil {
-		return err
+	var noCluster bool
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Start the plane (unless it runs) and make the cluster --name (demo)",
+		Long: `Checks the host (capl-dev doctor), starts the management plane in the
+background unless it runs, and makes a kubeadm cluster from
+templates/cluster-template.yaml (1 control plane + 1 worker by default), waiting
+until every node is Ready. Run again, it converges: the plane is reused and the
+cluster is applied server-side with the sizes given. make up runs it.`,
+		Example: `  capl-dev up
+  capl-dev up --control-plane=3 --workers=2
+  capl-dev up --no-demo          # the plane only`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			o.StateDir, o.LibvirtURI, o.Log, o.ImageDir = a.stateDir, a.uri(), a.logf, cf.imageDir
+			choice, err := cf.choice()
+			if err != nil {
+				return err
+			}
+			needs := doctorNeeds{domainType: cf.domainType, cpuMode: cf.cpuMode}
+			if _, err := plane.Attach(a.stateDir); err != nil {
+				needs.plane = &o
+			}
+			if !noCluster {
+				if cf.standIn {
+					d := cf.demoOptions(choice)
+					needs.standIn = &d
+				} else {
+					co := cf.clusterOptions(choice)
+					needs.cluster = &co
+				}
+			}
+			if err := a.preflight(ctx, needs); err != nil {
+				return err
+			}
+			start := time.Now()
+			p, err := a.startPlane(ctx, o)
+			if err != nil {
+				return err
+			}
+			a.logf("management plane ready in %s: API %s, manager %s", time.Since(start).Round(time.Second), p.Config.Host, p.Endpoints.ManagerHealthURL)
+			if noCluster {
+				a.printPlaneSteps(p)
+				return nil
+			}
+			a.logf("guests: %s (override with UP_ARGS=\"--domain-type=kvm|qemu --cpu-mode=...\")", choice.Reason)
+			waitCtx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			if cf.standIn {
+				return a.upStandIn(waitCtx, p, cf.demoOptions(choice), start)
+			}
+			return a.makeCluster(waitCtx, p, cf, cf.clusterOptions(choice), true, start)
+		},
 	}
+	fs := cmd.Flags()
+	managerFlags(fs, &o)
+	cf.bind(fs, true)
+	fs.BoolVar(&noCluster, "no-demo", false, "start the plane only")
+	fs.DurationVar(&timeout, "timeout", defaultTimeout, "how long to wait for the cluster")
+	return cmd
+}
+
+// preflight runs the doctor's checks before a command that starts
+// things, printing what is not right; a failed check stops the command.
+func (a *app) preflight(ctx context.Context, needs doctorNeeds) error {
+	checks := a.runDoctor(ctx, needs)
+	var notOK []check
+	for _, c := range checks {
+		if c.verdict != pass {
+			notOK = append(notOK, c)
+		}
+	}
+	if len(notOK) == 0 {
+		a.logf("host checked: %d checks passed (capl-dev doctor shows them)", len(checks))
+		return nil
+	}
+	a.logf("host checked: %d of %d checks passed:", len(checks)-len(notOK), len(checks))
+	printChecks(a.out, notOK)
+	return failed(checks)
+}
+
+// startPlane starts the plane of o (or attaches to the running one) and
+// records how it was started, for `capl-dev start`.
+func (a *app) startPlane(ctx context.Context, o plane.Options) (*plane.Plane, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	start := time.Now()
+	running := false
+	if _, err := plane.Attach(o.StateDir); err == nil {
+		running = true
+	}
 	p, err := plane.Start(ctx, o, self)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	logf("management plane ready in %s: API %s, manager %s", time.Since(start).Round(time.Second), p.Config.Host, p.Endpoints.ManagerHealthURL)
+	if running {
+		if why := planeStale(p); why != "" {
+			fmt.Fprintf(a.err, "warning: the management plane runs an older build: %s; `capl-dev start --restart%s` restarts it with the new one (its clusters' VMs keep running)\n",
+				why, stateDirArg(o.StateDir))
+		}
+	} else if err := recordPlane(o); err != nil {
+		return nil, err
+	}
 	if assets, err := plane.FindAssets(o.Assets); err == nil {
 		kubectlPath = filepath.Join(assets, "kubectl")
 	}
-	if *noCluster {
-		printPlaneSteps(p)
-		return nil
-	}
-	logf("guests: %s (override with UP_ARGS=\"--domain-type=kvm|qemu --cpu-mode=...\")", choice.Reason)
-	waitCtx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	if cf.standIn {
-		return upStandIn(waitCtx, p, cf.demoOptions(choice), start)
-	}
-	return upCluster(waitCtx, p, o, cf, cf.clusterOptions(choice), start)
+	return p, nil
 }
 
-// upCluster makes a Kubernetes cluster from the template and waits until
-// every node is Ready.
-func upCluster(ctx context.Context, p *plane.Plane, o plane.Options, cf clusterFlags, co devplane.ClusterOptions, start time.Time) error {
-	if err := devplane.RecordClusterScope(p.StateDir, co); err != nil {
-		return err
-	}
-	host, err := virt.Dial(ctx, o.LibvirtURI)
+// makeCluster applies a Kubernetes cluster from the template,
+// server-side, and with wait waits until every node is Ready. A cluster
+// that exists already is applied as it is asked for now: its workers are
+// not staged again (they exist), so replicas change the same way under
+// KVM and TCG.
+func (a *app) makeCluster(ctx context.Context, p *plane.Plane, cf clusterFlags, co devplane.ClusterOptions, wait bool, start time.Time) error {
+	exists, err := devplane.ClusterExists(ctx, p.Client, co.Namespace, co.Name)
 	if err != nil {
 		return err
 	}
+	if exists {
+		co.StagedWorkers = false
+		a.logf("cluster %s/%s exists: applying it again with a control plane of %d and %d workers", co.Namespace, co.Name, co.ControlPlane, co.Workers)
+	}
+	if err := devplane.RecordClusterScope(p.StateDir, co); err != nil {
+		return err
+	}
+	host, err := a.dial(ctx)
+	if err != nil {
+		return err
+	}
+	a.logf("importing %s and the HAProxy image into the cluster's pool (once per image)", co.NodeImagePath())
 	imgs, err := devplane.SeedImages(ctx, host, co)
 	_ = host.Close()
 	if err != nil {
 		return err
 	}
-	logf("images in pool: node %s, load balancer %s", imgs.Node.Volume, imgs.LoadBalancer.Volume)
+	a.logf("images in pool: node %s, load balancer %s", imgs.Node.Volume, imgs.LoadBalancer.Volume)
 	objs, err := devplane.RenderCluster(co, devplane.ClusterVariables(co, imgs))
 	if err != nil {
 		return err
@@ -79,32 +169,37 @@ func upCluster(ctx context.Context, p *plane.Plane, o plane.Options, cf clusterF
 	if err != nil {
 		return err
 	}
-	if err := devplane.ApplyCluster(ctx, p.Client, cni, objs); err != nil {
-		return err
+	if err := devplane.ApplyClusterServerSide(ctx, p.Client, cni, objs); err != nil {
+		return fmt.Errorf("%w (the plane's log: %s)", err, filepath.Join(p.StateDir, "serve.log"))
 	}
 	applied := time.Now()
-	logf("cluster %s/%s applied from %s: KubeadmControlPlane of %d, MachineDeployment %s of %d, CNI by ClusterResourceSet",
+	a.logf("cluster %s/%s applied from %s: KubeadmControlPlane of %d, MachineDeployment %s of %d, CNI by ClusterResourceSet",
 		co.Namespace, co.Name, co.Template, co.ControlPlane, co.MachineDeploymentName(), co.Workers)
-	status, err := devplane.WaitProvisioned(ctx, p.Client, co.Namespace, co.Name, func(s devplane.DemoStatus) { logf("%s", s) })
-	if err != nil {
-		return err
+	if !wait {
+		fmt.Fprintf(a.out, "\nThe cluster is being made; follow it with\n\n  capl-dev status %s%s%s\n", co.Name, namespaceArg(co.Namespace), stateDirArg(p.StateDir))
+		return nil
 	}
-	logf("infrastructure provisioned %s after apply; endpoint %s", time.Since(applied).Round(time.Second), status.Endpoint)
+	hint := fmt.Sprintf("`capl-dev status %s%s%s` shows where it stands, `capl-dev logs%s` collects the logs", co.Name, namespaceArg(co.Namespace), stateDirArg(p.StateDir), stateDirArg(p.StateDir))
+	status, err := devplane.WaitProvisioned(ctx, p.Client, co.Namespace, co.Name, func(s devplane.DemoStatus) { a.logf("%s", s) })
+	if err != nil {
+		return fmt.Errorf("%w; %s", err, hint)
+	}
+	a.logf("infrastructure provisioned %s after apply; endpoint %s", time.Since(applied).Round(time.Second), status.Endpoint)
 	if co.StagedWorkers {
-		logf("TCG: the %d workers (1 vCPU each) are created once the control plane's node is Ready", co.Workers)
-		if err := devplane.WaitControlPlaneNode(ctx, p.Client, co.Namespace, co.Name, func(line string) { logf("%s", line) }); err != nil {
-			return err
+		a.logf("TCG: the %d workers (1 vCPU each) are created once the control plane's node is Ready", co.Workers)
+		if err := devplane.WaitControlPlaneNode(ctx, p.Client, co.Namespace, co.Name, func(line string) { a.logf("%s", line) }); err != nil {
+			return fmt.Errorf("%w; %s", err, hint)
 		}
-		logf("first control-plane node Ready %s after apply; scaling %s to %d", time.Since(applied).Round(time.Second), co.MachineDeploymentName(), co.Workers)
+		a.logf("first control-plane node Ready %s after apply; scaling %s to %d", time.Since(applied).Round(time.Second), co.MachineDeploymentName(), co.Workers)
 		if err := devplane.ScaleWorkers(ctx, p.Client, co, co.Workers); err != nil {
 			return err
 		}
 	}
-	nodes, kubeconfig, err := devplane.WaitNodes(ctx, p.Client, co.Namespace, co.Name, func(line string) { logf("%s", line) })
+	nodes, kubeconfig, err := devplane.WaitNodes(ctx, p.Client, co.Namespace, co.Name, func(line string) { a.logf("%s", line) })
 	if err != nil {
-		return err
+		return fmt.Errorf("%w; %s", err, hint)
 	}
-	logf("all %d nodes Ready %s after apply (%s since up started)", len(nodes.Joined), time.Since(applied).Round(time.Second), time.Since(start).Round(time.Second))
+	a.logf("all %d nodes Ready %s after apply (%s since the command started)", len(nodes.Joined), time.Since(applied).Round(time.Second), time.Since(start).Round(time.Second))
 	out := cf.kubeconfigOut
 	if out == "" {
 		out = plane.WorkloadKubeconfig(p.StateDir, co.Name)
@@ -112,13 +207,21 @@ func upCluster(ctx context.Context, p *plane.Plane, o plane.Options, cf clusterF
 	if err := os.WriteFile(out, kubeconfig, 0o600); err != nil {
 		return err
 	}
-	printClusterSteps(p, co, out)
+	a.printClusterSteps(p, co, out)
 	return nil
+}
+
+// namespaceArg is the --namespace flag to repeat in a printed command.
+func namespaceArg(ns string) string {
+	if ns == "" || ns == "default" {
+		return ""
+	}
+	return " --namespace=" + ns
 }
 
 // upStandIn makes the stand-in demo: VMs whose cloud-init runs a stand-in
 // API server behind the HAProxy endpoint, without Kubernetes.
-func upStandIn(ctx context.Context, p *plane.Plane, d devplane.DemoOptions, start time.Time) error {
+func (a *app) upStandIn(ctx context.Context, p *plane.Plane, d devplane.DemoOptions, start time.Time) error {
 	objs, err := devplane.Demo(d)
 	if err != nil {
 		return err
@@ -129,28 +232,28 @@ func upStandIn(ctx context.Context, p *plane.Plane, d devplane.DemoOptions, star
 	if err := devplane.ApplyDemo(ctx, p.Client, objs); err != nil {
 		return err
 	}
-	logf("stand-in cluster %s/%s applied: %d control-plane machines, MachineDeployment %s-md-0 with %d workers, 1 vCPU / 512 MiB each",
+	a.logf("stand-in cluster %s/%s applied: %d control-plane machines, MachineDeployment %s-md-0 with %d workers, 1 vCPU / 512 MiB each",
 		d.Namespace, d.Name, d.ControlPlane, d.Name, d.Workers)
 	status, err := devplane.WaitProvisioned(ctx, p.Client, d.Namespace, d.Name, func(s devplane.DemoStatus) {
-		logf("%s", s)
+		a.logf("%s", s)
 	})
 	if err != nil {
 		return err
 	}
-	logf("stand-in cluster provisioned in %s; waiting for https://%s/readyz (cloud-init starts the stand-in API servers)",
+	a.logf("stand-in cluster provisioned in %s; waiting for https://%s/readyz (cloud-init starts the stand-in API servers)",
 		time.Since(start).Round(time.Second), status.Endpoint)
 	host, err := devplane.WaitEndpoint(ctx, status.Endpoint)
 	if err != nil {
 		return err
 	}
-	logf("control-plane endpoint answers (from %s) after %s", host, time.Since(start).Round(time.Second))
-	printPlaneSteps(p)
-	fmt.Printf(`
+	a.logf("control-plane endpoint answers (from %s) after %s", host, time.Since(start).Round(time.Second))
+	a.printPlaneSteps(p)
+	fmt.Fprintf(a.out, `
 Control-plane endpoint (HAProxy VM in front of the stand-in API servers):
 
   curl -k https://%s/readyz
 `, status.Endpoint)
-	printDownStep(p)
+	a.printDownStep(p)
 	return nil
 }
 
@@ -160,41 +263,35 @@ var kubectlPath = "kubectl"
 
 func kubectl() string { return kubectlPath }
 
-func printClusterSteps(p *plane.Plane, co devplane.ClusterOptions, kubeconfig string) {
-	fmt.Printf("\nWorkload cluster %s/%s (kubeconfig %s):\n\n", co.Namespace, co.Name, kubeconfig)
+func (a *app) printClusterSteps(p *plane.Plane, co devplane.ClusterOptions, kubeconfig string) {
+	fmt.Fprintf(a.out, "\nWorkload cluster %s/%s (kubeconfig %s):\n\n", co.Namespace, co.Name, kubeconfig)
 	cmd := exec.Command(kubectl(), "--kubeconfig", kubeconfig, "get", "nodes", "-o", "wide")
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.Stdout, cmd.Stderr = a.out, a.err
 	if err := cmd.Run(); err != nil {
-		fmt.Printf("(kubectl get nodes: %v)\n", err)
+		fmt.Fprintf(a.out, "(kubectl get nodes: %v)\n", err)
 	}
-	fmt.Printf(`
+	fmt.Fprintf(a.out, `
   %[1]s --kubeconfig %[2]s get nodes,pods -A -o wide
-`, kubectl(), kubeconfig)
-	printPlaneSteps(p)
-	printDownStep(p)
+  capl-dev get kubeconfig %[3]s%[4]s --merge     # a context capl-%[3]s in ~/.kube/config
+`, kubectl(), kubeconfig, co.Name, namespaceArg(co.Namespace)+stateDirArg(p.StateDir))
+	a.printPlaneSteps(p)
+	a.printDownStep(p)
 }
 
-func printPlaneSteps(p *plane.Plane) {
-	fmt.Printf(`
+func (a *app) printPlaneSteps(p *plane.Plane) {
+	fmt.Fprintf(a.out, `
 The management plane runs in the background (state in %[1]s, logs serve.log and manager.log).
 
   export KUBECONFIG=%[2]s
   %[3]s get clusters,kubeadmcontrolplanes,machinedeployments,machines -A
-  %[3]s get libvirtclusters,libvirtmachines -A -o wide
-`, p.StateDir, p.Kubeconfig, kubectl())
+  capl-dev status%[4]s          # every cluster's objects, conditions and VMs
+`, p.StateDir, p.Kubeconfig, kubectl(), stateDirArg(p.StateDir))
 }
 
-func printDownStep(p *plane.Plane) {
-	fmt.Printf(`
+func (a *app) printDownStep(p *plane.Plane) {
+	fmt.Fprintf(a.out, `
 Tear it all down (clusters, plane, every VM, volume and network it made):
 
   make down%s
-`, stateDirArg(p.StateDir))
-}
-
-func stateDirArg(dir string) string {
-	if dir == plane.DefaultStateDir {
-		return ""
-	}
-	return " STATE_DIR=" + dir
+`, makeStateDirArg(p.StateDir))
 }

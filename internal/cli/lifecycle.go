@@ -1,0 +1,313 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+func (a *app) downCommand() *cobra.Command {
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "down",
+		Short: "Delete the clusters, stop the plane, remove its VMs, volumes and networks",
+		Long: `Deletes every Cluster API Cluster of the plane and waits for the provider to
+remove their VMs (up to 10 minutes), stops the plane, sweeps libvirt for what is
+left of the plane's namespaces and removes the state directory. It also works
+when the plane is not running. make down runs it.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o := plane.Options{StateDir: a.stateDir, LibvirtURI: a.uri(), Log: a.logf, SweepAll: all}
+			start := time.Now()
+			rep, err := plane.Down(cmd.Context(), o)
+			for _, l := range []struct {
+				what  string
+				names []string
+			}{{"domains", rep.Domains}, {"volumes", rep.Volumes}, {"networks", rep.Networks}, {"storage pools", rep.Pools}} {
+				if len(l.names) > 0 {
+					a.logf("removed %s: %s", l.what, strings.Join(l.names, ", "))
+				}
+			}
+			for _, k := range rep.Kept {
+				a.logf("kept %s", k)
+			}
+			if rep.Empty() && err == nil {
+				a.logf("no libvirt object of the plane was left to remove")
+			}
+			if err != nil {
+				return err
+			}
+			a.logf("down in %s; %s removed", time.Since(start).Round(time.Second), o.StateDir)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&all, "all", false, "remove every provider-owned domain, network and volume on the host, not only the plane's")
+	return cmd
+}
+
+func (a *app) serveCommand() *cobra.Command {
+	var o plane.Options
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the plane in the foreground (what up and start run in the background)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.StateDir, o.LibvirtURI = a.stateDir, a.uri()
+			// controller-runtime logs of the in-process Cluster API
+			// controllers go to serve.log.
+			ctrl.SetLogger(klog.Background())
+			return plane.Serve(cmd.Context(), o)
+		},
+	}
+	managerFlags(cmd.Flags(), &o)
+	cmd.Flags().StringVar(&o.ImageDir, "image-dir", plane.DefaultImageDir, "directory the manager may import file:// images from")
+	return cmd
+}
+
+// vmShutdownTimeout is how long a guest gets to power off before stop
+// destroys it; a TCG control plane flushing etcd and stopping its
+// containers takes a minute or more.
+const vmShutdownTimeout = 3 * time.Minute
+
+func (a *app) stopCommand() *cobra.Command {
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "stop",
+		Short: "Stop the plane and shut down every VM of its clusters; start brings them back",
+		Long: `Stops the management plane (its etcd data and keys stay) and asks every VM of
+its clusters to power off (destroyed after --shutdown-timeout): workers first,
+then control planes, then load balancers. Nothing is deleted: capl-dev start
+starts the same VMs (same domains, UUIDs, MACs and addresses) and the plane.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			p, err := a.attach()
+			if errors.Is(err, plane.ErrNotRunning) {
+				if rec, rerr := readRecord(a.stateDir); rerr == nil && len(rec.Stopped) > 0 {
+					a.logf("already stopped: the plane and %d VMs (capl-dev start%s starts them)", len(rec.Stopped), stateDirArg(a.stateDir))
+					return nil
+				}
+			}
+			if err != nil {
+				return err
+			}
+			domains, err := planeDomains(ctx, p.Client)
+			if err != nil {
+				return err
+			}
+			if err := updateRecord(a.stateDir, func(r *record) { r.Stopped = domains }); err != nil {
+				return err
+			}
+			// The plane first: its manager starts a provisioned domain
+			// that stops.
+			a.logf("stopping the management plane")
+			if err := p.Stop(ctx); err != nil {
+				return err
+			}
+			if len(domains) == 0 {
+				a.logf("stopped the plane; its clusters have no VM")
+				return nil
+			}
+			host, err := a.dial(ctx)
+			if err != nil {
+				return err
+			}
+			defer host.Close()
+			// In reverse start order, one tier at a time would be slower
+			// than a guest's own shutdown; all at once is what a host's
+			// shutdown does too.
+			down := slices.Clone(domains)
+			slices.Reverse(down)
+			a.logf("shutting down %d VMs: %s", len(down), strings.Join(down, ", "))
+			if err := shutdownAll(ctx, host, down, timeout, a.logf); err != nil {
+				return err
+			}
+			a.logf("stopped: the plane and %d VMs; `capl-dev start%s` brings them back", len(domains), stateDirArg(a.stateDir))
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&timeout, "shutdown-timeout", vmShutdownTimeout, "how long each guest gets to power off before it is destroyed")
+	return cmd
+}
+
+// shutdownAll shuts the domains down in parallel.
+func shutdownAll(ctx context.Context, host *virt.Client, domains []string, timeout time.Duration, logf func(string, ...any)) error {
+	var wg sync.WaitGroup
+	errs := make([]error, len(domains))
+	for i, d := range domains {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			if err := host.ShutdownDomain(ctx, d, timeout); err != nil {
+				errs[i] = fmt.Errorf("shutting down %s: %w", d, err)
+				return
+			}
+			logf("%s shut off after %s", d, time.Since(start).Round(time.Second))
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// planeDomains lists the domains of the plane's clusters in start order:
+// load balancers, control-plane machines, workers.
+func planeDomains(ctx context.Context, c client.Client) ([]string, error) {
+	var lcs infrav1.LibvirtClusterList
+	if err := c.List(ctx, &lcs); err != nil {
+		return nil, err
+	}
+	var lbs, cps, workers []string
+	for _, lc := range lcs.Items {
+		if lb := lc.Status.LoadBalancer; lb != nil && lb.Domain != nil && lb.Domain.Name != "" {
+			lbs = append(lbs, lb.Domain.Name)
+		}
+	}
+	var lms infrav1.LibvirtMachineList
+	if err := c.List(ctx, &lms); err != nil {
+		return nil, err
+	}
+	for _, lm := range lms.Items {
+		if lm.Status.Domain == nil || lm.Status.Domain.Name == "" {
+			continue
+		}
+		if _, ok := lm.Labels[clusterv1.MachineControlPlaneLabel]; ok {
+			cps = append(cps, lm.Status.Domain.Name)
+		} else {
+			workers = append(workers, lm.Status.Domain.Name)
+		}
+	}
+	for _, l := range [][]string{lbs, cps, workers} {
+		slices.Sort(l)
+	}
+	return slices.Concat(lbs, cps, workers), nil
+}
+
+func (a *app) startCommand() *cobra.Command {
+	var o plane.Options
+	var restart, wait bool
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "start",
+		Short: "Start the VMs stop shut down and the plane; --restart restarts a running plane",
+		Long: `Starts the VMs capl-dev stop shut down (load balancers, control planes, then
+workers) and the management plane, with the binaries and flags it was started
+with (recorded in the state directory; flags given here replace them), and
+waits until every cluster's nodes are Ready again. With --restart a running
+plane is stopped and started (a new build of capl-dev or the manager takes
+over; the VMs keep running).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			rec, err := readRecord(a.stateDir)
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				return err
+			}
+			fs := cmd.Flags()
+			o.StateDir, o.LibvirtURI, o.Log = a.stateDir, a.uri(), a.logf
+			if !fs.Changed("manager") {
+				o.ManagerBinary = rec.ManagerBinary
+			}
+			if !fs.Changed("assets") {
+				o.Assets = rec.Assets
+			}
+			if !fs.Changed("manager-arg") {
+				o.ManagerArgs = rec.ManagerArgs
+			}
+			if !fs.Changed("image-dir") && rec.ImageDir != "" {
+				o.ImageDir = rec.ImageDir
+			}
+			if p, err := plane.Attach(a.stateDir); err == nil {
+				if !restart {
+					a.logf("the management plane runs already (pid %d)", p.Endpoints.ServePID)
+				} else {
+					a.logf("restarting the management plane (pid %d); the VMs keep running", p.Endpoints.ServePID)
+					if err := p.Stop(ctx); err != nil {
+						return err
+					}
+				}
+			}
+			if len(rec.Stopped) > 0 {
+				host, err := a.dial(ctx)
+				if err != nil {
+					return err
+				}
+				for _, d := range rec.Stopped {
+					if err := host.StartDomain(ctx, d); err != nil {
+						_ = host.Close()
+						return fmt.Errorf("starting %s: %w", d, err)
+					}
+					a.logf("started %s", d)
+				}
+				_ = host.Close()
+			}
+			start := time.Now()
+			self, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			p, err := plane.Start(ctx, o, self)
+			if err != nil {
+				return err
+			}
+			if err := recordPlane(o); err != nil {
+				return err
+			}
+			if err := updateRecord(a.stateDir, func(r *record) { r.Stopped = nil }); err != nil {
+				return err
+			}
+			a.logf("management plane ready in %s: API %s", time.Since(start).Round(time.Second), p.Config.Host)
+			if !wait {
+				return nil
+			}
+			waitCtx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			return a.waitClusters(waitCtx, p)
+		},
+	}
+	fs := cmd.Flags()
+	managerFlags(fs, &o)
+	fs.StringVar(&o.ImageDir, "image-dir", plane.DefaultImageDir, "directory the manager may import file:// images from")
+	fs.BoolVar(&restart, "restart", false, "stop and start a running plane (its VMs keep running)")
+	fs.BoolVar(&wait, "wait", true, "wait until every cluster's nodes are Ready")
+	fs.DurationVar(&timeout, "timeout", defaultTimeout, "how long to wait for the nodes")
+	return cmd
+}
+
+// waitClusters waits until the nodes of every Kubernetes cluster of the
+// plane are Ready (the stand-in cluster has none to wait for).
+func (a *app) waitClusters(ctx context.Context, p *plane.Plane) error {
+	var clusters clusterv1.ClusterList
+	if err := p.Client.List(ctx, &clusters); err != nil {
+		return err
+	}
+	for _, cl := range clusters.Items {
+		if !cl.Spec.ControlPlaneRef.IsDefined() {
+			continue
+		}
+		start := time.Now()
+		nodes, _, err := devplane.WaitNodes(ctx, p.Client, cl.Namespace, cl.Name, func(line string) { a.logf("%s/%s: %s", cl.Namespace, cl.Name, line) })
+		if err != nil {
+			return fmt.Errorf("%w; `capl-dev status %s%s%s` shows where it stands", err, cl.Name, namespaceArg(cl.Namespace), stateDirArg(a.stateDir))
+		}
+		a.logf("cluster %s/%s: %d nodes Ready after %s", cl.Namespace, cl.Name, len(nodes.Joined), time.Since(start).Round(time.Second))
+	}
+	return nil
+}
