@@ -1,0 +1,342 @@
+package cli
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+)
+
+func repoFile(parts ...string) string {
+	return filepath.Join(append([]string{"..", ".."}, parts...)...)
+}
+
+// TestResolveKubeconfigTarget: --merge writes the invoking person's
+// ~/.kube/config, SUDO_USER's under sudo and chowned to them.
+func TestResolveKubeconfigTarget(t *testing.T) {
+	users := map[string]*user.User{"alice": {Uid: "1000", Gid: "1001", HomeDir: "/home/alice"}}
+	lookup := func(name string) (*user.User, error) {
+		if u, ok := users[name]; ok {
+			return u, nil
+		}
+		return nil, user.UnknownUserError(name)
+	}
+	home := func() (string, error) { return "/root", nil }
+	for _, tc := range []struct {
+		name string
+		path string
+		euid int
+		env  map[string]string
+		want kubeconfigFile
+	}{
+		{"root without sudo", "", 0, nil, kubeconfigFile{"/root/.kube/config", -1, -1}},
+		{"a user without sudo", "", 1000, map[string]string{"SUDO_USER": "alice"}, kubeconfigFile{"/root/.kube/config", -1, -1}},
+		{"sudo", "", 0, map[string]string{"SUDO_USER": "alice", "SUDO_UID": "1000", "SUDO_GID": "1001"}, kubeconfigFile{"/home/alice/.kube/config", 1000, 1001}},
+		{"sudo without SUDO_UID", "", 0, map[string]string{"SUDO_USER": "alice"}, kubeconfigFile{"/home/alice/.kube/config", 1000, 1001}},
+		{"sudo to root from root", "", 0, map[string]string{"SUDO_USER": "root", "SUDO_UID": "0", "SUDO_GID": "0"}, kubeconfigFile{"/root/.kube/config", -1, -1}},
+		{"sudo with --kubeconfig", "/tmp/k", 0, map[string]string{"SUDO_USER": "alice", "SUDO_UID": "1000", "SUDO_GID": "1001"}, kubeconfigFile{"/tmp/k", 1000, 1001}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := resolveKubeconfigTarget(tc.path, tc.euid, func(k string) string { return tc.env[k] }, lookup, home)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+	if _, err := resolveKubeconfigTarget("", 0, func(k string) string { return map[string]string{"SUDO_USER": "bob"}[k] }, lookup, home); err == nil {
+		t.Error("an unknown SUDO_USER without SUDO_UID resolved")
+	}
+}
+
+// workloadKubeconfig is a kubeconfig as Cluster API writes it.
+func workloadKubeconfig(t *testing.T, name, server string) []byte {
+	t.Helper()
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: server, CertificateAuthorityData: []byte("ca")}
+	cfg.AuthInfos[name+"-admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: []byte("cert"), ClientKeyData: []byte("key")}
+	cfg.Contexts[name+"-admin@"+name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name + "-admin"}
+	cfg.CurrentContext = name + "-admin@" + name
+	data, err := clientcmd.Write(*cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// TestMergeKubeconfig merges two clusters into a file holding another
+// context, replaces one on a second merge, and removes one again: the
+// other entries stay, the current context follows, the file is 0600.
+func TestMergeKubeconfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kube", "config")
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	mine := clientcmdapi.NewConfig()
+	mine.Clusters["mine"] = &clientcmdapi.Cluster{Server: "https://mine:6443"}
+	mine.AuthInfos["mine"] = &clientcmdapi.AuthInfo{Token: "t"}
+	mine.Contexts["mine"] = &clientcmdapi.Context{Cluster: "mine", AuthInfo: "mine"}
+	mine.CurrentContext = "mine"
+	if err := clientcmd.WriteToFile(*mine, path); err != nil {
+		t.Fatal(err)
+	}
+	target := kubeconfigFile{path: path, uid: os.Getuid(), gid: os.Getgid()}
+	for _, step := range []struct{ ctx, server string }{
+		{"capl-a", "https://192.168.1.10:6443"},
+		{"capl-team-b", "https://192.168.2.10:6443"},
+		{"capl-a", "https://192.168.3.10:6443"},
+	} {
+		if err := mergeKubeconfig(target, workloadKubeconfig(t, "w", step.server), step.ctx); err != nil {
+			t.Fatal(err)
+		}
+		got, err := clientcmd.LoadFromFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.CurrentContext != step.ctx || got.Clusters[step.ctx].Server != step.server || got.Contexts[step.ctx].AuthInfo != step.ctx {
+			t.Errorf("after merging %s: current %s, cluster %+v", step.ctx, got.CurrentContext, got.Clusters[step.ctx])
+		}
+		if got.Contexts["mine"] == nil || got.AuthInfos["mine"].Token != "t" {
+			t.Errorf("after merging %s the context mine is lost", step.ctx)
+		}
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("mode %v, want 0600", fi.Mode().Perm())
+	}
+	removed, err := removeKubeconfigContext(path, "capl-a")
+	if err != nil || !removed {
+		t.Fatalf("removing capl-a: %v, %v", removed, err)
+	}
+	got, err := clientcmd.LoadFromFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Contexts["capl-a"] != nil || got.Clusters["capl-a"] != nil || got.AuthInfos["capl-a"] != nil || got.Contexts["capl-team-b"] == nil {
+		t.Errorf("after removing capl-a: contexts %v", got.Contexts)
+	}
+	if removed, err := removeKubeconfigContext(filepath.Join(t.TempDir(), "none"), "capl-a"); removed || err != nil {
+		t.Errorf("removing from a missing file: %v, %v", removed, err)
+	}
+}
+
+// TestContextName: kind's naming, with the namespace outside default.
+func TestContextName(t *testing.T) {
+	for _, tc := range []struct{ ns, name, want string }{
+		{"default", "demo", "capl-demo"},
+		{"", "demo", "capl-demo"},
+		{"team-a", "dev", "capl-team-a-dev"},
+	} {
+		if got := contextName(tc.ns, tc.name); got != tc.want {
+			t.Errorf("contextName(%q, %q) = %q, want %q", tc.ns, tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestClusterSizes adds up what the real template's machines ask for:
+// replicas times their template, plus the HAProxy VM; TCG adds the
+// translation caches.
+func TestClusterSizes(t *testing.T) {
+	base := devplane.ClusterOptions{
+		Namespace: "default", Name: "demo", KubernetesVersion: "v1.36.3",
+		Template: repoFile("templates", "cluster-template.yaml"), CNI: repoFile("templates", "cni-flannel.yaml"),
+	}
+	for _, tc := range []struct {
+		name                  string
+		cp, workers           int32
+		tcg                   bool
+		vms                   int
+		memoryMiB, tcgMiB, gb int64
+	}{
+		{"kvm 1 + 1", 1, 1, false, 3, 4096 + 2048 + 512, 0, 20 + 20},
+		{"kvm 3 + 2", 3, 2, false, 6, 3*4096 + 2*2048 + 512, 0, 5 * 20},
+		// TCG: staged workers still count; 1024 MiB caches for nodes,
+		// the load balancer's default.
+		{"tcg 1 + 1", 1, 1, true, 3, 4096 + 2048 + 512, 2*1024 + devplane.DefaultTCGCacheMiB, 40},
+		{"tcg 1 + 0", 1, 0, true, 2, 4096 + 512, 1024 + devplane.DefaultTCGCacheMiB, 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := base
+			o.ControlPlane, o.Workers, o.DomainType = tc.cp, tc.workers, "kvm"
+			if tc.tcg {
+				o.DomainType = "qemu"
+				o = o.TCGTuning()
+			}
+			s, err := clusterSizes(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.vms != tc.vms || s.memoryMiB != tc.memoryMiB || s.tcgCacheMiB != tc.tcgMiB || s.diskGiB != tc.gb {
+				t.Errorf("sizes %+v, want %d VMs, %d MiB, %d MiB of TCG caches, %d GiB", s, tc.vms, tc.memoryMiB, tc.tcgMiB, tc.gb)
+			}
+		})
+	}
+}
+
+// TestMemoryCheck: less than the guests' memory fails, less than that
+// with TCG's caches warns.
+func TestMemoryCheck(t *testing.T) {
+	avail, err := memAvailableMiB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		want sizes
+		v    verdict
+	}{
+		{"fits", sizes{vms: 1, memoryMiB: 1}, pass},
+		{"caches do not fit", sizes{vms: 1, memoryMiB: 1, tcgCacheMiB: avail * 2}, warn},
+		{"guests do not fit", sizes{vms: 1, memoryMiB: avail * 2}, fail},
+		{"the plane does not fit", sizes{planeMiB: avail * 2}, fail},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if c := memoryCheck(tc.want); c.verdict != tc.v {
+				t.Errorf("%s %s, want %s", c.verdict, c.detail, tc.v)
+			}
+		})
+	}
+}
+
+// TestConditionsLine: True conditions by name, the others with reason
+// and message on one line.
+func TestConditionsLine(t *testing.T) {
+	got := conditionsLine([]metav1.Condition{
+		{Type: "Ready", Status: metav1.ConditionFalse, Reason: "WaitingForBootstrap", Message: "cloud-init\n  runs"},
+		{Type: "DomainReady", Status: metav1.ConditionTrue, Reason: "Ready"},
+		{Type: "AddressReserved", Status: metav1.ConditionTrue, Reason: "Ready"},
+	})
+	want := "conditions: DomainReady, AddressReserved True; Ready=False WaitingForBootstrap: cloud-init runs"
+	if got != want {
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
+	if got := conditionsLine(nil); got != "conditions: none yet" {
+		t.Errorf("no conditions: %q", got)
+	}
+}
+
+// TestTreePrint draws the tree clusterctl describe draws.
+func TestTreePrint(t *testing.T) {
+	root := &node{text: "Cluster default/demo", details: []string{"conditions: Available True"}}
+	cp := root.add(&node{text: "KubeadmControlPlane demo-control-plane"})
+	cp.add(&node{text: "Machine m1", details: []string{"VM capl-default.m1: running"}})
+	root.add(&node{text: "MachineDeployment demo-md-0", details: []string{"conditions: none yet"}})
+	var out bytes.Buffer
+	root.print(&out, "", "")
+	want := `Cluster default/demo
+│   conditions: Available True
+├─KubeadmControlPlane demo-control-plane
+│ └─Machine m1
+│       VM capl-default.m1: running
+└─MachineDeployment demo-md-0
+      conditions: none yet
+`
+	if out.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", out.String(), want)
+	}
+}
+
+// TestFindVM resolves the names a person may use for a VM.
+func TestFindVM(t *testing.T) {
+	vms := []guestVM{
+		{Namespace: "default", Cluster: "a", Domain: "capl-default.a-cp-1", Names: []string{"a-cp-x1", "a-cp-x1", "a-cp-1", "capl-default.a-cp-1"}},
+		{Namespace: "team", Cluster: "a", Domain: "capl-team.a-cp-1", Names: []string{"a-cp-1", "capl-team.a-cp-1"}},
+		{Namespace: "default", Cluster: "a", Domain: "capl-default.a-lb", Names: []string{"capl-default.a-lb"}, LoadBalancer: true},
+	}
+	for _, tc := range []struct{ name, want, err string }{
+		{"a-cp-x1", "capl-default.a-cp-1", ""},
+		{"capl-team.a-cp-1", "capl-team.a-cp-1", ""},
+		{"capl-default.a-lb", "capl-default.a-lb", ""},
+		{"a-cp-1", "", "several VMs"},
+		{"nope", "", "no VM named"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			vm, err := findVM(vms, tc.name)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Errorf("error %v, want one saying %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || vm.Domain != tc.want {
+				t.Errorf("got %s, %v; want %s", vm.Domain, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestStaleBinary tells a process running the file on disk from one
+// whose file was rebuilt (modified after it started) or replaced.
+func TestStaleBinary(t *testing.T) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(t.TempDir(), "sleeper")
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Written well before the process starts: not stale.
+	past := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(bin, past, past); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	pid := cmd.Process.Pid
+	// Wait until the process runs the file (not the test binary's fork).
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		exe, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe")
+		if exe == bin || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if why := staleBinary(pid); why != "" {
+		t.Errorf("fresh binary called stale: %s", why)
+	}
+	future := time.Now().Add(time.Hour)
+	if err := os.Chtimes(bin, future, future); err != nil {
+		t.Fatal(err)
+	}
+	if why := staleBinary(pid); !strings.Contains(why, "rebuilt") {
+		t.Errorf("modified binary: %q, want it called rebuilt", why)
+	}
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	if why := staleBinary(pid); !strings.Contains(why, "replaced") {
+		t.Errorf("removed binary: %q, want it called replaced", why)
+	}
+	if why := staleBinary(1 << 30); why != "" {
+		t.Errorf("no such process: %q", why)
+	}
+	started, err := processStart(os.Getpid())
+	if err != nil || time.Since(started) < 0 || time.Since(started) > time.Hour {
+		t.Errorf("this process started at %v (%v)", started, err)
+	}
+}
