@@ -54,7 +54,7 @@ func planeStale(p *plane.Plane) string {
 // milliseconds, one that is not running refuses at once, and the
 // provider's own reconnect budget (30 s) is for a libvirtd that restarts
 // under a running manager, not for a person waiting at a prompt.
-const libvirtAnswerTimeout = 5 * time.Second
+const libvirtAnswerTimeout = 3 * time.Second
 
 // dial connects to libvirt at the command's URI. A libvirtd that does
 // not answer is said as such within libvirtAnswerTimeout, with what to
