@@ -340,3 +340,39 @@ func TestStaleBinary(t *testing.T) {
 		t.Errorf("this process started at %v (%v)", started, err)
 	}
 }
+
+// TestStageWorkers: workers wait for the first control-plane node only
+// in a new cluster that the command waits for, so a second run sets the
+// replicas under TCG as under KVM.
+func TestStageWorkers(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		tcg, exists, wait bool
+		wantStaged        bool
+	}{
+		{"new under TCG", true, false, true, true},
+		{"existing under TCG", true, true, true, false},
+		{"new under TCG without waiting", true, false, false, false},
+		{"new under KVM", false, false, true, false},
+		{"existing under KVM", false, true, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			co := devplane.ClusterOptions{ControlPlane: 1, Workers: 2}
+			if tc.tcg {
+				co = co.TCGTuning()
+			}
+			got := stageWorkers(co, tc.exists, tc.wait)
+			if got.StagedWorkers != tc.wantStaged {
+				t.Errorf("staged %t, want %t", got.StagedWorkers, tc.wantStaged)
+			}
+			vars := devplane.ClusterVariables(got, devplane.ClusterImages{})
+			want := "2"
+			if tc.wantStaged {
+				want = "0"
+			}
+			if vars["WORKER_MACHINE_COUNT"] != want {
+				t.Errorf("WORKER_MACHINE_COUNT %s, want %s", vars["WORKER_MACHINE_COUNT"], want)
+			}
+		})
+	}
+}

@@ -250,11 +250,18 @@ over; the VMs keep running).`,
 					return err
 				}
 				for _, d := range rec.Stopped {
-					if err := host.StartDomain(ctx, d); err != nil {
+					err := host.StartDomain(ctx, d)
+					switch {
+					case virt.IsNotFound(err):
+						// Its machine was deleted while the plane ran
+						// before the stop; nothing to start.
+						a.logf("%s no longer exists; not started", d)
+					case err != nil:
 						_ = host.Close()
 						return fmt.Errorf("starting %s: %w", d, err)
+					default:
+						a.logf("started %s", d)
 					}
-					a.logf("started %s", d)
 				}
 				_ = host.Close()
 			}

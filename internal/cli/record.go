@@ -18,7 +18,7 @@ import (
 // what it needs between runs: how the plane was started, so that
 // `capl-dev start` starts it the same way after `stop`, and which VMs
 // `stop` shut down. `down` removes it with the state directory.
-const recordName = "capl-dev.json"
+const recordName = plane.CLIStateFile
 
 // record is recordName.
 type record struct {

@@ -144,9 +144,9 @@ func (a *app) makeCluster(ctx context.Context, p *plane.Plane, cf clusterFlags, 
 		return err
 	}
 	if exists {
-		co.StagedWorkers = false
 		a.logf("cluster %s/%s exists: applying it again with a control plane of %d and %d workers", co.Namespace, co.Name, co.ControlPlane, co.Workers)
 	}
+	co = stageWorkers(co, exists, wait)
 	if err := devplane.RecordClusterScope(p.StateDir, co); err != nil {
 		return err
 	}
@@ -209,6 +209,19 @@ func (a *app) makeCluster(ctx context.Context, p *plane.Plane, cf clusterFlags, 
 	}
 	a.printClusterSteps(p, co, out)
 	return nil
+}
+
+// stageWorkers decides whether the workers wait for the first
+// control-plane node (ClusterOptions.StagedWorkers, TCG's): only for a new
+// cluster, and only when this command waits to scale them. A cluster that
+// exists has its workers (a MachineDeployment of 0 would scale them away),
+// so a second run sets the replicas asked for under TCG as under KVM; and
+// without the wait nobody would scale them up.
+func stageWorkers(co devplane.ClusterOptions, exists, wait bool) devplane.ClusterOptions {
+	if exists || !wait {
+		co.StagedWorkers = false
+	}
+	return co
 }
 
 // namespaceArg is the --namespace flag to repeat in a printed command.
