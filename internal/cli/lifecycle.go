@@ -209,8 +209,8 @@ func (a *app) startCommand() *cobra.Command {
 		Short: "Start the VMs stop shut down and the plane; --restart restarts a running plane",
 		Long: `Starts the VMs capl-dev stop shut down (load balancers, control planes, then
 workers) and the management plane, with the binaries and flags it was started
-with (recorded in the state directory; flags given here replace them), and
-waits until every cluster's nodes are Ready again. With --restart a running
+with (recorded in the state directory; flags given here replace them), and,
+when it started VMs, waits until every cluster's nodes are Ready again. With --restart a running
 plane is stopped and started (a new build of capl-dev or the manager takes
 over; the VMs keep running).`,
 		Args: cobra.NoArgs,
@@ -244,6 +244,7 @@ over; the VMs keep running).`,
 					}
 				}
 			}
+			started := 0
 			if len(rec.Stopped) > 0 {
 				host, err := a.dial(ctx)
 				if err != nil {
@@ -261,6 +262,7 @@ over; the VMs keep running).`,
 						return fmt.Errorf("starting %s: %w", d, err)
 					default:
 						a.logf("started %s", d)
+						started++
 					}
 				}
 				_ = host.Close()
@@ -281,7 +283,9 @@ over; the VMs keep running).`,
 				return err
 			}
 			a.logf("management plane ready in %s: API %s", time.Since(start).Round(time.Second), p.Config.Host)
-			if !wait {
+			// Only VMs that were down have nodes to wait for; a restart of
+			// the plane leaves the VMs running.
+			if !wait || started == 0 {
 				return nil
 			}
 			waitCtx, cancel := context.WithTimeout(ctx, timeout)
@@ -293,7 +297,7 @@ over; the VMs keep running).`,
 	managerFlags(fs, &o)
 	fs.StringVar(&o.ImageDir, "image-dir", plane.DefaultImageDir, "directory the manager may import file:// images from")
 	fs.BoolVar(&restart, "restart", false, "stop and start a running plane (its VMs keep running)")
-	fs.BoolVar(&wait, "wait", true, "wait until every cluster's nodes are Ready")
+	fs.BoolVar(&wait, "wait", true, "wait until every cluster's nodes are Ready, when VMs were started")
 	fs.DurationVar(&timeout, "timeout", defaultTimeout, "how long to wait for the nodes")
 	return cmd
 }
