@@ -241,3 +241,22 @@ func TestCommandsNeedARunningPlane(t *testing.T) {
 		r.expect(t, strings.Join(args, " "), 1, nil, []string{"the management plane is not running in " + state, "capl-dev up --no-demo --state-dir=" + state})
 	}
 }
+
+// TestRender prints the cluster up would make, for a management cluster
+// of one's own: the template's objects and the CNI's, from the image
+// files of --image-dir; and the stand-in cluster's.
+func TestRender(t *testing.T) {
+	images := t.TempDir()
+	for _, f := range []string{"capl-node-v1.36.3.qcow2", "capl-debian-12.qcow2", "capl-debian-12-haproxy.qcow2"} {
+		must(t, os.WriteFile(filepath.Join(images, f), []byte(f), 0o600))
+	}
+	templates := filepath.Join("..", "..", "templates")
+	runCLI(t, nil, "render", "--image-dir="+images, "--domain-type=kvm", "--name=r1", "--control-plane=3", "--workers=2",
+		"--template="+filepath.Join(templates, "cluster-template.yaml"), "--cni="+filepath.Join(templates, "cni-flannel.yaml")).
+		expect(t, "render", 0, []string{"kind: Cluster\n", "kind: LibvirtCluster", "kind: KubeadmControlPlane", "replicas: 3", "replicas: 2",
+			"kind: ClusterResourceSet", "name: r1", "capl-image-sha256-"}, nil)
+	runCLI(t, nil, "render", "--stand-in", "--image-dir="+images, "--domain-type=qemu").
+		expect(t, "render --stand-in", 0, []string{"kind: LibvirtMachineTemplate", "file://" + images}, nil)
+	runCLI(t, nil, "render", "--image-dir="+t.TempDir(), "--domain-type=kvm").
+		expect(t, "render without images", 1, nil, []string{"make images node-image"})
+}
