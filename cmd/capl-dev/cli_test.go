@@ -132,6 +132,7 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{[]string{"create", "cluster", "a", "b"}, []string{"accepts 1 arg(s), received 2"}},
 		{[]string{"get", "kubeconfig"}, []string{"accepts 1 arg(s)"}},
 		{[]string{"exec", "node"}, []string{"requires at least 2 arg(s)"}},
+		{[]string{"exec", "node", "--"}, []string{"name the VM and the command"}},
 		{[]string{"load", "image"}, []string{"requires at least 1 arg(s)"}},
 		{[]string{"status", "a", "b"}, []string{"accepts at most 1 arg(s)"}},
 	} {

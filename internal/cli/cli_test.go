@@ -376,3 +376,32 @@ func TestStageWorkers(t *testing.T) {
 		})
 	}
 }
+
+// TestGuestCommandLine: exec's "--" after the VM's name is not the
+// command.
+func TestGuestCommandLine(t *testing.T) {
+	for _, tc := range []struct {
+		args     []string
+		node     string
+		argv     []string
+		mistaken bool
+	}{
+		{[]string{"n1", "--", "cat", "/etc/hostname"}, "n1", []string{"cat", "/etc/hostname"}, false},
+		{[]string{"n1", "cat", "/etc/hostname"}, "n1", []string{"cat", "/etc/hostname"}, false},
+		{[]string{"n1", "--", "sh", "-c", "echo -- x"}, "n1", []string{"sh", "-c", "echo -- x"}, false},
+		{[]string{"n1", "--", "--"}, "n1", []string{"--"}, false},
+		{[]string{"n1", "--"}, "", nil, true},
+		{[]string{"n1"}, "", nil, true},
+	} {
+		node, argv, err := guestCommandLine(tc.args)
+		if tc.mistaken {
+			if err == nil {
+				t.Errorf("%q: no error", tc.args)
+			}
+			continue
+		}
+		if err != nil || node != tc.node || strings.Join(argv, "|") != strings.Join(tc.argv, "|") {
+			t.Errorf("%q: %q %q %v, want %q %q", tc.args, node, argv, err, tc.node, tc.argv)
+		}
+	}
+}

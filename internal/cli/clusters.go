@@ -49,7 +49,7 @@ a KubeadmControlPlane of --control-plane and a MachineDeployment of --workers
 machines booting the node image. Waits until every node is Ready and writes
 the kubeconfig to <state-dir>/NAME.kubeconfig. Run again with other sizes, it
 applies the cluster server-side and the replicas follow.`,
-		Example: `  capl-dev create cluster dev
+		Example: `  capl-dev create cluster web
   capl-dev create cluster big --control-plane=3 --workers=2
   capl-dev create cluster old --kubernetes-version=v1.35.4
   capl-dev create cluster mine --node-image=/srv/images/my-node.qcow2`,

@@ -163,6 +163,10 @@ with its exit code. With -i, capl-dev's standard input is passed to it.`,
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			node, argv, err := guestCommandLine(args)
+			if err != nil {
+				return err
+			}
 			p, err := a.attach()
 			if err != nil {
 				return err
@@ -171,7 +175,7 @@ with its exit code. With -i, capl-dev's standard input is passed to it.`,
 			if err != nil {
 				return err
 			}
-			vm, err := findVM(vms, args[0])
+			vm, err := findVM(vms, node)
 			if err != nil {
 				return err
 			}
@@ -186,9 +190,9 @@ with its exit code. With -i, capl-dev's standard input is passed to it.`,
 				return err
 			}
 			defer host.Close()
-			res, err := host.GuestExec(ctx, vm.Domain, args[1], args[2:], input)
+			res, err := host.GuestExec(ctx, vm.Domain, argv[0], argv[1:], input)
 			if err != nil {
-				return fmt.Errorf("%s in %s: %w", args[1], vm.Domain, err)
+				return fmt.Errorf("%s in %s: %w", argv[0], vm.Domain, err)
 			}
 			_, _ = a.out.Write(res.Stdout)
 			_, _ = a.err.Write(res.Stderr)
@@ -204,6 +208,19 @@ with its exit code. With -i, capl-dev's standard input is passed to it.`,
 	cmd.Flags().StringVarP(&namespace, "namespace", "n", "", "namespace of the VM's cluster; default every namespace")
 	cmd.Flags().BoolVarP(&stdin, "stdin", "i", false, "pass standard input to the command")
 	return cmd
+}
+
+// guestCommandLine splits exec's arguments into the VM and the command.
+// Flags end at the VM's name, so the "--" after it, if given, reaches
+// the arguments and is dropped here.
+func guestCommandLine(args []string) (node string, argv []string, err error) {
+	if len(args) > 1 && args[1] == "--" {
+		args = append(args[:1:1], args[2:]...)
+	}
+	if len(args) < 2 || args[1] == "" {
+		return "", nil, usageError{errors.New("name the VM and the command: capl-dev exec NODE -- COMMAND [ARG...]")}
+	}
+	return args[0], args[1:], nil
 }
 
 // completeVMs completes VM names of the running plane.
@@ -248,7 +265,7 @@ cluster through the QEMU guest agent and imports it into containerd's k8s.io
 namespace, where the kubelet finds it: a pod with imagePullPolicy IfNotPresent
 or Never runs it without a registry, as kind load does.`,
 		Example: `  docker save my/app:dev -o app.tar && capl-dev load image app.tar
-  capl-dev load image app.tar sidecar.tar --cluster dev`,
+  capl-dev load image app.tar sidecar.tar --cluster web`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()

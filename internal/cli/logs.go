@@ -152,13 +152,14 @@ func (b *bundle) write(path string) error {
 func (a *app) collect(ctx context.Context, b *bundle) {
 	for _, f := range bundledPlaneFiles {
 		data, err := os.ReadFile(filepath.Join(a.stateDir, f))
-		if err != nil {
-			if !os.IsNotExist(err) || f != recordName {
-				b.fail("plane/"+f, err)
-			}
-			continue
+		// Only the logs are always there; the rest appear with what
+		// they describe (scope.json with the first cluster).
+		if err != nil && (!os.IsNotExist(err) || strings.HasSuffix(f, ".log")) {
+			b.fail("plane/"+f, err)
 		}
-		b.add("plane/"+f, data)
+		if err == nil {
+			b.add("plane/"+f, data)
+		}
 	}
 	p, err := plane.Attach(a.stateDir)
 	if err != nil {
