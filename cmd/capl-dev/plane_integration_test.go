@@ -114,7 +114,8 @@ func TestCLIPlaneWithoutVMs(t *testing.T) {
 		t.Errorf("get kubeconfig printed\n%s\nwant\n%s", r.stdout, kubeconfig)
 	}
 	home := t.TempDir()
-	cli([]string{"HOME=" + home, "SUDO_USER=", "SUDO_UID=", "SUDO_GID="}, "get", "kubeconfig", "w1", "--merge").
+	// KUBECONFIG emptied: a merge would go to its first file.
+	cli([]string{"HOME=" + home, "KUBECONFIG=", "SUDO_USER=", "SUDO_UID=", "SUDO_GID="}, "get", "kubeconfig", "w1", "--merge").
 		expect(t, "get kubeconfig --merge", 0, []string{"context capl-w1"}, nil)
 	merged := filepath.Join(home, ".kube", "config")
 	checkMerged(t, merged, "capl-w1", "https://192.0.2.10:6443", os.Getuid())

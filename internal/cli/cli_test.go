@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,8 +23,11 @@ func repoFile(parts ...string) string {
 	return filepath.Join(append([]string{"..", ".."}, parts...)...)
 }
 
-// TestResolveKubeconfigTarget: --merge writes the invoking person's
-// ~/.kube/config, SUDO_USER's under sudo and chowned to them.
+// TestResolveKubeconfigTarget: --merge writes --kubeconfig, else the
+// first file of $KUBECONFIG, else the invoking person's ~/.kube/config,
+// SUDO_USER's under sudo. Under sudo uid and gid are SUDO_USER's whichever
+// file it is: they own only what the merge creates (TestKubeconfigOwner),
+// so an existing --kubeconfig file is not given to SUDO_USER.
 func TestResolveKubeconfigTarget(t *testing.T) {
 	users := map[string]*user.User{"alice": {Uid: "1000", Gid: "1001", HomeDir: "/home/alice"}}
 	lookup := func(name string) (*user.User, error) {
@@ -33,6 +37,14 @@ func TestResolveKubeconfigTarget(t *testing.T) {
 		return nil, user.UnknownUserError(name)
 	}
 	home := func() (string, error) { return "/root", nil }
+	sudo := map[string]string{"SUDO_USER": "alice", "SUDO_UID": "1000", "SUDO_GID": "1001"}
+	withEnv := func(env map[string]string, k, v string) map[string]string {
+		out := map[string]string{k: v}
+		for k, v := range env {
+			out[k] = v
+		}
+		return out
+	}
 	for _, tc := range []struct {
 		name string
 		path string
@@ -45,7 +57,14 @@ func TestResolveKubeconfigTarget(t *testing.T) {
 		{"sudo", "", 0, map[string]string{"SUDO_USER": "alice", "SUDO_UID": "1000", "SUDO_GID": "1001"}, kubeconfigFile{"/home/alice/.kube/config", 1000, 1001}},
 		{"sudo without SUDO_UID", "", 0, map[string]string{"SUDO_USER": "alice"}, kubeconfigFile{"/home/alice/.kube/config", 1000, 1001}},
 		{"sudo to root from root", "", 0, map[string]string{"SUDO_USER": "root", "SUDO_UID": "0", "SUDO_GID": "0"}, kubeconfigFile{"/root/.kube/config", -1, -1}},
-		{"sudo with --kubeconfig", "/tmp/k", 0, map[string]string{"SUDO_USER": "alice", "SUDO_UID": "1000", "SUDO_GID": "1001"}, kubeconfigFile{"/tmp/k", 1000, 1001}},
+		// The owner of what the merge creates; an existing /tmp/k keeps
+		// its own (TestKubeconfigOwner).
+		{"sudo with --kubeconfig", "/tmp/k", 0, sudo, kubeconfigFile{"/tmp/k", 1000, 1001}},
+		{"$KUBECONFIG", "", 1000, map[string]string{"KUBECONFIG": "/a/config:/b/config"}, kubeconfigFile{"/a/config", -1, -1}},
+		{"$KUBECONFIG with an empty first entry", "", 1000, map[string]string{"KUBECONFIG": ":/b/config"}, kubeconfigFile{"/b/config", -1, -1}},
+		{"$KUBECONFIG under sudo", "", 0, withEnv(sudo, "KUBECONFIG", "/a/config"), kubeconfigFile{"/a/config", 1000, 1001}},
+		{"--kubeconfig before $KUBECONFIG", "/tmp/k", 1000, map[string]string{"KUBECONFIG": "/a/config"}, kubeconfigFile{"/tmp/k", -1, -1}},
+		{"empty $KUBECONFIG", "", 0, map[string]string{"KUBECONFIG": ""}, kubeconfigFile{"/root/.kube/config", -1, -1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := resolveKubeconfigTarget(tc.path, tc.euid, func(k string) string { return tc.env[k] }, lookup, home)
@@ -133,6 +152,77 @@ func TestMergeKubeconfig(t *testing.T) {
 	}
 	if removed, err := removeKubeconfigContext(filepath.Join(t.TempDir(), "none"), "capl-a"); removed || err != nil {
 		t.Errorf("removing from a missing file: %v, %v", removed, err)
+	}
+}
+
+// TestKubeconfigOwner: a merge gives the target's user only what it
+// creates. An existing file keeps its owner and is tightened to 0600 (were
+// it chowned to the target's uid 65534, the merge would fail without root
+// and change the owner with root); a symbolic link at the path is refused
+// and what it points to left alone; a new file and directory are made
+// 0600 and 0700.
+func TestKubeconfigOwner(t *testing.T) {
+	dir := t.TempDir()
+	data := workloadKubeconfig(t, "w", "https://192.168.1.10:6443")
+	lstat := func(path string) os.FileInfo {
+		t.Helper()
+		fi, err := os.Lstat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi
+	}
+
+	existing := filepath.Join(dir, "existing")
+	if err := clientcmd.WriteToFile(*clientcmdapi.NewConfig(), existing); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(existing, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := mergeKubeconfig(kubeconfigFile{path: existing, uid: 65534, gid: 65534}, data, "capl-a"); err != nil {
+		t.Fatalf("merging into an existing file: %v", err)
+	}
+	fi := lstat(existing)
+	if got := fi.Sys().(*syscall.Stat_t).Uid; got != uint32(os.Geteuid()) {
+		t.Errorf("the existing file is owned by %d after the merge, want %d", got, os.Geteuid())
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("the existing file has mode %v after the merge, want 0600", fi.Mode().Perm())
+	}
+
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(existing, link); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadFile(existing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = mergeKubeconfig(kubeconfigFile{path: link, uid: -1, gid: -1}, workloadKubeconfig(t, "w", "https://192.168.9.9:6443"), "capl-b")
+	if err == nil || !strings.Contains(err.Error(), "symbolic link") {
+		t.Errorf("merging through a symbolic link: %v, want an error saying it is one", err)
+	}
+	if after, _ := os.ReadFile(existing); !bytes.Equal(after, before) {
+		t.Errorf("the file behind the symbolic link changed")
+	}
+	if _, err := removeKubeconfigContext(link, "capl-a"); err == nil {
+		t.Errorf("removing a context through a symbolic link: no error")
+	}
+
+	created := filepath.Join(dir, "new", ".kube", "config")
+	if err := mergeKubeconfig(kubeconfigFile{path: created, uid: os.Geteuid(), gid: os.Getegid()}, data, "capl-a"); err != nil {
+		t.Fatalf("merging into a new file: %v", err)
+	}
+	for path, mode := range map[string]os.FileMode{created: 0o600, filepath.Dir(created): 0o700, filepath.Join(dir, "new"): 0o700} {
+		if got := lstat(path).Mode().Perm(); got != mode {
+			t.Errorf("%s has mode %v, want %v", path, got, mode)
+		}
+	}
+	for _, d := range []string{dir, filepath.Dir(created)} {
+		if left, _ := filepath.Glob(filepath.Join(d, ".*.tmp-*")); len(left) > 0 {
+			t.Errorf("temporary files left: %v", left)
+		}
 	}
 }
 

@@ -114,7 +114,9 @@ func (a *app) deleteCommand() *cobra.Command {
 		Long: `Deletes the Cluster API Cluster NAME; Cluster API deletes its machines and the
 provider their VMs, volumes, network and HAProxy VM. Waits until the Cluster is
 gone, then removes its kubeconfig from the state directory and its context
-capl-NAME from ~/.kube/config. Other clusters and the plane keep running.`,
+capl-NAME from the file get kubeconfig --merge writes (--kubeconfig, else the
+first file of $KUBECONFIG, else ~/.kube/config). Other clusters and the plane
+keep running.`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeClusters,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -143,25 +145,40 @@ capl-NAME from ~/.kube/config. Other clusters and the plane keep running.`,
 					err, name, namespaceArg(namespace), stateDirArg(a.stateDir), filepath.Join(a.stateDir, "manager.log"))
 			}
 			_ = os.Remove(plane.WorkloadKubeconfig(a.stateDir, name))
-			target, err := kubeconfigTarget(kubeconfigPath)
-			if err == nil {
-				removed, err := removeKubeconfigContext(target.path, contextName(namespace, name))
-				if err != nil {
-					return err
-				}
-				if removed {
-					a.logf("removed context %s from %s", contextName(namespace, name), target.path)
-				}
-			}
 			a.logf("cluster %s/%s deleted in %s", namespace, name, time.Since(start).Round(time.Second))
+			if err := a.removeContext(kubeconfigPath, contextName(namespace, name)); err != nil {
+				return fmt.Errorf("cluster %s/%s is deleted, but %w", namespace, name, err)
+			}
 			return nil
 		},
 	}
 	del.Flags().StringVarP(&namespace, "namespace", "n", "default", "namespace of the cluster")
 	del.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "how long to wait for the cluster to be gone")
-	del.Flags().StringVar(&kubeconfigPath, "kubeconfig", "", "the kubeconfig to remove the cluster's context from; default ~/.kube/config of the invoking user (SUDO_USER under sudo)")
+	del.Flags().StringVar(&kubeconfigPath, "kubeconfig", "", "the kubeconfig to remove the cluster's context from; default the first file of $KUBECONFIG, else ~/.kube/config of the invoking user (SUDO_USER under sudo)")
 	cmd.AddCommand(del)
 	return cmd
+}
+
+// removeContext removes the context ctxName from the kubeconfig a merge
+// writes (kubeconfigTarget of path) and says so when it was there.
+func (a *app) removeContext(path, ctxName string) error {
+	target, err := kubeconfigTarget(path)
+	if err != nil {
+		return fmt.Errorf("its context %s was not removed: %w", ctxName, err)
+	}
+	removed, err := removeKubeconfigContext(target.path, ctxName)
+	if err != nil {
+		return fmt.Errorf("its context %s was not removed from %s: %w", ctxName, target.path, err)
+	}
+	if removed {
+		a.logf("removed context %s from %s", ctxName, target.path)
+	}
+	return nil
+}
+
+// noSuchCluster is the error of a cluster the plane does not have.
+func noSuchCluster(namespace, name string) error {
+	return fmt.Errorf("no cluster %s/%s on the plane (capl-dev get clusters lists them)", namespace, name)
 }
 
 // waitClusterGone waits for the Cluster to disappear, printing what of it
@@ -225,10 +242,14 @@ func (a *app) getCommand() *cobra.Command {
 		Use:   "kubeconfig NAME",
 		Short: "Print a cluster's admin kubeconfig, or --merge it into ~/.kube/config",
 		Long: `Prints the admin kubeconfig of cluster NAME (the Secret NAME-kubeconfig that
-the control-plane provider wrote). With --merge it is merged into
-~/.kube/config as the context capl-NAME (capl-NAMESPACE-NAME outside the
-default namespace), which becomes the current context, as kind does. Under
-sudo the file is the invoking user's (SUDO_USER) and stays theirs.`,
+the control-plane provider wrote). With --merge it is merged into a kubeconfig
+file as the context capl-NAME (capl-NAMESPACE-NAME outside the default
+namespace), which becomes the current context, as kind does. The file is
+--kubeconfig, else the first file of $KUBECONFIG, else ~/.kube/config; under
+sudo ~/.kube/config is the invoking user's (SUDO_USER), and a file or ~/.kube
+the merge creates is theirs; an existing file keeps its owner. The file is
+replaced whole (written beside it and renamed), 0600; a symbolic link in its
+place is refused.`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: a.completeClusters,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -267,7 +288,7 @@ sudo the file is the invoking user's (SUDO_USER) and stays theirs.`,
 	}
 	kc.Flags().StringVarP(&namespace, "namespace", "n", "default", "namespace of the cluster")
 	kc.Flags().BoolVar(&merge, "merge", false, "merge into the kubeconfig file (--kubeconfig) with a context per cluster, instead of printing")
-	kc.Flags().StringVar(&kubeconfigPath, "kubeconfig", "", "the file --merge writes; default ~/.kube/config of the invoking user (SUDO_USER under sudo)")
+	kc.Flags().StringVar(&kubeconfigPath, "kubeconfig", "", "the file --merge writes; default the first file of $KUBECONFIG, else ~/.kube/config of the invoking user (SUDO_USER under sudo)")
 	cmd.AddCommand(clusters, kc)
 	return cmd
 }

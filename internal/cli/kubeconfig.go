@@ -21,19 +21,23 @@ func contextName(namespace, name string) string {
 	return "capl-" + namespace + "-" + name
 }
 
-// kubeconfigFile is the kubeconfig file to merge into and who must own
-// it.
+// kubeconfigFile is the kubeconfig file to merge into, and who owns what
+// the merge creates.
 type kubeconfigFile struct {
 	path string
-	// uid and gid own the file (and a ~/.kube made for it); -1 leaves
-	// the ownership to the process (not under sudo).
+	// uid and gid own the file and the directories a merge creates (a
+	// new ~/.kube and its config); -1 leaves them to the process (not
+	// under sudo). A file or directory that exists keeps its owner,
+	// whoever ran the command.
 	uid, gid int
 }
 
-// kubeconfigTarget is where a merge goes: the given path, or
+// kubeconfigTarget is where a merge goes: the given path (--kubeconfig),
+// else the first file of $KUBECONFIG (firstKubeconfig), else
 // ~/.kube/config of the person who ran the command. Under sudo that is
-// SUDO_USER's home, not root's, and the file is chowned to SUDO_UID and
-// SUDO_GID, so that they can use it without sudo, as kind does.
+// SUDO_USER's home, not root's, and what the merge creates there is
+// owned by SUDO_UID and SUDO_GID, so that they can use it without sudo,
+// as kind does.
 func kubeconfigTarget(path string) (kubeconfigFile, error) {
 	return resolveKubeconfigTarget(path, os.Geteuid(), os.Getenv, user.Lookup, os.UserHomeDir)
 }
@@ -42,6 +46,9 @@ func kubeconfigTarget(path string) (kubeconfigFile, error) {
 // environment and user database passed in, for tests.
 func resolveKubeconfigTarget(path string, euid int, getenv func(string) string, lookup func(string) (*user.User, error), home func() (string, error)) (kubeconfigFile, error) {
 	t := kubeconfigFile{path: path, uid: -1, gid: -1}
+	if t.path == "" {
+		t.path = firstKubeconfig(getenv("KUBECONFIG"))
+	}
 	sudoUser := getenv("SUDO_USER")
 	underSudo := euid == 0 && sudoUser != "" && sudoUser != "root"
 	if underSudo {
@@ -78,11 +85,25 @@ func resolveKubeconfigTarget(path string, euid int, getenv func(string) string, 
 	return t, nil
 }
 
+// firstKubeconfig is the file of a $KUBECONFIG list that a merge writes
+// and delete cluster edits: its first entry, whether it exists or not
+// (kind and kubectl take the first that exists, if one does); "" when the
+// list is empty.
+func firstKubeconfig(list string) string {
+	for _, p := range filepath.SplitList(list) {
+		if p != "" {
+			return p
+		}
+	}
+	return ""
+}
+
 // mergeKubeconfig merges the workload kubeconfig data into the target
 // file under ctxName (cluster, user and context of that name, replacing
 // entries of that name) and makes it the current context. Other entries
-// are kept. The file is 0600; a directory made for it 0700; both owned
-// by the target's user.
+// are kept. The file is replaced whole and is 0600 (replaceFile); a
+// directory made for it is 0700; what the merge creates is owned by the
+// target's user.
 func mergeKubeconfig(t kubeconfigFile, data []byte, ctxName string) error {
 	workload, err := clientcmd.Load(data)
 	if err != nil {
@@ -123,10 +144,12 @@ func removeKubeconfigContext(path, ctxName string) (bool, error) {
 	if cfg.CurrentContext == ctxName {
 		cfg.CurrentContext = ""
 	}
-	// Rewritten in place: the file keeps its owner and mode.
-	return true, clientcmd.WriteToFile(*cfg, path)
+	// The file exists: it keeps its owner, nothing is created.
+	return true, writeKubeconfig(kubeconfigFile{path: path, uid: -1, gid: -1}, cfg)
 }
 
+// loadKubeconfig reads the kubeconfig at path; a missing file is an
+// empty kubeconfig.
 func loadKubeconfig(path string) (*clientcmdapi.Config, error) {
 	cfg, err := clientcmd.LoadFromFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -138,26 +161,16 @@ func loadKubeconfig(path string) (*clientcmdapi.Config, error) {
 	return cfg, nil
 }
 
+// writeKubeconfig writes cfg to t.path through replaceFile, making its
+// directory first when missing; both are owned by t's user only when
+// this call creates them.
 func writeKubeconfig(t kubeconfigFile, cfg *clientcmdapi.Config) error {
-	dir := filepath.Dir(t.path)
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return err
-		}
-		if t.uid >= 0 {
-			if err := os.Chown(dir, t.uid, t.gid); err != nil {
-				return err
-			}
-		}
-	}
-	if err := clientcmd.WriteToFile(*cfg, t.path); err != nil {
+	data, err := clientcmd.Write(*cfg)
+	if err != nil {
 		return err
 	}
-	if err := os.Chmod(t.path, 0o600); err != nil {
+	if err := mkdirOwned(filepath.Dir(t.path), t.uid, t.gid); err != nil {
 		return err
 	}
-	if t.uid >= 0 {
-		return os.Chown(t.path, t.uid, t.gid)
-	}
-	return nil
+	return replaceFile(t.path, data, t.uid, t.gid)
 }
