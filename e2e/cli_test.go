@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -44,6 +45,10 @@ const (
 	cliImage    = "capl.test/hello:v1"
 	cliGreeting = "hello from an image capl-dev loaded"
 )
+
+// bootstrapTokenLike matches a kubeadm bootstrap token, which capl-dev
+// logs redacts.
+var bootstrapTokenLike = regexp.MustCompile(`[a-z0-9]{6}\.[a-z0-9]{16}`)
 
 // cliRun is one run of the capl-dev binary.
 type cliRun struct {
@@ -205,6 +210,13 @@ func TestCLI(t *testing.T) {
 	}
 	if errs, ok := files["errors.txt"]; ok {
 		t.Logf("the bundle's errors.txt:\n%s", errs)
+	}
+	// No bootstrap token in any file (kubeadm init's output in the
+	// control plane's cloud-init log prints a join line with one).
+	for name, data := range files {
+		if bootstrapTokenLike.MatchString(data) {
+			t.Errorf("the logs bundle's %s holds a bootstrap token", name)
+		}
 	}
 
 	// stop: the plane and every VM down; start: the same VMs back.

@@ -1,7 +1,11 @@
 package cli
 
 import (
+	"archive/tar"
 	"bytes"
+	"compress/gzip"
+	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"os/user"
@@ -223,6 +227,73 @@ func TestKubeconfigOwner(t *testing.T) {
 		if left, _ := filepath.Glob(filepath.Join(d, ".*.tmp-*")); len(left) > 0 {
 			t.Errorf("temporary files left: %v", left)
 		}
+	}
+}
+
+// TestRedact: bootstrap tokens go from every text a logs bundle holds,
+// the rest stays as it was.
+func TestRedact(t *testing.T) {
+	const hash = "sha256:0f2c8e5a7d3b4c6e8f9a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60"
+	for _, tc := range []struct{ name, in, want string }{
+		{"KubeadmConfig", "      bootstrapToken:\n        token: abcdef.0123456789abcdef\n", "      bootstrapToken:\n        token: <redacted>\n"},
+		{"kubeadm init's join line", "kubeadm join 192.168.1.10:6443 --token x7k2p9.q1w2e3r4t5y6u7i8 \\\n\t--discovery-token-ca-cert-hash " + hash,
+			"kubeadm join 192.168.1.10:6443 --token <redacted> \\\n\t--discovery-token-ca-cert-hash " + hash},
+		{"after an escaped newline", `{"msg":"join with\nx7k2p9.q1w2e3r4t5y6u7i8"}`, `{"msg":"join with\n<redacted>"}`},
+		{"two on a line", "abcdef.0123456789abcdef,x7k2p9.q1w2e3r4t5y6u7i8", "<redacted>,<redacted>"},
+		{"nothing to redact", "VM capl-default.web-md-0-abcde-xyz12 running, image capl-image-sha256-0f2c8e5a7d3b4c6e", "VM capl-default.web-md-0-abcde-xyz12 running, image capl-image-sha256-0f2c8e5a7d3b4c6e"},
+		{"a secret too short", "abcdef.0123456789abcde", "abcdef.0123456789abcde"},
+		{"empty", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := string(redact([]byte(tc.in))); got != tc.want {
+				t.Errorf("redact(%q)\n got %q\nwant %q", tc.in, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestBundleRedacts: the tarball holds no bootstrap token, whichever file
+// it was in, errors.txt included.
+func TestBundleRedacts(t *testing.T) {
+	const token = "abcdef.0123456789abcdef"
+	b := newBundle("logs")
+	b.add("objects/kubeadmconfigs.yaml", []byte("token: "+token+"\n"))
+	b.add("vms/capl-default.demo-cp-1/console.log", []byte("kubeadm join 192.168.1.10:6443 --token "+token+"\n"))
+	b.fail("vms/capl-default.demo-md-0/kubelet.log", errors.New("journalctl: --token "+token))
+	path := filepath.Join(t.TempDir(), "logs.tar.gz")
+	if err := b.write(path); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	gz, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(gz)
+	files := 0
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files++
+		if strings.Contains(string(data), token) || !strings.Contains(string(data), redacted) {
+			t.Errorf("%s: %q, want the token replaced by %s", hdr.Name, data, redacted)
+		}
+	}
+	if files != 3 {
+		t.Errorf("%d files in the bundle, want 3", files)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -55,6 +56,25 @@ var bundledGuestFiles = map[string]string{
 	"cloud-init.log":        "/var/log/cloud-init.log",
 }
 
+// bootstrapToken matches a kubeadm bootstrap token,
+// "abcdef.0123456789abcdef": the join credential a KubeadmConfig's
+// discovery.bootstrapToken.token holds and kubeadm init prints in its
+// `kubeadm join ... --token` lines (cloud-init's output, the console log).
+// No word boundary: a token right after an escaped newline ("\nabcdef.…"
+// in a JSON log line) must go too, and a lookalike cut short costs less
+// than a token left in.
+var bootstrapToken = regexp.MustCompile(`[a-z0-9]{6}\.[a-z0-9]{16}`)
+
+// redacted replaces what redact removes.
+const redacted = "<redacted>"
+
+// redact is data without its bootstrap tokens: a bundle is made to be
+// handed to someone else, and while a token is valid it lets any machine
+// that reaches the API server join the cluster.
+func redact(data []byte) []byte {
+	return bootstrapToken.ReplaceAll(data, []byte(redacted))
+}
+
 // consoleLogLimit bounds the console log read of one VM.
 const consoleLogLimit = 64 << 20
 
@@ -68,8 +88,10 @@ logs (serve.log with Cluster API's controllers, manager.log with the
 provider's, kube-controller-manager.log), capl-dev status, every Cluster API
 and provider object as YAML (no Secrets), the events, and for each VM its
 serial console log, cloud-init's output and the kubelet's and containerd's
-journal (through the guest agent). What cannot be read is listed in
-errors.txt; the plane need not run.`,
+journal (through the guest agent). Bootstrap tokens (kubeadm's join
+credentials, in KubeadmConfigs and the logs of joining nodes) are replaced by
+<redacted> in every file. What cannot be read is listed in errors.txt; the
+plane need not run.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dir := "."
@@ -120,7 +142,7 @@ func (b *bundle) fail(what string, err error) {
 }
 
 // write writes the bundle as a gzipped tarball, 0600: logs name
-// addresses and hosts.
+// addresses and hosts. Every file goes through redact on the way.
 func (b *bundle) write(path string) error {
 	if len(b.errs) > 0 {
 		b.add("errors.txt", []byte(strings.Join(b.errs, "\n")+"\n"))
@@ -130,11 +152,12 @@ func (b *bundle) write(path string) error {
 	tw := tar.NewWriter(gz)
 	now := time.Now()
 	for _, f := range b.files {
-		hdr := &tar.Header{Name: b.root + "/" + f.name, Mode: 0o600, Size: int64(len(f.data)), ModTime: now, Typeflag: tar.TypeReg}
+		data := redact(f.data)
+		hdr := &tar.Header{Name: b.root + "/" + f.name, Mode: 0o600, Size: int64(len(data)), ModTime: now, Typeflag: tar.TypeReg}
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}
-		if _, err := tw.Write(f.data); err != nil {
+		if _, err := tw.Write(data); err != nil {
 			return err
 		}
 	}
