@@ -233,6 +233,8 @@ func TestCLI(t *testing.T) {
 	if _, err := plane.Attach(state); !errors.Is(err, plane.ErrNotRunning) {
 		t.Errorf("after stop the plane answers attach: %v", err)
 	}
+	// A second stop asks libvirt and finds nothing left running.
+	ok(cli(nil, "stop"), "a second stop", "already stopped")
 	ok(cli(nil, "start", "--timeout=40m"), "start", "nodes Ready after")
 	p, err = plane.Attach(state)
 	must(t, err)

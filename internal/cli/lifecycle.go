@@ -91,18 +91,19 @@ func (a *app) stopCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "stop",
 		Short: "Stop the plane and shut down every VM of its clusters; start brings them back",
-		Long: `Stops the management plane (its etcd data and keys stay) and asks every VM of
-its clusters to power off (destroyed after --shutdown-timeout): workers first,
-then control planes, then load balancers. Nothing is deleted: capl-dev start
-starts the same VMs (same domains, UUIDs, MACs and addresses) and the plane.`,
+		Long: `Stops the management plane (its etcd data and keys stay), then asks every VM of
+its clusters to power off, all at once (each destroyed after
+--shutdown-timeout). Nothing is deleted: capl-dev start starts the same VMs
+(same domains, UUIDs, MACs and addresses) and the plane. A stop that did not
+finish (libvirtd did not answer, a VM did not power off) can be run again: it
+shuts down the VMs still running.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			p, err := a.attach()
 			if errors.Is(err, plane.ErrNotRunning) {
 				if rec, rerr := readRecord(a.stateDir); rerr == nil && len(rec.Stopped) > 0 {
-					a.logf("already stopped: the plane and %d VMs (capl-dev start%s starts them)", len(rec.Stopped), stateDirArg(a.stateDir))
-					return nil
+					return a.finishStop(ctx, rec.Stopped, timeout)
 				}
 			}
 			if err != nil {
@@ -112,39 +113,90 @@ starts the same VMs (same domains, UUIDs, MACs and addresses) and the plane.`,
 			if err != nil {
 				return err
 			}
-			if err := updateRecord(a.stateDir, func(r *record) { r.Stopped = domains }); err != nil {
-				return err
-			}
-			// The plane first: its manager starts a provisioned domain
-			// that stops.
-			a.logf("stopping the management plane")
-			if err := p.Stop(ctx); err != nil {
-				return err
-			}
 			if len(domains) == 0 {
+				a.logf("stopping the management plane")
+				if err := p.Stop(ctx); err != nil {
+					return err
+				}
 				a.logf("stopped the plane; its clusters have no VM")
 				return nil
 			}
+			// libvirt before anything stops: a libvirtd that does not
+			// answer leaves the plane and its VMs running as they were.
 			host, err := a.dial(ctx)
 			if err != nil {
 				return err
 			}
 			defer host.Close()
-			// In reverse start order, one tier at a time would be slower
-			// than a guest's own shutdown; all at once is what a host's
-			// shutdown does too.
-			down := slices.Clone(domains)
-			slices.Reverse(down)
-			a.logf("shutting down %d VMs: %s", len(down), strings.Join(down, ", "))
-			if err := shutdownAll(ctx, host, down, timeout, a.logf); err != nil {
+			// Recorded first: once the plane is stopped, nothing else
+			// knows which VMs are its clusters', and start and a second
+			// stop read them from here.
+			if err := updateRecord(a.stateDir, func(r *record) { r.Stopped = domains }); err != nil {
 				return err
 			}
-			a.logf("stopped: the plane and %d VMs; `capl-dev start%s` brings them back", len(domains), stateDirArg(a.stateDir))
-			return nil
+			// The plane before the VMs: its manager starts a provisioned
+			// domain that stops.
+			a.logf("stopping the management plane")
+			if err := p.Stop(ctx); err != nil {
+				return err
+			}
+			return a.shutdownVMs(ctx, host, domains, timeout)
 		},
 	}
 	cmd.Flags().DurationVar(&timeout, "shutdown-timeout", vmShutdownTimeout, "how long each guest gets to power off before it is destroyed")
 	return cmd
+}
+
+// finishStop is stop once the plane is stopped: the VMs an earlier stop
+// recorded are shut down if libvirt says any still runs (that stop did not
+// reach libvirtd, or a VM did not power off), else they are already
+// stopped.
+func (a *app) finishStop(ctx context.Context, domains []string, timeout time.Duration) error {
+	host, err := a.dial(ctx)
+	if err != nil {
+		return fmt.Errorf("the plane is stopped, its VMs not known to be: %w", err)
+	}
+	defer host.Close()
+	running, err := notShutOff(ctx, host, domains)
+	if err != nil {
+		return err
+	}
+	if len(running) == 0 {
+		a.logf("already stopped: the plane and %d VMs (capl-dev start%s starts them)", len(domains), stateDirArg(a.stateDir))
+		return nil
+	}
+	a.logf("the plane is stopped; %d of its %d VMs still run", len(running), len(domains))
+	return a.shutdownVMs(ctx, host, running, timeout)
+}
+
+// notShutOff are the domains libvirt does not report shut off; a domain
+// that no longer exists has nothing to stop.
+func notShutOff(ctx context.Context, host *virt.Client, domains []string) ([]string, error) {
+	var running []string
+	for _, d := range domains {
+		info, err := host.DomainInfo(ctx, d)
+		switch {
+		case virt.IsNotFound(err):
+			// Deleted since the stop: nothing to shut down.
+		case err != nil:
+			return nil, fmt.Errorf("state of %s: %w", d, err)
+		case info.State != "shutoff":
+			running = append(running, d)
+		}
+	}
+	return running, nil
+}
+
+// shutdownVMs shuts the domains down, all at once as a host's shutdown
+// does: a guest does not need another to power off, and one tier after
+// the other would take the sum of their shutdowns.
+func (a *app) shutdownVMs(ctx context.Context, host *virt.Client, domains []string, timeout time.Duration) error {
+	a.logf("shutting down %d VMs: %s", len(domains), strings.Join(domains, ", "))
+	if err := shutdownAll(ctx, host, domains, timeout, a.logf); err != nil {
+		return fmt.Errorf("%w; `capl-dev stop%s` again shuts down those still running", err, stateDirArg(a.stateDir))
+	}
+	a.logf("stopped: the plane and its clusters' VMs; `capl-dev start%s` brings them back", stateDirArg(a.stateDir))
+	return nil
 }
 
 // shutdownAll shuts the domains down in parallel.
