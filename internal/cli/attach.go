@@ -23,11 +23,17 @@ func (a *app) attach() (*plane.Plane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the plane in %s: %w (see %s/serve.log)", a.stateDir, err, a.stateDir)
 	}
+	a.warnStale(p)
+	return p, nil
+}
+
+// warnStale warns when the plane runs binaries older than those on disk,
+// naming the command that restarts it with the new ones.
+func (a *app) warnStale(p *plane.Plane) {
 	if why := planeStale(p); why != "" {
 		fmt.Fprintf(a.err, "warning: the management plane runs an older build: %s; `capl-dev start --restart%s` restarts it with the new one (its clusters' VMs keep running)\n",
-			why, stateDirArg(a.stateDir))
+			why, stateDirArg(p.StateDir))
 	}
-	return p, nil
 }
 
 // attachQuiet is attach without the warnings, for shell completion.
@@ -60,7 +66,12 @@ const libvirtAnswerTimeout = 3 * time.Second
 // not answer is said as such within libvirtAnswerTimeout, with what to
 // do about it.
 func (a *app) dial(ctx context.Context) (*virt.Client, error) {
-	uri := a.uri()
+	return dialLibvirt(ctx, a.uri())
+}
+
+// dialLibvirt connects to libvirt at uri, within libvirtAnswerTimeout;
+// the error of a libvirtd that does not answer says what to do.
+func dialLibvirt(ctx context.Context, uri string) (*virt.Client, error) {
 	ctx, cancel := context.WithTimeout(ctx, libvirtAnswerTimeout)
 	defer cancel()
 	h, err := virt.Dial(ctx, uri, virt.WithReconnectBudget(libvirtAnswerTimeout))

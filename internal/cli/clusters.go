@@ -60,13 +60,6 @@ applies the cluster server-side and the replicas follow.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			cf.name = args[0]
-			if cf.nodeImage != "" {
-				abs, err := filepath.Abs(cf.nodeImage)
-				if err != nil {
-					return err
-				}
-				cf.nodeImage = abs
-			}
 			p, err := a.attach()
 			if err != nil {
 				return err
@@ -75,17 +68,20 @@ applies the cluster server-side and the replicas follow.`,
 			if err != nil {
 				return err
 			}
-			co := cf.clusterOptions(choice)
+			co, err := cf.clusterOptions(choice)
+			if err != nil {
+				return err
+			}
 			if err := a.preflight(ctx, doctorNeeds{cluster: &co, domainType: cf.domainType, cpuMode: cf.cpuMode}); err != nil {
 				return err
 			}
-			if assets, err := plane.FindAssets(""); err == nil {
-				kubectlPath = filepath.Join(assets, "kubectl")
-			}
+			// The kubectl of the assets the plane was started with; without
+			// a record, where up would look.
+			rec, _ := readRecord(a.stateDir)
 			a.logf("guests: %s", choice.Reason)
 			waitCtx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
-			return a.makeCluster(waitCtx, p, cf, co, wait, time.Now())
+			return a.makeCluster(waitCtx, p, cf.kubeconfigOut, kubectlOf(rec.Assets), co, wait, time.Now())
 		},
 	}
 	fs := cmd.Flags()
@@ -129,7 +125,7 @@ keep running.`,
 			cl := &clusterv1.Cluster{}
 			if err := p.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, cl); err != nil {
 				if apierrors.IsNotFound(err) {
-					return fmt.Errorf("no cluster %s/%s on the plane (capl-dev get clusters lists them)", namespace, name)
+					return noSuchCluster(namespace, name)
 				}
 				return err
 			}
@@ -263,7 +259,7 @@ place is refused.`,
 			if apierrors.IsNotFound(err) {
 				exists := p.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &clusterv1.Cluster{}) == nil
 				if !exists {
-					return fmt.Errorf("no cluster %s/%s on the plane (capl-dev get clusters lists them)", namespace, name)
+					return noSuchCluster(namespace, name)
 				}
 				return fmt.Errorf("cluster %s/%s has no kubeconfig yet: its control plane is not initialised (capl-dev status %s%s shows where it stands)", namespace, name, name, namespaceArg(namespace))
 			}

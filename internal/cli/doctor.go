@@ -76,22 +76,9 @@ mirror). up and create cluster run it first. Exits 1 when a check fails.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.StateDir, o.LibvirtURI = a.stateDir, a.uri()
-			needs := doctorNeeds{domainType: cf.domainType, cpuMode: cf.cpuMode}
-			if _, err := plane.Attach(a.stateDir); err != nil {
-				needs.plane = &o
-			}
-			if !noCluster {
-				choice, err := cf.choice()
-				if err != nil {
-					return err
-				}
-				if cf.standIn {
-					d := cf.demoOptions(choice)
-					needs.standIn = &d
-				} else {
-					co := cf.clusterOptions(choice)
-					needs.cluster = &co
-				}
+			needs, _, err := cf.needs(a.stateDir, &o, noCluster)
+			if err != nil {
+				return err
 			}
 			checks := a.runDoctor(cmd.Context(), needs)
 			printChecks(a.out, checks)
@@ -202,12 +189,14 @@ func rootCheck(uri, stateDir string) check {
 // libvirtCheck dials libvirt: a libvirtd that does not answer is said
 // within libvirtAnswerTimeout. The host is nil when it did not answer.
 func (a *app) libvirtCheck(ctx context.Context, uri string) (*virt.Client, check) {
+	h, err := dialLibvirt(ctx, uri)
+	if err != nil {
+		return nil, check{"libvirtd", fail, err.Error()}
+	}
+	// The same bound for the first call: a libvirtd that accepts and
+	// does not answer is down too.
 	ctx, cancel := context.WithTimeout(ctx, libvirtAnswerTimeout)
 	defer cancel()
-	h, err := virt.Dial(ctx, uri, virt.WithReconnectBudget(libvirtAnswerTimeout))
-	if err != nil {
-		return nil, check{"libvirtd", fail, libvirtDown(uri, err).Error()}
-	}
 	mem, err := h.HostMemory(ctx)
 	if err != nil {
 		_ = h.Close()

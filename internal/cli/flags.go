@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 
@@ -75,17 +76,67 @@ func (f *clusterFlags) demoOptions(c devplane.DomainChoice) devplane.DemoOptions
 
 // clusterOptions are the Kubernetes cluster's options. The template sets
 // no CPU mode: the provider's default per domain type applies.
-func (f *clusterFlags) clusterOptions(c devplane.DomainChoice) devplane.ClusterOptions {
+//
+// A relative --node-image is made absolute here, the one place up,
+// create cluster, doctor and render take it from: libvirt imports the
+// image from its path and allows its directory as an import source, and
+// libvirtd does not run in capl-dev's working directory.
+func (f *clusterFlags) clusterOptions(c devplane.DomainChoice) (devplane.ClusterOptions, error) {
+	nodeImage := f.nodeImage
+	if nodeImage != "" {
+		abs, err := filepath.Abs(nodeImage)
+		if err != nil {
+			return devplane.ClusterOptions{}, fmt.Errorf("--node-image %s: %w", nodeImage, err)
+		}
+		nodeImage = abs
+	}
 	o := devplane.ClusterOptions{
 		Namespace: f.namespace, Name: f.name, ImageDir: f.imageDir, StoragePool: f.storagePool,
 		ControlPlane: int32(f.controlPlane), Workers: int32(f.workers),
 		KubernetesVersion: f.kubernetesVersion, Template: f.template, CNI: f.cni,
-		NodeImage: f.nodeImage, DomainType: c.DomainType,
+		NodeImage: nodeImage, DomainType: c.DomainType,
 	}
 	if c.DomainType == string(infrav1.DomainTypeQEMU) {
 		o = o.TCGTuning()
 	}
-	return o
+	return o, nil
+}
+
+// needs is what up and doctor check the host for: the plane's binaries
+// unless a plane runs in stateDir (o is how it would start), and, unless
+// noCluster, the cluster or stand-in cluster of f. The accelerator
+// choice is returned for the cluster's options; it is the zero choice
+// with noCluster, when no guest is made.
+func (f *clusterFlags) needs(stateDir string, o *plane.Options, noCluster bool) (doctorNeeds, devplane.DomainChoice, error) {
+	needs := doctorNeeds{domainType: f.domainType, cpuMode: f.cpuMode}
+	if _, err := plane.Attach(stateDir); err != nil {
+		needs.plane = o
+	}
+	if noCluster {
+		return needs, devplane.DomainChoice{}, nil
+	}
+	choice, err := f.choice()
+	if err != nil {
+		return needs, choice, err
+	}
+	if f.standIn {
+		d := f.demoOptions(choice)
+		needs.standIn = &d
+		return needs, choice, nil
+	}
+	co, err := f.clusterOptions(choice)
+	if err != nil {
+		return needs, choice, err
+	}
+	needs.cluster = &co
+	return needs, choice, nil
+}
+
+// imageDirFlag is the --image-dir of the commands that run the plane
+// (serve, start): the directory the manager may import file:// images
+// from.
+func imageDirFlag(fs *pflag.FlagSet, o *plane.Options) {
+	fs.StringVar(&o.ImageDir, "image-dir", plane.DefaultImageDir, "directory the manager may import file:// images from")
 }
 
 // shipped is rel in the directory of the capl-dev binary when it is there

@@ -77,7 +77,7 @@ func (a *app) serveCommand() *cobra.Command {
 		},
 	}
 	managerFlags(cmd.Flags(), &o)
-	cmd.Flags().StringVar(&o.ImageDir, "image-dir", plane.DefaultImageDir, "directory the manager may import file:// images from")
+	imageDirFlag(cmd.Flags(), &o)
 	return cmd
 }
 
@@ -347,7 +347,7 @@ over; the VMs keep running).`,
 	}
 	fs := cmd.Flags()
 	managerFlags(fs, &o)
-	fs.StringVar(&o.ImageDir, "image-dir", plane.DefaultImageDir, "directory the manager may import file:// images from")
+	imageDirFlag(fs, &o)
 	fs.BoolVar(&restart, "restart", false, "stop and start a running plane (its VMs keep running)")
 	fs.BoolVar(&wait, "wait", true, "wait until every cluster's nodes are Ready, when VMs were started")
 	fs.DurationVar(&timeout, "timeout", defaultTimeout, "how long to wait for the nodes")

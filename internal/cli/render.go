@@ -42,7 +42,10 @@ func (a *app) render(cf clusterFlags) error {
 			objs = append(objs, o)
 		}
 	} else {
-		co := cf.clusterOptions(choice)
+		co, err := cf.clusterOptions(choice)
+		if err != nil {
+			return err
+		}
 		imgs, err := devplane.ImageVolumes(co)
 		if err != nil {
 			return err

@@ -56,7 +56,7 @@ libvirt reports it now.`,
 				cl := clusterv1.Cluster{}
 				if err := p.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: args[0]}, &cl); err != nil {
 					if apierrors.IsNotFound(err) {
-						return fmt.Errorf("no cluster %s/%s on the plane (capl-dev get clusters lists them)", namespace, args[0])
+						return noSuchCluster(namespace, args[0])
 					}
 					return err
 				}

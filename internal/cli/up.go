@@ -38,22 +38,9 @@ cluster is applied server-side with the sizes given. make up runs it.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			o.StateDir, o.LibvirtURI, o.Log, o.ImageDir = a.stateDir, a.uri(), a.logf, cf.imageDir
-			choice, err := cf.choice()
+			needs, choice, err := cf.needs(a.stateDir, &o, noCluster)
 			if err != nil {
 				return err
-			}
-			needs := doctorNeeds{domainType: cf.domainType, cpuMode: cf.cpuMode}
-			if _, err := plane.Attach(a.stateDir); err != nil {
-				needs.plane = &o
-			}
-			if !noCluster {
-				if cf.standIn {
-					d := cf.demoOptions(choice)
-					needs.standIn = &d
-				} else {
-					co := cf.clusterOptions(choice)
-					needs.cluster = &co
-				}
 			}
 			if err := a.preflight(ctx, needs); err != nil {
 				return err
@@ -63,18 +50,19 @@ cluster is applied server-side with the sizes given. make up runs it.`,
 			if err != nil {
 				return err
 			}
+			kubectl := kubectlOf(o.Assets)
 			a.logf("management plane ready in %s: API %s, manager %s", time.Since(start).Round(time.Second), p.Config.Host, p.Endpoints.ManagerHealthURL)
 			if noCluster {
-				a.printPlaneSteps(p)
+				a.printPlaneSteps(p, kubectl)
 				return nil
 			}
 			a.logf("guests: %s (override with UP_ARGS=\"--domain-type=kvm|qemu --cpu-mode=...\")", choice.Reason)
 			waitCtx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
-			if cf.standIn {
-				return a.upStandIn(waitCtx, p, cf.demoOptions(choice), start)
+			if needs.standIn != nil {
+				return a.upStandIn(waitCtx, p, *needs.standIn, kubectl, start)
 			}
-			return a.makeCluster(waitCtx, p, cf, cf.clusterOptions(choice), true, start)
+			return a.makeCluster(waitCtx, p, cf.kubeconfigOut, kubectl, *needs.cluster, true, start)
 		},
 	}
 	fs := cmd.Flags()
@@ -120,25 +108,20 @@ func (a *app) startPlane(ctx context.Context, o plane.Options) (*plane.Plane, er
 		return nil, err
 	}
 	if running {
-		if why := planeStale(p); why != "" {
-			fmt.Fprintf(a.err, "warning: the management plane runs an older build: %s; `capl-dev start --restart%s` restarts it with the new one (its clusters' VMs keep running)\n",
-				why, stateDirArg(o.StateDir))
-		}
+		a.warnStale(p)
 	} else if err := recordPlane(o); err != nil {
 		return nil, err
-	}
-	if assets, err := plane.FindAssets(o.Assets); err == nil {
-		kubectlPath = filepath.Join(assets, "kubectl")
 	}
 	return p, nil
 }
 
 // makeCluster applies a Kubernetes cluster from the template,
-// server-side, and with wait waits until every node is Ready. A cluster
-// that exists already is applied as it is asked for now: its workers are
-// not staged again (they exist), so replicas change the same way under
-// KVM and TCG.
-func (a *app) makeCluster(ctx context.Context, p *plane.Plane, cf clusterFlags, co devplane.ClusterOptions, wait bool, start time.Time) error {
+// server-side, and with wait waits until every node is Ready and writes
+// its kubeconfig to kubeconfigOut (default <state-dir>/NAME.kubeconfig);
+// the printed next steps name kubectl. A cluster that exists already is
+// applied as it is asked for now: its workers are not staged again (they
+// exist), so replicas change the same way under KVM and TCG.
+func (a *app) makeCluster(ctx context.Context, p *plane.Plane, kubeconfigOut, kubectl string, co devplane.ClusterOptions, wait bool, start time.Time) error {
 	exists, err := devplane.ClusterExists(ctx, p.Client, co.Namespace, co.Name)
 	if err != nil {
 		return err
@@ -200,14 +183,15 @@ func (a *app) makeCluster(ctx context.Context, p *plane.Plane, cf clusterFlags, 
 		return fmt.Errorf("%w; %s", err, hint)
 	}
 	a.logf("all %d nodes Ready %s after apply (%s since the command started)", len(nodes.Joined), time.Since(applied).Round(time.Second), time.Since(start).Round(time.Second))
-	out := cf.kubeconfigOut
+	out := kubeconfigOut
 	if out == "" {
 		out = plane.WorkloadKubeconfig(p.StateDir, co.Name)
 	}
-	if err := os.WriteFile(out, kubeconfig, 0o600); err != nil {
+	// Replaced whole, 0600 even when the file was there with another mode.
+	if err := replaceFile(out, kubeconfig, -1, -1); err != nil {
 		return err
 	}
-	a.printClusterSteps(p, co, out)
+	a.printClusterSteps(ctx, p, co, out, kubectl)
 	return nil
 }
 
@@ -234,7 +218,7 @@ func namespaceArg(ns string) string {
 
 // upStandIn makes the stand-in demo: VMs whose cloud-init runs a stand-in
 // API server behind the HAProxy endpoint, without Kubernetes.
-func (a *app) upStandIn(ctx context.Context, p *plane.Plane, d devplane.DemoOptions, start time.Time) error {
+func (a *app) upStandIn(ctx context.Context, p *plane.Plane, d devplane.DemoOptions, kubectl string, start time.Time) error {
 	objs, err := devplane.Demo(d)
 	if err != nil {
 		return err
@@ -260,7 +244,7 @@ func (a *app) upStandIn(ctx context.Context, p *plane.Plane, d devplane.DemoOpti
 		return err
 	}
 	a.logf("control-plane endpoint answers (from %s) after %s", host, time.Since(start).Round(time.Second))
-	a.printPlaneSteps(p)
+	a.printPlaneSteps(p, kubectl)
 	fmt.Fprintf(a.out, `
 Control-plane endpoint (HAProxy VM in front of the stand-in API servers):
 
@@ -270,37 +254,56 @@ Control-plane endpoint (HAProxy VM in front of the stand-in API servers):
 	return nil
 }
 
-// kubectlPath is the kubectl next to the plane's kube-apiserver, which the
-// printed next steps name.
-var kubectlPath = "kubectl"
+// kubectlOf is the kubectl next to the plane's kube-apiserver, found as
+// the plane finds its binaries (assets as --assets names them, "" for
+// the default search), which the printed next steps name and run; plain
+// kubectl, from PATH, when there is none.
+func kubectlOf(assets string) string {
+	if dir, err := plane.FindAssets(assets); err == nil {
+		return filepath.Join(dir, "kubectl")
+	}
+	return "kubectl"
+}
 
-func kubectl() string { return kubectlPath }
+// nodesTimeout bounds the `kubectl get nodes` of the next steps: the
+// nodes are Ready, so the API server answers at once, and a kubectl that
+// hangs (an endpoint not reachable from here) must not keep the command,
+// whose work is done, from ending.
+const nodesTimeout = 30 * time.Second
 
-func (a *app) printClusterSteps(p *plane.Plane, co devplane.ClusterOptions, kubeconfig string) {
+// printClusterSteps prints the cluster's nodes and the commands to use
+// it.
+func (a *app) printClusterSteps(ctx context.Context, p *plane.Plane, co devplane.ClusterOptions, kubeconfig, kubectl string) {
 	fmt.Fprintf(a.out, "\nWorkload cluster %s/%s (kubeconfig %s):\n\n", co.Namespace, co.Name, kubeconfig)
-	cmd := exec.Command(kubectl(), "--kubeconfig", kubeconfig, "get", "nodes", "-o", "wide")
+	ctx, cancel := context.WithTimeout(ctx, nodesTimeout)
+	defer cancel()
+	// --request-timeout ends kubectl's own retries before the context kills it.
+	cmd := exec.CommandContext(ctx, kubectl, "--kubeconfig", kubeconfig, "--request-timeout=20s", "get", "nodes", "-o", "wide")
 	cmd.Stdout, cmd.Stderr = a.out, a.err
 	if err := cmd.Run(); err != nil {
 		fmt.Fprintf(a.out, "(kubectl get nodes: %v)\n", err)
 	}
 	fmt.Fprintf(a.out, `
   %[1]s --kubeconfig %[2]s get nodes,pods -A -o wide
-  capl-dev get kubeconfig %[3]s%[4]s --merge     # a context capl-%[3]s in ~/.kube/config
-`, kubectl(), kubeconfig, co.Name, namespaceArg(co.Namespace)+stateDirArg(p.StateDir))
-	a.printPlaneSteps(p)
+  capl-dev get kubeconfig %[3]s%[4]s --merge     # a context %[5]s in ~/.kube/config
+`, kubectl, kubeconfig, co.Name, namespaceArg(co.Namespace)+stateDirArg(p.StateDir), contextName(co.Namespace, co.Name))
+	a.printPlaneSteps(p, kubectl)
 	a.printDownStep(p)
 }
 
-func (a *app) printPlaneSteps(p *plane.Plane) {
+// printPlaneSteps prints where the plane keeps its state and how to
+// reach it with kubectl.
+func (a *app) printPlaneSteps(p *plane.Plane, kubectl string) {
 	fmt.Fprintf(a.out, `
 The management plane runs in the background (state in %[1]s, logs serve.log and manager.log).
 
   export KUBECONFIG=%[2]s
   %[3]s get clusters,kubeadmcontrolplanes,machinedeployments,machines -A
   capl-dev status%[4]s          # every cluster's objects, conditions and VMs
-`, p.StateDir, p.Kubeconfig, kubectl(), stateDirArg(p.StateDir))
+`, p.StateDir, p.Kubeconfig, kubectl, stateDirArg(p.StateDir))
 }
 
+// printDownStep prints how to remove it all.
 func (a *app) printDownStep(p *plane.Plane) {
 	fmt.Fprintf(a.out, `
 Tear it all down (clusters, plane, every VM, volume and network it made):
