@@ -189,6 +189,17 @@ func TestCompletion(t *testing.T) {
 		expect(t, "create cluster's flags", 0, []string{"--workers\t", "--node-image\t", "--kubernetes-version\t", "--state-dir\t"}, nil)
 }
 
+// needRoot fails t at its start unless it runs as root, saying so: what
+// it checks is what capl-dev does as root (the doctor's root check, a
+// file chowned to SUDO_USER), and a skip would let a run that never
+// checked it pass.
+func needRoot(t *testing.T, why string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatalf("this test needs root (%s); it runs as uid %d: run it as root (sudo make test)", why, os.Geteuid())
+	}
+}
+
 // deadSocket returns the path of a unix socket nobody listens on: bound,
 // then closed, so that connecting is refused (as with a libvirtd that
 // died and left its socket).
@@ -207,6 +218,7 @@ func deadSocket(t *testing.T) string {
 // that libvirtd does not answer, how to start it, within seconds; up
 // starts nothing.
 func TestDeadLibvirtdSaidWithinSeconds(t *testing.T) {
+	needRoot(t, "libvirtd must be the only check that fails, and the root check fails for another user")
 	uri := "qemu+unix:///system?socket=" + deadSocket(t)
 	state := t.TempDir()
 	for _, args := range [][]string{

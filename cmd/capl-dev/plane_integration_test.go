@@ -61,6 +61,7 @@ func TestCLIPlaneWithoutVMs(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a management plane")
 	}
+	needRoot(t, "a merge under sudo chowns the file it creates to SUDO_UID, and doctor's root check must pass")
 	assets := os.Getenv(plane.AssetsEnv)
 	if assets == "" {
 		t.Fatalf("%s is unset: run through `make test`, which builds kube-apiserver and etcd (hack/envtest.sh)", plane.AssetsEnv)
