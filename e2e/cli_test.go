@@ -79,7 +79,12 @@ func TestCLI(t *testing.T) {
 	bin, uri, assets := env[envBin], env[envURI], env["KUBEBUILDER_ASSETS"]
 	lock, alone, err := testlibvirt.LockExclusive(hostLockPath)
 	must(t, err)
-	defer lock.Close()
+	// Released by a cleanup registered before the one below, so it runs
+	// after it (cleanups run in reverse order): once down has run and libvirt
+	// has been searched for leftovers, so that no other run takes the host
+	// while this one still has VMs on it. A defer would release it before
+	// any cleanup runs.
+	t.Cleanup(func() { _ = lock.Close() })
 	if !alone {
 		t.Fatalf("another e2e run holds %s on this host", hostLockPath)
 	}
