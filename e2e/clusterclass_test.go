@@ -37,18 +37,11 @@ const clusterClassPhasePrefix = kubeadmPhasePrefix + "ClusterClass: "
 // plane, then the MachineDeployment, to the newer version and node image,
 // with the endpoint answering and nothing of a replaced machine left.
 func (s *suite) clusterClassUpgrade(t *testing.T) {
-	for _, step := range []struct {
-		name string
-		run  func(*testing.T)
-	}{
+	runInOrder(t, []phase{
 		{"delete the kubeadm cluster", s.deleteKubeadm},
 		{"ClusterClass nodes ready", s.clusterClassReady},
 		{"ClusterClass upgrade", s.upgradeTopology},
-	} {
-		if !t.Run(step.name, step.run) {
-			return
-		}
-	}
+	})
 }
 
 // deleteKubeadm deletes the cluster under test and waits until it, its

@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -85,18 +86,27 @@ func (s *suite) upgradeScenario(t *testing.T) {
 	if !s.k8s.ready {
 		return
 	}
-	for _, phase := range []struct {
-		name string
-		run  func(*testing.T)
-	}{
+	runInOrder(t, []phase{
 		{"kubeadm control-plane upgrade", s.upgradeControlPlane},
 		{"kubeadm workers upgrade", s.upgradeWorkers},
 		{"kubeadm service across nodes after the upgrade", s.kubeadmService},
 		{"kubeadm control-plane rollout", s.kubeadmControlPlaneRollout},
 		{"kubeadm workers rollout", s.workersRollout},
 		{"ClusterClass cluster upgrade", s.clusterClassUpgrade},
-	} {
-		if !t.Run(phase.name, phase.run) {
+	})
+}
+
+// phase is a named step of a scenario.
+type phase struct {
+	name string
+	run  func(*testing.T)
+}
+
+// runInOrder runs each phase as a subtest until one fails: each works on
+// what the one before left.
+func runInOrder(t *testing.T, phases []phase) {
+	for _, p := range phases {
+		if !t.Run(p.name, p.run) {
 			return
 		}
 	}
@@ -258,16 +268,23 @@ func (s *suite) controlPlaneToReplace(t *testing.T) *controlPlaneRollout {
 func (s *suite) waitControlPlaneReplaced(t *testing.T, r *controlPlaneRollout) *clusterv1.Machine {
 	t.Helper()
 	var replacement *clusterv1.Machine
-	s.waitFor(t, "a new control-plane Machine", 10*time.Minute, func() (bool, string) {
+	kcp := s.kubeadmControlPlane(t)
+	// KubeadmControlPlane adds a machine only while every control-plane
+	// component and etcd member reports healthy, which a loaded TCG
+	// control plane may not for minutes: the wait says which is not.
+	s.waitFor(t, "a new control-plane Machine", 20*time.Minute, func() (bool, string) {
 		for _, m := range s.controlPlaneMachines(t) {
 			if m.Name != r.old.Name {
 				replacement = &m
 				return true, ""
 			}
 		}
-		return false, "only " + r.old.Name
+		if err := s.c.Get(s.ctx, client.ObjectKeyFromObject(kcp), kcp); err != nil {
+			return false, err.Error()
+		}
+		return false, "only " + r.old.Name + "; KubeadmControlPlane " + conditionsLine(kcp.Status.Conditions,
+			controlplanev1.KubeadmControlPlaneEtcdClusterHealthyCondition, controlplanev1.KubeadmControlPlaneControlPlaneComponentsHealthyCondition)
 	})
-	kcp := s.kubeadmControlPlane(t)
 	s.waitFor(t, "the control-plane rollout: "+r.old.Name+" gone, "+replacement.Name+" up to date and ready", rolloutTimeout, func() (bool, string) {
 		if err := s.c.Get(s.ctx, client.ObjectKeyFromObject(kcp), kcp); err != nil {
 			return false, err.Error()
@@ -485,4 +502,19 @@ func (s *suite) checkNodeVersions(t *testing.T, version string, controlPlane boo
 			t.Errorf("node %s: providerID %q is not ours", n.Name, n.Spec.ProviderID)
 		}
 	}
+}
+
+// conditionsLine is the status, reason and message of each named
+// condition, on one line.
+func conditionsLine(conditions []metav1.Condition, types ...string) string {
+	parts := make([]string, 0, len(types))
+	for _, typ := range types {
+		c := meta.FindStatusCondition(conditions, typ)
+		if c == nil {
+			parts = append(parts, typ+" absent")
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %s %s: %s", typ, c.Status, c.Reason, strings.Join(strings.Fields(c.Message), " ")))
+	}
+	return strings.Join(parts, "; ")
 }

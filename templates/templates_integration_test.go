@@ -218,21 +218,22 @@ func TestRenderedTemplatesAreAccepted(t *testing.T) {
 			if tc.check != nil {
 				tc.check(t, byKind)
 			}
-			checkJoinRetry(t, byKind)
+			checkKubeadmRetry(t, byKind)
 		})
 	}
 }
 
-// joinRetry is the script every flavour's joining machines run after
-// Cluster API's single `kubeadm join`.
-const joinRetry = "/usr/local/sbin/capl-kubeadm-join-retry"
+// kubeadmRetry is the script every flavour's machines run after Cluster
+// API's single `kubeadm init` or `kubeadm join`.
+const kubeadmRetry = "/usr/local/sbin/capl-kubeadm-retry"
 
-// checkJoinRetry checks that the kubeadm configurations of every flavour
-// write the same join retry, with the shell's own variables intact and the
-// default count, and run it last; control planes also run it first to keep
-// the CA and keys Cluster API wrote, which the retry restores after
-// `kubeadm reset` and before removing a failed join's etcd member.
-func checkJoinRetry(t *testing.T, byKind map[string][]*unstructured.Unstructured) {
+// checkKubeadmRetry checks that the kubeadm configurations of every
+// flavour write the same retry of a failed init or join, with the shell's
+// own variables intact and the default count, and run it last; control
+// planes also run it first to keep the CA and keys Cluster API wrote,
+// which the retry restores after `kubeadm reset` (and after removing a
+// failed join's etcd member).
+func checkKubeadmRetry(t *testing.T, byKind map[string][]*unstructured.Unstructured) {
 	t.Helper()
 	specs := map[string][]string{
 		"KubeadmControlPlane":         {"spec", "kubeadmConfigSpec"},
@@ -242,20 +243,21 @@ func checkJoinRetry(t *testing.T, byKind map[string][]*unstructured.Unstructured
 	scripts := map[string]string{}
 	for kind, spec := range specs {
 		for _, u := range byKind[kind] {
-			script := renderedFile(t, u, spec, joinRetry)
+			script := renderedFile(t, u, spec, kubeadmRetry)
 			scripts[kind+" "+u.GetName()] = script
 			for _, want := range []string{"for attempt in $(seq 5); do", "retry $attempt of 5", `rm -rf "$kept" && cp -a /etc/kubernetes/pki "$kept"`,
-				`cp -a "$kept" /etc/kubernetes/pki`, "if ! leave_etcd; then", "/v3/cluster/member/remove"} {
+				`cp -a "$kept" /etc/kubernetes/pki`, `if [ "$phase" = join ] && ! leave_etcd; then`, "/v3/cluster/member/remove",
+				"phase=init config=/run/kubeadm/kubeadm.yaml", `kubeadm "$phase" --config "$config"`} {
 				if !strings.Contains(script, want) {
-					t.Errorf("%s %s: the join retry script lacks %q (the shell's variables must stay intact)", kind, u.GetName(), want)
+					t.Errorf("%s %s: the kubeadm retry script lacks %q (the shell's variables must stay intact)", kind, u.GetName(), want)
 				}
 			}
 			post, _, _ := unstructured.NestedStringSlice(u.Object, append(slices.Clone(spec), "postKubeadmCommands")...)
-			if len(post) == 0 || post[len(post)-1] != joinRetry {
-				t.Errorf("%s %s: postKubeadmCommands %v, want the join retry last", kind, u.GetName(), post)
+			if len(post) == 0 || post[len(post)-1] != kubeadmRetry {
+				t.Errorf("%s %s: postKubeadmCommands %v, want the kubeadm retry last", kind, u.GetName(), post)
 			}
 			pre, _, _ := unstructured.NestedStringSlice(u.Object, append(slices.Clone(spec), "preKubeadmCommands")...)
-			if keeps := slices.Contains(pre, joinRetry+" keep"); keeps != (kind != "KubeadmConfigTemplate") {
+			if keeps := slices.Contains(pre, kubeadmRetry+" keep"); keeps != (kind != "KubeadmConfigTemplate") {
 				t.Errorf("%s %s: preKubeadmCommands %v: keeping the pki is for control planes only (keeps: %v)", kind, u.GetName(), pre, keeps)
 			}
 		}
@@ -268,7 +270,7 @@ func checkJoinRetry(t *testing.T, byKind map[string][]*unstructured.Unstructured
 		if first == "" {
 			first = name
 		} else if script != scripts[first] {
-			t.Errorf("the join retry of %s differs from %s's", name, first)
+			t.Errorf("the kubeadm retry of %s differs from %s's", name, first)
 		}
 	}
 }

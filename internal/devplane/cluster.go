@@ -523,8 +523,8 @@ func WorkerMachineDeployment(ctx context.Context, c client.Client, o ClusterOpti
 // MachineDeployment's replicas.
 func ScaleWorkers(ctx context.Context, c client.Client, o ClusterOptions, replicas int32) error {
 	if !o.Topology() {
-		md := &clusterv1.MachineDeployment{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: o.Namespace, Name: o.MachineDeploymentName()}, md); err != nil {
+		md, err := WorkerMachineDeployment(ctx, c, o)
+		if err != nil {
 			return err
 		}
 		patch := client.MergeFrom(md.DeepCopy())

@@ -26,17 +26,25 @@ func repoFile(parts ...string) string {
 	return filepath.Join(append([]string{"..", ".."}, parts...)...)
 }
 
+// fakeImageDir is an image directory holding a node image of version and
+// the HAProxy image, each a few bytes: rendering only names them.
+func fakeImageDir(t *testing.T, version string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for file, content := range map[string]string{NodeImageFileFor(version): "node", HAProxyImageFile: "lb"} {
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
 // TestRenderCluster renders the real cluster template with `make up`'s
 // variables: every variable is resolved, the images are the seeded
 // volumes, and the Cluster carries the label the CNI's
 // ClusterResourceSet selects.
 func TestRenderCluster(t *testing.T) {
-	dir := t.TempDir()
-	for file, content := range map[string]string{NodeImageFileFor("v1.36.3"): "node", HAProxyImageFile: "lb"} {
-		if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := fakeImageDir(t, "v1.36.3")
 	o := ClusterOptions{
 		Namespace: "team-a", Name: "k8s", ControlPlane: 3, Workers: 2, KubernetesVersion: "v1.36.3",
 		Template: repoFile("templates", "cluster-template.yaml"), CNI: repoFile("templates", "cni-flannel.yaml"),
@@ -141,13 +149,13 @@ func TestRenderCluster(t *testing.T) {
 		"KubeadmConfigTemplate/k8s-md-0":        {"spec", "template", "spec"},
 	} {
 		post, _, _ := unstructured.NestedStringSlice(kinds[name].Object, append(spec, "postKubeadmCommands")...)
-		script := renderedFile(t, kinds[name], append(spec, "files"), joinRetryScript)
+		script := renderedFile(t, kinds[name], append(spec, "files"), kubeadmRetryScript)
 		// The shell's own $ survive clusterctl's variable substitution.
 		if !strings.Contains(script, "for attempt in $(seq 5); do") || !strings.Contains(script, "retry $attempt of 5") {
-			t.Errorf("%s: join retry script %q, want 5 attempts with the shell's variables intact", name, script)
+			t.Errorf("%s: kubeadm retry script %q, want 5 attempts with the shell's variables intact", name, script)
 		}
-		if !slices.Equal(post, []string{joinRetryScript}) {
-			t.Errorf("%s: postKubeadmCommands %v, want the join retry", name, post)
+		if !slices.Equal(post, []string{kubeadmRetryScript}) {
+			t.Errorf("%s: postKubeadmCommands %v, want the kubeadm retry", name, post)
 		}
 	}
 
@@ -190,8 +198,9 @@ func renderedFile(t *testing.T, u *unstructured.Unstructured, filesPath []string
 	return ""
 }
 
-// joinRetryScript is the template's retry of a failed `kubeadm join`.
-const joinRetryScript = "/usr/local/sbin/capl-kubeadm-join-retry"
+// kubeadmRetryScript is the template's retry of a failed `kubeadm init`
+// or `kubeadm join`.
+const kubeadmRetryScript = "/usr/local/sbin/capl-kubeadm-retry"
 
 func TestRenderClusterNamesMissingVariables(t *testing.T) {
 	o := ClusterOptions{Template: repoFile("templates", "cluster-template.yaml")}
@@ -281,12 +290,7 @@ func TestNodesStatusDone(t *testing.T) {
 // first, in the cluster's namespace; the Cluster carries the CNI label and
 // the same settings as the plain template's variables, TCG's included.
 func TestRenderTopologyCluster(t *testing.T) {
-	dir := t.TempDir()
-	for file, content := range map[string]string{NodeImageFileFor("v1.35.4"): "node", HAProxyImageFile: "lb"} {
-		if err := os.WriteFile(filepath.Join(dir, file), []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := fakeImageDir(t, "v1.35.4")
 	base := ClusterOptions{
 		Namespace: "team-a", Name: "cc", ControlPlane: 1, Workers: 1, KubernetesVersion: "v1.35.4",
 		Template: repoFile("templates", "cluster-template-topology.yaml"), ClusterClass: repoFile("templates", "clusterclass-libvirt.yaml"),
@@ -377,11 +381,11 @@ func TestRenderTopologyCluster(t *testing.T) {
 					t.Errorf("variable %s = %v, want %v", name, vars[name], want)
 				}
 			}
-			// The class is rendered with the same variables: its join retry
+			// The class is rendered with the same variables: its kubeadm retry
 			// keeps the shell's own $ and takes the default count.
-			script := renderedFile(t, objs[2], []string{"spec", "template", "spec", "kubeadmConfigSpec", "files"}, joinRetryScript)
+			script := renderedFile(t, objs[2], []string{"spec", "template", "spec", "kubeadmConfigSpec", "files"}, kubeadmRetryScript)
 			if !strings.Contains(script, "for attempt in $(seq 5); do") {
-				t.Errorf("the class's join retry script %q, want 5 attempts with the shell's variables intact", script)
+				t.Errorf("the class's kubeadm retry script %q, want 5 attempts with the shell's variables intact", script)
 			}
 		})
 	}

@@ -26,7 +26,6 @@ import (
 	"sigs.k8s.io/cluster-api/bootstrap/kubeadm/reconcilers/kubeadmconfig"
 	bootstrapsetup "sigs.k8s.io/cluster-api/bootstrap/kubeadm/setup"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
-	"sigs.k8s.io/cluster-api/controlplane/kubeadm/pkg/etcd"
 	"sigs.k8s.io/cluster-api/controlplane/kubeadm/reconcilers/kubeadmcontrolplane"
 	controlplanesetup "sigs.k8s.io/cluster-api/controlplane/kubeadm/setup"
 	"sigs.k8s.io/cluster-api/core/reconcilers/cluster"
@@ -332,9 +331,17 @@ func setupKubeadmBootstrap(ctx context.Context, mgr ctrl.Manager) error {
 	}})
 }
 
+// kcpEtcdTimeout bounds KubeadmControlPlane's dial of and calls to a
+// workload cluster's etcd, which go through the API server and kubelet as
+// a port-forward (the flags' defaults are 10 s and 15 s). A TCG control
+// plane answered later than that while it was busy; each timeout makes
+// the etcd health unknown, and KubeadmControlPlane then refuses to scale
+// up, so a rollout waited for a quiet moment that a busy guest never had.
+const kcpEtcdTimeout = time.Minute
+
 // setupKubeadmControlPlane wires controlplane/kubeadm/main.go's
-// KubeadmControlPlane reconciler with its flag defaults (etcd dial 10 s,
-// etcd call etcd.DefaultCallTimeout, remote conditions grace 5 min).
+// KubeadmControlPlane reconciler with its flag defaults (remote conditions
+// grace 5 min) but longer etcd timeouts (kcpEtcdTimeout).
 func setupKubeadmControlPlane(ctx context.Context, mgr ctrl.Manager) error {
 	clusterCache, err := newClusterCache(ctx, mgr, controlplanesetup.ClusterCacheCacheOptions(),
 		controlplanesetup.ClusterCacheClientOptions(capiControllerName, 20, 30))
@@ -354,8 +361,8 @@ func setupKubeadmControlPlane(ctx context.Context, mgr ctrl.Manager) error {
 		APIReader:                   mgr.GetAPIReader(),
 		SecretCachingClient:         secretClient,
 		ClusterCache:                clusterCache,
-		EtcdDialTimeout:             10 * time.Second,
-		EtcdCallTimeout:             etcd.DefaultCallTimeout,
+		EtcdDialTimeout:             kcpEtcdTimeout,
+		EtcdCallTimeout:             kcpEtcdTimeout,
 		EtcdLogger:                  etcdLogger,
 		RemoteConditionsGracePeriod: 5 * time.Minute,
 	}})

@@ -286,7 +286,9 @@ func (c *Client) withConn(ctx context.Context, op string, fn func(*libvirt.Conne
 		return err
 	}
 	err = fn(st.conn)
-	lost := err != nil && isConnFailure(st, err)
+	// A full pool can break a stream the way a lost connection does; it is
+	// not one, and another attempt would fail the same way.
+	lost := err != nil && !errors.Is(err, ErrPoolFull) && isConnFailure(st, err)
 	st.unref()
 	if !lost {
 		return err

@@ -153,21 +153,22 @@ func (c *Client) prepareImport(ctx context.Context, img ImageImport, size int64)
 // the way; a digest mismatch aborts before the stream finishes. No lock is
 // held: a slow source delays only this import.
 func (c *Client) streamImport(ctx context.Context, img ImageImport, src io.Reader, size int64) error {
-	calls := 0
+	var first error
 	err := c.withConn(ctx, "ImportImage", func(conn *libvirt.Connect) error {
 		// withConn calls again after a lost connection, but the source
 		// cannot be read again: the rest of it would hash to a mismatch
 		// that looks like the source's fault. Fail as the connection did.
-		if calls++; calls > 1 {
-			return errStreamInterrupted
+		if first != nil {
+			return fmt.Errorf("%w: %w", errStreamInterrupted, first)
 		}
-		return withPool(conn, img.Pool, func(p *libvirt.StoragePool) error {
+		first = withPool(conn, img.Pool, func(p *libvirt.StoragePool) error {
 			return withVolume(p, img.Volume, func(vol *libvirt.StorageVol) error {
 				verify := func(sent []byte) error { return checkDigest(img, sent) }
 				_, err := upload(ctx, conn, p, vol, src, size, verify)
-				return wrapNoSpace(img.Pool, err)
+				return poolFullOr(ctx, p, size, wrapNoSpace(img.Pool, err))
 			})
 		})
+		return first
 	})
 	if err != nil {
 		return fmt.Errorf("importing %s into %s/%s: %w", RedactURL(img.Source), img.Pool, img.Volume, err)

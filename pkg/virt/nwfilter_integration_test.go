@@ -72,7 +72,9 @@ func TestCleanTrafficDropsSpoofedARP(t *testing.T) {
 		t.Fatal(err)
 	}
 	domUUID := uuid.NewString()
-	userData := "#cloud-config\nruncmd:\n- [sh, -c, 'ip -4 -o addr show scope global > " + ipFile + "']\n"
+	// runcmd may run before the bridge's DHCP answered on a loaded host:
+	// wait for the address, and write the file whole once there is one.
+	userData := "#cloud-config\nruncmd:\n- [sh, -c, 'for i in $(seq 300); do a=$(ip -4 -o addr show scope global); [ -n \"$a\" ] && break; sleep 1; done; echo \"$a\" > " + ipFile + ".new; mv " + ipFile + ".new " + ipFile + "']\n"
 	iso, err := cloudinit.BuildISO(cloudinit.Seed{InstanceID: domUUID, LocalHostname: e.pool, UserData: []byte(userData)})
 	if err != nil {
 		t.Fatal(err)

@@ -191,12 +191,20 @@ func checkWritten(ctx context.Context, conn *libvirt.Connect, p *libvirt.Storage
 	if bytes.Equal(got, want) {
 		return nil
 	}
-	if refreshPool(ctx, p) == nil {
-		if info, err := p.GetInfo(); err == nil && info.Available < uint64(size) {
-			return fmt.Errorf("%w: %d bytes free: %w", ErrPoolFull, info.Available, errWriteLost)
-		}
+	return poolFullOr(ctx, p, size, errWriteLost)
+}
+
+// poolFullOr returns err as ErrPoolFull when p, rescanned, has less free
+// space than the need bytes an upload was writing: libvirt does not always
+// report the ENOSPC of its writer, and may report it as a broken stream.
+func poolFullOr(ctx context.Context, p *libvirt.StoragePool, need int64, err error) error {
+	if err == nil || need <= 0 || errors.Is(err, ErrPoolFull) || refreshPool(ctx, p) != nil {
+		return err
 	}
-	return errWriteLost
+	if info, ierr := p.GetInfo(); ierr == nil && info.Available < uint64(need) {
+		return fmt.Errorf("%w: %d bytes free: %w", ErrPoolFull, info.Available, err)
+	}
+	return err
 }
 
 // volumeDigest is the SHA-256 of the first size bytes of vol.
