@@ -6,7 +6,9 @@ SHELL := /usr/bin/env bash -o pipefail
 
 ROOT := $(abspath .)
 BIN := $(ROOT)/bin
-export PATH := $(BIN):$(PATH)
+# Go's own install directory last: sudo's secure_path drops it, and `sudo make
+# up` must still find Go 1.26 there; a go earlier on PATH wins.
+export PATH := $(BIN):$(PATH)$(if $(wildcard /usr/local/go/bin/go),:/usr/local/go/bin)
 export GOTOOLCHAIN := local
 
 CONTROLLER_GEN_VERSION := v0.23.0
@@ -56,8 +58,8 @@ run: ## Run the manager against the management cluster of the current kubeconfig
 
 .PHONY: build
 build: ## Build the manager and capl-dev (the one-host management plane) into bin/.
-	go build -o $(BIN)/manager ./cmd/manager
-	go build -o $(BIN)/capl-dev ./cmd/capl-dev
+	@hack/timed.sh --key "go build manager" --what "bin/manager (go build, incremental)" -- go build -o $(BIN)/manager ./cmd/manager
+	@hack/timed.sh --key "go build capl-dev" --what "bin/capl-dev (go build, incremental)" -- go build -o $(BIN)/capl-dev ./cmd/capl-dev
 
 # Where `make dist` writes the one-host plane's release directory.
 DIST_DIR ?= $(ROOT)/dist/capl-dev-linux-amd64
@@ -129,9 +131,9 @@ test-e2e-move: ## Bootstrap and pivot on real VMs: a kubeadm cluster moved by th
 # the way the e2e's cluster boots them.
 SOAK_TESTS := ^(TestBootGuestThroughReservedLease|TestGuestAgent|TestLibvirtMachine|TestNodeImageReadyForKubeadm)$$
 .PHONY: test-soak
-test-soak: envtest images node-image ## Outside CI: the integration tests that boot guests the e2e covers (CAPL_TEST_SOAK=1), then the stand-in cluster 3 + 2 (endpoint balancing, reboot, control-plane deletion, worker scaling, 10 manager-kill rounds).
+test-soak: envtest images node-image ## Outside CI: the integration tests that boot guests the e2e covers (CAPL_TEST_SOAK=1), capl-dev driven on a kubeadm cluster (e2e TestCLI: create cluster, exec, load image, logs, stop/start), then the stand-in cluster 3 + 2 (endpoint balancing, reboot, control-plane deletion, worker scaling, 10 manager-kill rounds).
 	$(TEST_ENV) CAPL_TEST_SOAK=1 go test $(GO_TEST_FLAGS) -run '$(SOAK_TESTS)' ./pkg/virt/ ./pkg/controllers/ ./images/
-	$(MAKE) test-e2e E2E_ARGS="-e2e.stand-in -e2e.soak -e2e.kill-rounds=10 $(E2E_ARGS)"
+	$(MAKE) test-e2e E2E_TIMEOUT=150m E2E_ARGS="-e2e.cli -e2e.stand-in -e2e.soak -e2e.kill-rounds=10 $(E2E_ARGS)"
 
 .PHONY: test-node-image
 test-node-image: envtest node-image ## Only the node image's boot test, verbose, with its figures (CAPL_TEST_NODE_KUBEADM_INIT=1 adds a kubeadm init).
@@ -163,11 +165,11 @@ envtest: ## Build kube-apiserver and etcd for envtest from the Go module proxy (
 
 .PHONY: images
 images: ## Build the offline test images (cached in $(CAPL_IMAGE_DIR)).
-	images/build.sh >/dev/null
+	@hack/timed.sh -- images/build.sh >/dev/null
 
 .PHONY: node-image
 node-image: ## Build the Kubernetes node image $(NODE_IMAGE) offline (KUBERNETES_VERSION; cached).
-	KUBERNETES_VERSION=$(KUBERNETES_VERSION) images/build.sh node >/dev/null
+	@KUBERNETES_VERSION=$(KUBERNETES_VERSION) hack/timed.sh -- images/build.sh node >/dev/null
 
 # What the node image of KUBERNETES_VERSION holds (its binaries' VERSIONS,
 # in the image as /etc/capl-node-versions).
@@ -179,8 +181,8 @@ node-image-versions: node-image ## Print the versions the node image of KUBERNET
 
 .PHONY: node-images
 node-images: ## Both node images: KUBERNETES_VERSION_PREVIOUS and KUBERNETES_VERSION (the upgrade e2e's)
-	KUBERNETES_VERSION=$(KUBERNETES_VERSION_PREVIOUS) images/build.sh node >/dev/null
-	KUBERNETES_VERSION=$(KUBERNETES_VERSION) images/build.sh node >/dev/null
+	@KUBERNETES_VERSION=$(KUBERNETES_VERSION_PREVIOUS) hack/timed.sh -- images/build.sh node >/dev/null
+	@KUBERNETES_VERSION=$(KUBERNETES_VERSION) hack/timed.sh -- images/build.sh node >/dev/null
 
 ##@ Generate and verify
 

@@ -1,12 +1,17 @@
 // Package docs_test keeps the documentation complete: every API field,
-// manager flag, clusterctl variable, ClusterClass variable and condition
-// reason must appear in it, so that adding one without documenting it fails.
+// manager flag, clusterctl variable, ClusterClass variable, condition
+// reason and capl-dev command must appear in it, so that adding one without
+// documenting it fails; and every capl-dev command line it shows must parse.
 package docs_test
 
 import (
+	"errors"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -15,10 +20,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/cli"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 )
 
@@ -174,4 +181,184 @@ func TestConditionsDocumented(t *testing.T) {
 		return true
 	})
 	documented(t, read(t, "troubleshooting.md"), "condition type or reason", values)
+}
+
+// docFiles are the documents whose capl-dev command lines must work.
+var docFiles = []string{"../README.md", "*.md", "../e2e/README.md", "../examples/README.md", "../images/README.md", "../images/node/README.md"}
+
+// capldevLines returns every capl-dev command line of the documentation,
+// in code (fenced blocks and inline code), as the words after
+// "capl-dev", each with where it was found. A line ends at a shell
+// operator, a comment or the end of the code span.
+func capldevLines(t *testing.T) map[string][]string {
+	t.Helper()
+	lines := map[string][]string{}
+	for _, glob := range docFiles {
+		files, err := filepath.Glob(glob)
+		if err != nil || len(files) == 0 {
+			t.Fatalf("no file matches %s: %v", glob, err)
+		}
+		for _, f := range files {
+			fenced := false
+			for i, line := range strings.Split(read(t, f), "\n") {
+				if strings.HasPrefix(strings.TrimSpace(line), "```") {
+					fenced = !fenced
+					continue
+				}
+				// A shell comment in a code block is prose.
+				spans := []string{shellComment.ReplaceAllString(line, "")}
+				if !fenced {
+					spans = inlineCode.FindAllString(line, -1)
+				}
+				for _, span := range spans {
+					for _, m := range capldevCall.FindAllStringSubmatch(strings.Trim(span, "`"), -1) {
+						words := strings.Fields(m[1])
+						if len(words) == 0 {
+							continue
+						}
+						at := fmt.Sprintf("%s:%d", f, i+1)
+						lines[strings.Join(words, " ")] = append(lines[strings.Join(words, " ")], at)
+					}
+				}
+			}
+		}
+	}
+	return lines
+}
+
+var (
+	inlineCode   = regexp.MustCompile("`[^`]+`")
+	shellComment = regexp.MustCompile(`(^|\s)#.*$`)
+	// capldevCall is "capl-dev" as a command (bin/, ./ or nothing
+	// before it) and its words up to a shell operator or comment.
+	capldevCall = regexp.MustCompile(`(?:^|[\s(])(?:bin/|\./)?capl-dev((?: +[^\s|;&)#<>]+)*)`)
+)
+
+// commandTests name, for each capl-dev command, the tests that run it as
+// a person would (the built binary, or for serve the plane that spawns
+// it). A new command needs its test here.
+var commandTests = map[string][]string{
+	"up":             {"TestDistRunsWithoutCheckout", "TestCLIPlaneWithoutVMs", "TestCLI"},
+	"down":           {"TestDistRunsWithoutCheckout", "TestCLIPlaneWithoutVMs", "TestCLI"},
+	"stop":           {"TestCLIPlaneWithoutVMs", "TestCLI"},
+	"start":          {"TestCLIPlaneWithoutVMs", "TestCLI"},
+	"serve":          {"TestPlaneLifecycle", "TestCLIPlaneWithoutVMs"},
+	"create cluster": {"TestCLI"},
+	"delete cluster": {"TestCLIPlaneWithoutVMs", "TestCLI"},
+	"get clusters":   {"TestCLIPlaneWithoutVMs", "TestCLI"},
+	"get kubeconfig": {"TestCLIPlaneWithoutVMs", "TestCLI"},
+	"status":         {"TestCLIPlaneWithoutVMs", "TestCLI"},
+	"logs":           {"TestCLIPlaneWithoutVMs", "TestCLI"},
+	"render":         {"TestRender"},
+	"exec":           {"TestCLI"},
+	"load image":     {"TestCLI"},
+	"doctor":         {"TestDeadLibvirtdSaidWithinSeconds", "TestCLIPlaneWithoutVMs"},
+	"orphans":        {"TestCLIPlaneWithoutVMs"},
+	"completion":     {"TestCompletion"},
+}
+
+// TestCapldevCommandsDocumented: every capl-dev command line in the
+// documentation names a command that exists with flags it takes; every
+// command is documented; and every command is run by a test that exists.
+func TestCapldevCommandsDocumented(t *testing.T) {
+	lines := capldevLines(t)
+	if len(lines) < 20 {
+		t.Fatalf("found %d capl-dev command lines in the documentation", len(lines))
+	}
+	t.Logf("%d capl-dev command lines checked", len(lines))
+	seen := map[string]bool{}
+	for line, where := range lines {
+		words := strings.Fields(line)
+		root := newRoot()
+		c, rest, err := root.Find(words)
+		if err != nil || (c == root && len(rest) > 0 && !strings.HasPrefix(rest[0], "-")) {
+			t.Errorf("capl-dev %s (%s): no such command (%v)", line, strings.Join(where, ", "), err)
+			continue
+		}
+		if err := c.ParseFlags(rest); err != nil && !errors.Is(err, pflag.ErrHelp) {
+			t.Errorf("capl-dev %s (%s): %v", line, strings.Join(where, ", "), err)
+			continue
+		}
+		seen[commandPath(c)] = true
+	}
+	for _, path := range leafCommands(newRoot()) {
+		if !seen[path] {
+			t.Errorf("capl-dev %s is not documented: give it a line in docs/quick-start.md", path)
+		}
+		tests := commandTests[path]
+		if len(tests) == 0 {
+			t.Errorf("capl-dev %s is run by no test: write one that runs the binary and name it in commandTests", path)
+		}
+		for _, name := range tests {
+			if !testExists(t, name) {
+				t.Errorf("capl-dev %s: commandTests names %s, which no _test.go file defines", path, name)
+			}
+		}
+	}
+}
+
+// commandPath is a command's words after "capl-dev"; completion's
+// shells count as completion.
+func commandPath(c *cobra.Command) string {
+	path := strings.TrimPrefix(c.CommandPath(), "capl-dev")
+	path = strings.TrimSpace(path)
+	if strings.HasPrefix(path, "completion") {
+		return "completion"
+	}
+	return path
+}
+
+// newRoot is capl-dev's command tree with the completion command cobra
+// otherwise adds only when it runs.
+func newRoot() *cobra.Command {
+	root := cli.NewCommand(io.Discard, io.Discard)
+	root.InitDefaultCompletionCmd()
+	return root
+}
+
+// leafCommands are the commands a person runs: runnable, not help.
+func leafCommands(c *cobra.Command) []string {
+	var out []string
+	for _, sub := range c.Commands() {
+		switch {
+		case sub.Hidden || sub.Name() == "help":
+		case sub.Name() == "completion":
+			out = append(out, "completion")
+		case sub.HasSubCommands():
+			out = append(out, leafCommands(sub)...)
+		default:
+			out = append(out, commandPath(sub))
+		}
+	}
+	return out
+}
+
+var testFuncs map[string]bool
+
+// testExists tells whether a _test.go file of the repository defines
+// func name.
+func testExists(t *testing.T, name string) bool {
+	t.Helper()
+	if testFuncs == nil {
+		testFuncs = map[string]bool{}
+		def := regexp.MustCompile(`(?m)^func (Test\w+)\(`)
+		err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() && (d.Name() == ".git" || d.Name() == "bin" || d.Name() == "dist") {
+				return filepath.SkipDir
+			}
+			if strings.HasSuffix(path, "_test.go") {
+				for _, m := range def.FindAllStringSubmatch(read(t, path), -1) {
+					testFuncs[m[1]] = true
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return testFuncs[name]
 }

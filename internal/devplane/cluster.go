@@ -15,10 +15,13 @@ import (
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/yaml"
 
 	addonsv1 "sigs.k8s.io/cluster-api/api/addons/v1beta2"
@@ -58,6 +61,9 @@ type ClusterOptions struct {
 	ClusterClass string
 	// ImageDir holds the node image (NodeImageFileFor) and HAProxyImageFile.
 	ImageDir string
+	// NodeImage is the node image file when it is not ImageDir's
+	// NodeImageFileFor(KubernetesVersion) (capl-dev's --node-image).
+	NodeImage string
 	// DomainType of every VM; TCGCacheMiB the node VMs' TCG translation
 	// cache (ignored for kvm).
 	DomainType  string
@@ -139,9 +145,19 @@ type ClusterImages struct {
 	Node, LoadBalancer ClusterImage
 }
 
-// ImageVolumes reads the node image and the HAProxy image of o.ImageDir.
+// NodeImagePath is the node image file of o: NodeImage, or the one of
+// KubernetesVersion in ImageDir.
+func (o ClusterOptions) NodeImagePath() string {
+	if o.NodeImage != "" {
+		return o.NodeImage
+	}
+	return filepath.Join(o.ImageDir, NodeImageFileFor(o.KubernetesVersion))
+}
+
+// ImageVolumes reads the node image (NodeImagePath) and the HAProxy image
+// of o.ImageDir.
 func ImageVolumes(o ClusterOptions) (ClusterImages, error) {
-	node, err := clusterImage(o.ImageDir, NodeImageFileFor(o.KubernetesVersion))
+	node, err := clusterImage(filepath.Dir(o.NodeImagePath()), filepath.Base(o.NodeImagePath()))
 	if err != nil {
 		return ClusterImages{}, err
 	}
@@ -162,8 +178,8 @@ func clusterImage(dir, file string) (ClusterImage, error) {
 // pool, creating the pool. The template names its images as volumes, as
 // image-builder users have them; this is how the one-host plane gets its
 // files there. An image already imported is not copied again. Only files
-// of o.ImageDir are read (the import's source policy), the directory the
-// caller builds its images into.
+// of o.ImageDir (and the node image's directory) are read: the import's
+// source policy, the directories the caller names.
 func SeedImages(ctx context.Context, host virt.Host, o ClusterOptions) (ClusterImages, error) {
 	poolName, poolPath := o.pool()
 	if err := host.EnsurePool(ctx, virt.PoolSpec{Name: poolName, Path: poolPath}); err != nil {
@@ -175,7 +191,7 @@ func SeedImages(ctx context.Context, host virt.Host, o ClusterOptions) (ClusterI
 	}
 	for _, img := range []ClusterImage{imgs.Node, imgs.LoadBalancer} {
 		if _, err := host.ImportImage(ctx, virt.ImageImport{Pool: poolName, Volume: img.Volume, Source: img.Path, SHA256: img.SHA256,
-			Policy: virt.SourcePolicy{FileDirs: []string{o.ImageDir}}}); err != nil {
+			Policy: virt.SourcePolicy{FileDirs: []string{o.ImageDir, filepath.Dir(o.NodeImagePath())}}}); err != nil {
 			return ClusterImages{}, fmt.Errorf("importing %s into pool %s: %w", img.Path, poolName, err)
 		}
 	}
@@ -359,6 +375,80 @@ func ApplyCluster(ctx context.Context, c client.Client, cni []client.Object, clu
 		objs = append(objs, u)
 	}
 	return ApplyDemo(ctx, c, objs)
+}
+
+// FieldManager is the field manager of what ApplyClusterServerSide applies.
+const FieldManager = "capl-dev"
+
+// ApplyClusterServerSide applies the namespace, the CNI objects and the
+// rendered cluster server-side as FieldManager, taking over fields other
+// managers set: a second run with other replicas or variables converges
+// the objects to them (a `kubectl scale` in between is undone), where
+// ApplyCluster leaves existing objects as they are. What the webhooks
+// refuse to change (a LibvirtMachineTemplate's spec, a cluster's network)
+// fails with their message.
+func ApplyClusterServerSide(ctx context.Context, c client.Client, cni []client.Object, cluster []*unstructured.Unstructured) error {
+	var objs []*unstructured.Unstructured
+	namespaces := map[string]bool{}
+	for _, obj := range cni {
+		u, err := toUnstructured(c, obj)
+		if err != nil {
+			return err
+		}
+		objs = append(objs, u)
+	}
+	objs = append(objs, cluster...)
+	for _, u := range objs {
+		if ns := u.GetNamespace(); ns != "" && !namespaces[ns] {
+			namespaces[ns] = true
+			n := &unstructured.Unstructured{}
+			n.SetAPIVersion("v1")
+			n.SetKind("Namespace")
+			n.SetName(ns)
+			if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(n), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+				return fmt.Errorf("applying namespace %s: %w", ns, err)
+			}
+		}
+	}
+	for _, u := range objs {
+		u = u.DeepCopy()
+		// Apply configurations carry no server-set fields.
+		unstructured.RemoveNestedField(u.Object, "status")
+		unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
+		u.SetResourceVersion("")
+		u.SetManagedFields(nil)
+		if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
+			return fmt.Errorf("applying %s %s/%s: %w", u.GetKind(), u.GetNamespace(), u.GetName(), err)
+		}
+	}
+	return nil
+}
+
+// toUnstructured converts a typed object with its kind from c's scheme.
+func toUnstructured(c client.Client, obj client.Object) (*unstructured.Unstructured, error) {
+	gvk, err := apiutil.GVKForObject(obj, c.Scheme())
+	if err != nil {
+		return nil, err
+	}
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		return nil, err
+	}
+	u := &unstructured.Unstructured{Object: m}
+	u.SetGroupVersionKind(gvk)
+	return u, nil
+}
+
+// ClusterExists tells whether cluster namespace/name exists, so that a
+// second run applies it as it is (no workers staged behind the control
+// plane: they exist already, and a staged MachineDeployment of 0 would
+// scale them away).
+func ClusterExists(ctx context.Context, c client.Client, namespace, name string) (bool, error) {
+	err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &clusterv1.Cluster{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // TCGTuning is what ClusterOptions change for a host without usable KVM:

@@ -411,3 +411,41 @@ func topologyVariables(t *testing.T, cluster *unstructured.Unstructured) map[str
 	}
 	return out
 }
+
+// TestImageVolumesNodeImage: the node image is ImageDir's file of the
+// Kubernetes version unless NodeImage names another (capl-dev
+// --node-image); the HAProxy image always comes from ImageDir.
+func TestImageVolumesNodeImage(t *testing.T) {
+	dir, other := t.TempDir(), t.TempDir()
+	files := map[string]string{
+		filepath.Join(dir, NodeImageFileFor("v1.36.3")): "node of the version",
+		filepath.Join(dir, HAProxyImageFile):            "lb",
+		filepath.Join(other, "my-node.qcow2"):           "my node",
+	}
+	for path, content := range files {
+		if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name, nodeImage, wantPath string
+	}{
+		{"of the version", "", filepath.Join(dir, NodeImageFileFor("v1.36.3"))},
+		{"named", filepath.Join(other, "my-node.qcow2"), filepath.Join(other, "my-node.qcow2")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := ClusterOptions{KubernetesVersion: "v1.36.3", ImageDir: dir, NodeImage: tc.nodeImage}
+			imgs, err := ImageVolumes(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum := sha256.Sum256([]byte(files[tc.wantPath]))
+			if imgs.Node.Path != tc.wantPath || imgs.Node.SHA256 != hex.EncodeToString(sum[:]) {
+				t.Errorf("node image %+v, want %s with the sha256 of %q", imgs.Node, tc.wantPath, files[tc.wantPath])
+			}
+			if imgs.LoadBalancer.Path != filepath.Join(dir, HAProxyImageFile) {
+				t.Errorf("load balancer image %s, want ImageDir's", imgs.LoadBalancer.Path)
+			}
+		})
+	}
+}

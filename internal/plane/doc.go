@@ -30,6 +30,9 @@
 //	webhook-certs/         the manager's webhook serving certificate
 //	endpoints.json         Endpoints: manager metrics and health URLs, webhook port
 //	scope.json             Scope: the namespaces and storage pools the plane used
+//	capl-dev.json          CLIStateFile: how capl-dev started the plane, the VMs
+//	                       `capl-dev stop` shut down (internal/cli)
+//	<cluster>.kubeconfig   workload kubeconfigs (WorkloadKubeconfig)
 //
 // What Down removes:
 //

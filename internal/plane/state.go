@@ -90,6 +90,12 @@ const (
 	workloadKubeconfigSuffix = ".kubeconfig"
 )
 
+// CLIStateFile is the file of the state directory that capl-dev's command
+// line (internal/cli) keeps: how the plane was started, for `capl-dev
+// start`, and which VMs `capl-dev stop` shut down. Down removes it with
+// the directory.
+const CLIStateFile = "capl-dev.json"
+
 // WorkloadKubeconfig is where `capl-dev up` writes the kubeconfig of
 // workload cluster name in the plane's state directory; Down removes it
 // with the directory.

@@ -1,41 +1,33 @@
-package main
+package cli
 
 import (
-	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
+
+	"github.com/spf13/pflag"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 )
 
-// stringList is a repeatable flag.
-type stringList []string
-
-// String is the values given, for flag's usage and defaults.
-func (s *stringList) String() string { return strings.Join(*s, " ") }
-
-// Set adds one value: the flag may be repeated.
-func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
-
-func planeFlags(fs *flag.FlagSet, o *plane.Options) {
-	fs.StringVar(&o.StateDir, "state-dir", plane.DefaultStateDir, "directory of the plane's etcd data, kubeconfig, pid files and logs")
-	fs.StringVar(&o.LibvirtURI, "libvirt-uri", manager.DefaultLibvirtURI, "libvirt host the manager drives")
-}
-
-func managerFlags(fs *flag.FlagSet, o *plane.Options) {
+// managerFlags are the flags of the processes a starting plane runs.
+func managerFlags(fs *pflag.FlagSet, o *plane.Options) {
 	fs.StringVar(&o.ManagerBinary, "manager", "", "the provider's manager binary (make build); default: manager next to capl-dev")
 	fs.StringVar(&o.Assets, "assets", "", "directory of kube-apiserver, etcd, kube-controller-manager and kubectl; default: next to capl-dev, then its k8s/<version>-linux-amd64 (bin/ of make envtest), $KUBEBUILDER_ASSETS first when set")
-	fs.Var((*stringList)(&o.ManagerArgs), "manager-arg", "extra flag for the manager, e.g. --manager-arg=--v=4 (repeatable)")
+	// StringArray, not StringSlice: a manager flag may hold a comma.
+	fs.StringArrayVar(&o.ManagerArgs, "manager-arg", nil, "extra flag for the manager, e.g. --manager-arg=--v=4 (repeatable)")
 }
 
-// clusterFlags are the flags shaping the cluster `capl-dev up` makes.
+// clusterFlags are the flags shaping the cluster `capl-dev up` and
+// `capl-dev create cluster` make.
 type clusterFlags struct {
-	namespace, name     string
-	imageDir            string
+	namespace, name string
+	imageDir        string
+	// nodeImage is the node image file; empty means the one of
+	// kubernetesVersion in imageDir.
+	nodeImage           string
 	domainType, cpuMode string
 	storagePool         string
 	controlPlane        int
@@ -46,11 +38,16 @@ type clusterFlags struct {
 	standIn bool
 }
 
-func (f *clusterFlags) bind(fs *flag.FlagSet) {
-	fs.StringVar(&f.namespace, "namespace", "default", "namespace of the cluster")
-	fs.StringVar(&f.name, "name", "demo", "name of the cluster")
+// bind adds the flags to fs; withName adds --name (up's; create cluster
+// takes the name as its argument).
+func (f *clusterFlags) bind(fs *pflag.FlagSet, withName bool) {
+	fs.StringVarP(&f.namespace, "namespace", "n", "default", "namespace of the cluster")
+	if withName {
+		fs.StringVar(&f.name, "name", "demo", "name of the cluster")
+	}
 	fs.StringVar(&f.imageDir, "image-dir", plane.DefaultImageDir,
-		"directory of `make images node-image`, holding the node image, "+devplane.HAProxyImageFile+" and (stand-in) "+devplane.NodeImageFile)
+		"directory of the images of make images node-image: the node image, "+devplane.HAProxyImageFile+" and (stand-in) "+devplane.NodeImageFile)
+	fs.StringVar(&f.nodeImage, "node-image", "", "the Kubernetes node image file; default capl-node-<kubernetes-version>.qcow2 in --image-dir")
 	fs.StringVar(&f.domainType, "domain-type", "auto", "auto, kvm or qemu (TCG)")
 	fs.StringVar(&f.cpuMode, "cpu-mode", "", "libvirt CPU mode; default host-passthrough for kvm, maximum for qemu")
 	fs.StringVar(&f.storagePool, "storage-pool", "", "storage pool of the cluster's volumes, at /var/lib/libvirt/<name>; empty means the provider's default (capi-libvirt)")
@@ -79,17 +76,67 @@ func (f *clusterFlags) demoOptions(c devplane.DomainChoice) devplane.DemoOptions
 
 // clusterOptions are the Kubernetes cluster's options. The template sets
 // no CPU mode: the provider's default per domain type applies.
-func (f *clusterFlags) clusterOptions(c devplane.DomainChoice) devplane.ClusterOptions {
+//
+// A relative --node-image is made absolute here, the one place up,
+// create cluster, doctor and render take it from: libvirt imports the
+// image from its path and allows its directory as an import source, and
+// libvirtd does not run in capl-dev's working directory.
+func (f *clusterFlags) clusterOptions(c devplane.DomainChoice) (devplane.ClusterOptions, error) {
+	nodeImage := f.nodeImage
+	if nodeImage != "" {
+		abs, err := filepath.Abs(nodeImage)
+		if err != nil {
+			return devplane.ClusterOptions{}, fmt.Errorf("--node-image %s: %w", nodeImage, err)
+		}
+		nodeImage = abs
+	}
 	o := devplane.ClusterOptions{
 		Namespace: f.namespace, Name: f.name, ImageDir: f.imageDir, StoragePool: f.storagePool,
 		ControlPlane: int32(f.controlPlane), Workers: int32(f.workers),
 		KubernetesVersion: f.kubernetesVersion, Template: f.template, CNI: f.cni,
-		DomainType: c.DomainType,
+		NodeImage: nodeImage, DomainType: c.DomainType,
 	}
 	if c.DomainType == string(infrav1.DomainTypeQEMU) {
 		o = o.TCGTuning()
 	}
-	return o
+	return o, nil
+}
+
+// needs is what up and doctor check the host for: the plane's binaries
+// unless a plane runs in stateDir (o is how it would start), and, unless
+// noCluster, the cluster or stand-in cluster of f. The accelerator
+// choice is returned for the cluster's options; it is the zero choice
+// with noCluster, when no guest is made.
+func (f *clusterFlags) needs(stateDir string, o *plane.Options, noCluster bool) (doctorNeeds, devplane.DomainChoice, error) {
+	needs := doctorNeeds{domainType: f.domainType, cpuMode: f.cpuMode}
+	if _, err := plane.Attach(stateDir); err != nil {
+		needs.plane = o
+	}
+	if noCluster {
+		return needs, devplane.DomainChoice{}, nil
+	}
+	choice, err := f.choice()
+	if err != nil {
+		return needs, choice, err
+	}
+	if f.standIn {
+		d := f.demoOptions(choice)
+		needs.standIn = &d
+		return needs, choice, nil
+	}
+	co, err := f.clusterOptions(choice)
+	if err != nil {
+		return needs, choice, err
+	}
+	needs.cluster = &co
+	return needs, choice, nil
+}
+
+// imageDirFlag is the --image-dir of the commands that run the plane
+// (serve, start): the directory the manager may import file:// images
+// from.
+func imageDirFlag(fs *pflag.FlagSet, o *plane.Options) {
+	fs.StringVar(&o.ImageDir, "image-dir", plane.DefaultImageDir, "directory the manager may import file:// images from")
 }
 
 // shipped is rel in the directory of the capl-dev binary when it is there

@@ -1,10 +1,11 @@
-package main
+package cli
 
 import (
 	"errors"
-	"flag"
 	"fmt"
+	"io"
 
+	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
@@ -14,11 +15,19 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 )
 
-func render(args []string) error {
-	fs := flag.NewFlagSet("render", flag.ExitOnError)
+func (a *app) renderCommand() *cobra.Command {
 	var cf clusterFlags
-	cf.bind(fs)
-	_ = fs.Parse(args)
+	cmd := &cobra.Command{
+		Use:   "render",
+		Short: "Print the cluster up would make as YAML, for a management cluster of your own",
+		Args:  cobra.NoArgs,
+		RunE:  func(*cobra.Command, []string) error { return a.render(cf) },
+	}
+	cf.bind(cmd.Flags(), true)
+	return cmd
+}
+
+func (a *app) render(cf clusterFlags) error {
 	choice, err := cf.choice()
 	if err != nil {
 		return err
@@ -33,7 +42,10 @@ func render(args []string) error {
 			objs = append(objs, o)
 		}
 	} else {
-		co := cf.clusterOptions(choice)
+		co, err := cf.clusterOptions(choice)
+		if err != nil {
+			return err
+		}
 		imgs, err := devplane.ImageVolumes(co)
 		if err != nil {
 			return err
@@ -66,14 +78,14 @@ func render(args []string) error {
 			}
 			s.Data = nil
 		}
-		if err := printYAML(scheme, obj); err != nil {
+		if err := printYAML(a.out, scheme, obj); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func printYAML(scheme *runtime.Scheme, obj runtime.Object) error {
+func printYAML(w io.Writer, scheme *runtime.Scheme, obj runtime.Object) error {
 	gvk, err := apiutil.GVKForObject(obj, scheme)
 	if err != nil {
 		return err
@@ -83,6 +95,6 @@ func printYAML(scheme *runtime.Scheme, obj runtime.Object) error {
 	if err != nil {
 		return errors.Join(fmt.Errorf("rendering %s", gvk.Kind), err)
 	}
-	fmt.Printf("---\n%s", data)
+	fmt.Fprintf(w, "---\n%s", data)
 	return nil
 }
