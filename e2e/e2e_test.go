@@ -83,6 +83,7 @@ func (s *suite) kubeadmScenario(t *testing.T) {
 	}
 	s.readyClusterChecks(t)
 	t.Run("kubeadm service across nodes", s.kubeadmService)
+	t.Run("manager image through the plane's registry", s.managerImageFromRegistry)
 	t.Run("idle cost", s.measureIdleCost)
 
 	// 2. Faults on a running cluster: its nodes must stay Ready through them.

@@ -71,6 +71,53 @@ image-endpoint: unix:///run/containerd/containerd.sock
 timeout: 10
 EOF
 
+# The one-host plane's registry (internal/registry) as containerd's mirror of
+# every registry: at each boot, once the network is up, when the guest's
+# gateway answers as that registry on its port (registry.DefaultPort, which
+# internal/registry's test checks against this), containerd asks it first for
+# any image and falls back to the named registry for what it lacks. Elsewhere
+# (a bridged homelab network, a cloud) nothing answers and nothing changes.
+install -d -m 0755 "$root/usr/local/lib/capl"
+cat >"$root/usr/local/lib/capl/registry-mirror" <<'EOF'
+#!/bin/sh
+# capl node image: the plane's registry as containerd's mirror, when the gateway serves one.
+set -u
+port=5050
+hosts=/etc/containerd/certs.d/_default/hosts.toml
+gw=
+for _ in $(seq 30); do # DHCP may still be under way
+  gw=$(ip -4 route show default | awk '{print $3; exit}')
+  [ -n "$gw" ] && break
+  sleep 1
+done
+if [ -n "$gw" ] && curl -fsS -m 5 -o /dev/null -D - "http://$gw:$port/v2/" 2>/dev/null | grep -qi '^capl-registry:'; then
+  mkdir -p "${hosts%/*}"
+  printf '[host."http://%s:%s"]\n  capabilities = ["pull", "resolve"]\n' "$gw" "$port" >"$hosts.tmp"
+  mv "$hosts.tmp" "$hosts"
+  echo "containerd pulls through the plane's registry at http://$gw:$port"
+else
+  rm -f "$hosts"
+  echo "no plane registry at the gateway (${gw:-none}):$port"
+fi
+EOF
+chmod 0755 "$root/usr/local/lib/capl/registry-mirror"
+cat >"$root/etc/systemd/system/capl-registry-mirror.service" <<'EOF'
+[Unit]
+Description=capl: the plane's registry as containerd's mirror
+Wants=network-online.target
+After=network-online.target
+# before kubeadm (cloud-init's runcmd) and the kubelet pull anything
+Before=kubelet.service cloud-final.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/lib/capl/registry-mirror
+
+[Install]
+WantedBy=multi-user.target
+EOF
+
 # kubelet: the unit and kubeadm drop-in of Kubernetes' packages (kubernetes/release).
 cat >"$root/lib/systemd/system/kubelet.service" <<'EOF'
 [Unit]
@@ -113,7 +160,7 @@ cat >"$root/lib/systemd/system/kubelet.service.d/05-capl-wait-for-config.conf" <
 ConditionPathExists=/var/lib/kubelet/config.yaml
 EOF
 install -d -m 0755 "$root/etc/kubernetes/manifests" "$root/var/lib/kubelet"
-chroot "$root" systemctl enable --quiet containerd.service kubelet.service
+chroot "$root" systemctl enable --quiet containerd.service kubelet.service capl-registry-mirror.service
 
 # Kernel: what kubeadm's preflight and the CNI want, at every boot.
 cat >"$root/etc/modules-load.d/kubernetes.conf" <<'EOF'

@@ -10,6 +10,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/registry"
 )
 
 // managerFlags are the flags of the processes a starting plane runs.
@@ -18,6 +19,8 @@ func managerFlags(fs *pflag.FlagSet, o *plane.Options) {
 	fs.StringVar(&o.Assets, "assets", "", "directory of kube-apiserver, etcd, kube-controller-manager and kubectl; default: next to capl-dev, then its k8s/<version>-linux-amd64 (bin/ of make envtest), $KUBEBUILDER_ASSETS first when set")
 	// StringArray, not StringSlice: a manager flag may hold a comma.
 	fs.StringArrayVar(&o.ManagerArgs, "manager-arg", nil, "extra flag for the manager, e.g. --manager-arg=--v=4 (repeatable)")
+	fs.IntVar(&o.RegistryPort, "registry-port", registry.DefaultPort, "port of the plane's OCI registry on the host's addresses (the node image's containerd mirrors every registry through it); negative: none")
+	fs.StringArrayVar(&o.RegistryLayouts, "registry-layout", nil, "OCI image layout directory whose images the plane pushes into its registry at start, e.g. dist/manager-image/oci of make image (repeatable)")
 }
 
 // clusterFlags are the flags shaping the cluster `capl-dev up` and

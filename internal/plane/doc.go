@@ -5,7 +5,9 @@
 // etcdpki.go; etcd requires client certificates; the binaries from an
 // assets directory: FindAssets) with a persistent etcd data directory and
 // Secrets encrypted at rest, every server on loopback only (guests reach
-// the host's other addresses through their gateway), every CRD and webhook configuration of the provider and of
+// the host's other addresses through their gateway) but the OCI registry
+// (registry.go, internal/registry: on every address, pulls only from the
+// provider's bridges), every CRD and webhook configuration of the provider and of
 // Cluster API's core and kubeadm providers embedded at build time
 // (manifests.go);
 // kube-controller-manager (garbage collector, namespace, service-account,
@@ -30,6 +32,7 @@
 //	webhook-certs/         the manager's webhook serving certificate
 //	endpoints.json         Endpoints: manager metrics and health URLs, webhook port
 //	scope.json             Scope: the namespaces and storage pools the plane used
+//	registry/              the OCI registry's blobs and manifest journal (kept)
 //	capl-dev.json          CLIStateFile: how capl-dev started the plane, the VMs
 //	                       `capl-dev stop` shut down (internal/cli)
 //	<cluster>.kubeconfig   workload kubeconfigs (WorkloadKubeconfig)

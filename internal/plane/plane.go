@@ -108,7 +108,10 @@ func spawnServe(o Options, serveBinary string) (chan error, error) {
 		return nil, errors.New("no capl-dev binary to run `serve` with")
 	}
 	args := []string{"serve", "--state-dir=" + o.StateDir, "--libvirt-uri=" + o.LibvirtURI, "--manager=" + o.ManagerBinary,
-		"--assets=" + o.Assets, "--image-dir=" + o.ImageDir}
+		"--assets=" + o.Assets, "--image-dir=" + o.ImageDir, "--registry-port=" + strconv.Itoa(o.RegistryPort)}
+	for _, l := range o.RegistryLayouts {
+		args = append(args, "--registry-layout="+l)
+	}
 	for _, a := range o.ManagerArgs {
 		args = append(args, "--manager-arg="+a)
 	}

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"maps"
 	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
@@ -22,6 +23,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/random"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -35,6 +39,7 @@ import (
 	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/registry"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 )
 
@@ -67,7 +72,14 @@ func TestPlaneLifecycle(t *testing.T) {
 			t.Fatalf("building %s: %v\n%s", pkg, err, out)
 		}
 	}
-	o := Options{StateDir: filepath.Join(t.TempDir(), "plane"), LibvirtURI: uri, ManagerBinary: filepath.Join(bin, "manager"), Log: t.Logf}
+	// A port of its own for the registry: another package's plane may
+	// hold the default one.
+	registryPort, err := freePorts(1)
+	must(t, err)
+	o := Options{
+		StateDir: filepath.Join(t.TempDir(), "plane"), LibvirtURI: uri, ManagerBinary: filepath.Join(bin, "manager"), Log: t.Logf,
+		RegistryPort: registryPort[0], RegistryLayouts: []string{testImageLayout(t, testImageName)},
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, f := range []string{serveLogName, managerLogName, kcmLogName} {
@@ -248,10 +260,14 @@ func checkLoopbackOnly(ctx context.Context, t *testing.T, p *Plane) {
 	pids, err := p.PIDs()
 	must(t, err)
 	listening := map[uint16]string{}
+	registryPort := registryPortOf(t, p)
 	for name, pid := range pids {
 		addrs, err := listeningAddresses(pid)
 		must(t, err)
 		for _, a := range addrs {
+			if a.Port() == registryPort {
+				continue // every address; checkRegistry shows it answers the host alone
+			}
 			if !a.Addr().IsLoopback() {
 				t.Errorf("%s (pid %d) listens on %s, which is not a loopback address", name, pid, a)
 			}
@@ -289,6 +305,76 @@ func checkLoopbackOnly(ctx context.Context, t *testing.T, p *Plane) {
 		}
 	}
 	t.Logf("the plane listens on %d loopback ports; webhook ports %v refuse %v", len(listening), slices.Sorted(maps.Keys(webhookPorts)), others)
+	if listening[registryPort] != "serve" {
+		t.Errorf("the registry's port %d is not the plane's (%q)", registryPort, listening[registryPort])
+	}
+	checkRegistry(ctx, t, p, others)
+}
+
+// testImageName is the image TestPlaneLifecycle has the plane push into
+// its registry at start.
+const testImageName = "example.com/capl/plane-test:v1"
+
+// testImageLayout writes a random image named name into an OCI image
+// layout, as images/oci names the images it writes.
+func testImageLayout(t *testing.T, name string) string {
+	t.Helper()
+	img, err := random.Image(1024, 2)
+	must(t, err)
+	dir := t.TempDir()
+	l, err := layout.Write(dir, empty.Index)
+	must(t, err)
+	must(t, l.AppendImage(img, layout.WithAnnotations(map[string]string{"io.containerd.image.name": name})))
+	return dir
+}
+
+// registryPortOf is the port of the plane's registry.
+func registryPortOf(t *testing.T, p *Plane) uint16 {
+	t.Helper()
+	u, err := url.Parse(p.Endpoints.RegistryURL)
+	if err != nil || u.Port() == "" {
+		t.Fatalf("the plane serves no registry (endpoints.json registryURL %q, %v)", p.Endpoints.RegistryURL, err)
+	}
+	port, err := strconv.ParseUint(u.Port(), 10, 16)
+	must(t, err)
+	return uint16(port)
+}
+
+// checkRegistry shows the plane's registry serves on loopback the image
+// the plane pushed at start, and refuses pulls and pushes arriving on
+// the host's other addresses (they are no provider network's bridge).
+func checkRegistry(ctx context.Context, t *testing.T, p *Plane, others []netip.Addr) {
+	t.Helper()
+	repo, tag, err := registry.MirrorPath(testImageName)
+	must(t, err)
+	port := int(registryPortOf(t, p))
+	get := func(host, path string) (*http.Response, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+tcpAddress(host, port)+path, nil)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+		return resp, err
+	}
+	resp, err := get("127.0.0.1", "/v2/"+repo+"/manifests/"+tag)
+	must(t, err)
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("the registry answered HTTP %d for %s, which the plane pushed at start", resp.StatusCode, testImageName)
+	}
+	for _, a := range others {
+		resp, err := get(a.String(), "/v2/")
+		if err != nil {
+			t.Errorf("the registry on %s: %v", a, err)
+			continue
+		}
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("the registry answered HTTP %d on the host's address %s, want 403", resp.StatusCode, a)
+		}
+	}
+	t.Logf("registry on port %d: %s served on loopback, refused on %v", port, testImageName, others)
 }
 
 // webhookURLs are the URLs of every installed webhook configuration.

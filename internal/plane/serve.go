@@ -31,7 +31,8 @@ const (
 // Serve runs the plane in the foreground until ctx ends (capl-dev serve):
 // etcd (data in <StateDir>/etcd, kept; client certificates required) and
 // kube-apiserver (Secrets encrypted at rest, service-account keys of the
-// state directory), every server of the plane on loopback only, with
+// state directory), every server of the plane on loopback only but the
+// OCI registry (serveRegistry), with
 // Cluster API's CRDs, the kubeadm providers' CRDs, the provider's CRDs and
 // every webhook configuration of them; kube-controller-manager and the
 // manager binary as child processes restarted whenever they exit; Cluster
@@ -195,11 +196,16 @@ func Serve(ctx context.Context, o Options) error {
 	go recordScopeEvery(scopeCtx, env, dir, scopeRecordInterval)
 	go watchMoves(scopeCtx, pc, dir)
 
+	registryURL, err := serveRegistry(scopeCtx, o)
+	if err != nil {
+		return err
+	}
 	if err := writeJSON(filepath.Join(dir, endpointsFileName), Endpoints{
 		ManagerMetricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort),
 		ManagerHealthURL:  fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort),
 		WebhookPort:       webhookPort,
 		APIServerURL:      env.Config.Host,
+		RegistryURL:       registryURL,
 		ServePID:          os.Getpid(),
 	}); err != nil {
 		return err

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/registry"
 )
 
 // DefaultStateDir is where `make up` keeps the plane's state.
@@ -41,6 +43,15 @@ type Options struct {
 	// file:// images (its --image-file-dirs): the image cache of `make
 	// images`, which the plane's clusters name. DefaultImageDir when empty.
 	ImageDir string
+	// RegistryPort is the port of the plane's OCI registry on every host
+	// address (internal/registry says who may use it); 0 means
+	// registry.DefaultPort, the one the node image looks for, and a
+	// negative port runs no registry.
+	RegistryPort int
+	// RegistryLayouts are OCI image layout directories whose images the
+	// plane pushes into its registry when it starts (make up's: the
+	// manager image of make image).
+	RegistryLayouts []string
 	// SweepAll makes Down remove every provider-owned libvirt object on the
 	// host, not only those of the plane's namespaces and pools.
 	SweepAll bool
@@ -57,6 +68,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.ImageDir == "" {
 		o.ImageDir = DefaultImageDir
+	}
+	if o.RegistryPort == 0 {
+		o.RegistryPort = registry.DefaultPort
 	}
 	if o.Log == nil {
 		o.Log = func(string, ...any) {}
@@ -113,6 +127,9 @@ type Endpoints struct {
 	WebhookPort int `json:"webhookPort"`
 	// APIServerURL is the plane's kube-apiserver.
 	APIServerURL string `json:"apiServerURL"`
+	// RegistryURL is the plane's OCI registry on loopback, where the host
+	// pushes; empty when the plane serves none.
+	RegistryURL string `json:"registryURL,omitempty"`
 	// ServePID is the plane process that wrote the file.
 	ServePID int `json:"servePID"`
 }
