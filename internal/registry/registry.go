@@ -103,9 +103,16 @@ func Open(dir string, logger *log.Logger) (*Registry, error) {
 	if err := r.replay(); err != nil {
 		return nil, fmt.Errorf("registry %s: %w", dir, err)
 	}
-	j, err := os.OpenFile(filepath.Join(dir, journalName), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	j, err := os.OpenFile(filepath.Join(dir, journalName), os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
+	}
+	// A line cut by a crash must not swallow the next one.
+	if fi, err := j.Stat(); err == nil && fi.Size() > 0 {
+		last := make([]byte, 1)
+		if _, err := j.ReadAt(last, fi.Size()-1); err == nil && last[0] != '\n' {
+			_, _ = j.Write([]byte{'\n'})
+		}
 	}
 	r.journal = j
 	return r, nil
@@ -128,8 +135,9 @@ func (r *Registry) replay() error {
 	for n := 1; lines.Scan(); n++ {
 		var e journalEntry
 		if err := json.Unmarshal(lines.Bytes(), &e); err != nil {
-			// A line cut by a crash is the last one; nothing after it.
-			return nil
+			// A line cut by a crash; the lines written after the restart
+			// that followed still count.
+			continue
 		}
 		req, err := e.request(r.dir)
 		if err != nil {

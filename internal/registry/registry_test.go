@@ -92,7 +92,8 @@ func TestAllow(t *testing.T) {
 // TestPushPullRestart pushes an image layout with PushLayout, pulls it
 // with go-containerregistry's client (which checks every digest), then
 // opens the registry again on the same directory, as a restarted plane
-// does: the image is still served, and a deleted tag stays deleted.
+// does, after a crash cut the journal's last line: the image is still
+// served, and a tag deleted after that restart stays deleted.
 func TestPushPullRestart(t *testing.T) {
 	ctx := t.Context()
 	img, err := random.Image(4096, 3)
@@ -125,6 +126,15 @@ func TestPushPullRestart(t *testing.T) {
 	mirrored := strings.TrimPrefix(url, "http://") + "/capi-libvirt/cluster-api-provider-libvirt:v0.1.0"
 	pull(t, mirrored, img)
 	stop()
+	// A plane killed while it wrote the journal leaves a line cut short.
+	j, err := os.OpenFile(filepath.Join(dir, journalName), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.WriteString(`{"op":"put","repo":"cut`); err != nil {
+		t.Fatal(err)
+	}
+	j.Close()
 
 	url, stop = serve(t, dir)
 	mirrored = strings.TrimPrefix(url, "http://") + "/capi-libvirt/cluster-api-provider-libvirt:v0.1.0"
