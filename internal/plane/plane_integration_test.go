@@ -265,13 +265,13 @@ func checkLoopbackOnly(ctx context.Context, t *testing.T, p *Plane) {
 		addrs, err := listeningAddresses(pid)
 		must(t, err)
 		for _, a := range addrs {
+			listening[a.Port()] = name
 			if a.Port() == registryPort {
 				continue // every address; checkRegistry shows it answers the host alone
 			}
 			if !a.Addr().IsLoopback() {
 				t.Errorf("%s (pid %d) listens on %s, which is not a loopback address", name, pid, a)
 			}
-			listening[a.Port()] = name
 		}
 	}
 	webhookPorts := map[uint16]bool{}
