@@ -59,6 +59,13 @@ version = 3
 [plugins.'io.containerd.cri.v1.images'.pinned_images]
   sandbox = '$pause_ref'
 
+# One directory, as image-builder sets it: containerd 2.3's default is the
+# list '/etc/containerd/certs.d:/etc/docker/certs.d', which its CRI pulls
+# (the transfer service) read as a single path, so that no hosts.toml,
+# capl-registry-mirror's included, would apply.
+[plugins.'io.containerd.cri.v1.images'.registry]
+  config_path = '/etc/containerd/certs.d'
+
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
   runtime_type = 'io.containerd.runc.v2'
 

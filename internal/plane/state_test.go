@@ -36,6 +36,10 @@ func TestRemoveStateDirRefusesForeignFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The registry's data is a directory of the plane's.
+	if err := os.MkdirAll(filepath.Join(dir, registryDirName, "blobs", "sha256"), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	if err := removeStateDir(dir); err == nil || !strings.Contains(err.Error(), "precious.txt") {
 		t.Fatalf("removeStateDir with a foreign file: %v", err)
 	}
