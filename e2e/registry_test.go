@@ -105,7 +105,7 @@ func (s *suite) managerImageFromRegistry(t *testing.T) {
 	if !strings.Contains(usage, "-libvirt-uri") {
 		t.Fatalf("the manager's --help printed no --libvirt-uri:\n%s", usage)
 	}
-	t.Logf("%s (%s) pulled by %s through %s and run: exit 0, %d bytes of usage", image, digest, worker, strings.TrimSpace(hosts), len(usage))
+	t.Logf("%s (%s) pulled by %s through its mirror (%s) and run: exit 0, %d bytes of usage", image, digest, worker, strings.Join(strings.Fields(hosts), " "), len(usage))
 	s.workloadCall(t, "deleting Pod "+pod.Name, func() error { return client.IgnoreNotFound(wc.Delete(s.ctx, pod)) })
 }
 
