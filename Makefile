@@ -142,7 +142,7 @@ test-node-image: envtest node-image ## Only the node image's boot test, verbose,
 
 .PHONY: test-image
 test-image: ## The manager image built twice into fresh directories (same digest, same bytes), then /manager and ssh (also through pkg/hosts' qemu+ssh wrapper) run in a chroot of its root file system as its user (root, minutes).
-	CAPL_TEST_MANAGER_IMAGE=1 go test -count=1 -timeout=40m -v -run '^TestManagerImage$$' ./images/manager/
+	go test -tags image -count=1 -timeout=40m -v -run '^TestManagerImage$$' ./images/manager/
 
 .PHONY: test-unit
 test-unit: ## Unit tests only: nothing outside the process.
@@ -202,6 +202,7 @@ verify: generate $(KUSTOMIZE) ## Fail when generated files are stale, code is no
 	@out=$$(gofmt -l $$(git ls-files '*.go')); test -z "$$out" || { echo "not gofmt'ed: $$out" >&2; exit 1; }
 	go vet ./...
 	go vet -tags e2e ./e2e/...
+	go vet -tags image ./images/manager/
 	cd images/oci && go vet ./...
 	$(KUSTOMIZE) build config/default >/dev/null
 

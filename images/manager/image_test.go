@@ -1,3 +1,5 @@
+//go:build image
+
 // Package manager_test checks the manager's container image that `make image`
 // writes (images/manager/build.sh): built twice from the same commit into
 // fresh directories it is the same image, byte for byte, and in a chroot of
@@ -32,19 +34,12 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 )
 
-// ref is the reference the test builds the image as; it names no registry
-// that exists.
-const ref = "localhost/capl-manager:test"
-
 // TestManagerImage builds the image twice, compares the builds and runs the
 // image's programs. It needs root (mmdebstrap, chroot) and takes minutes, so
-// it runs only with CAPL_TEST_MANAGER_IMAGE set (make test-image).
+// it is built only with the image tag (make test-image), not in make test.
 func TestManagerImage(t *testing.T) {
-	if os.Getenv("CAPL_TEST_MANAGER_IMAGE") == "" {
-		t.Skip("CAPL_TEST_MANAGER_IMAGE unset: make test-image builds the manager image twice (root, minutes)")
-	}
 	if os.Geteuid() != 0 {
-		t.Fatal("CAPL_TEST_MANAGER_IMAGE is set, but building the image and chroot need root")
+		t.Fatal("building the image and chroot need root: run make test-image as root")
 	}
 	tmp := t.TempDir()
 	dirs := []string{filepath.Join(tmp, "first"), filepath.Join(tmp, "second")}
@@ -298,62 +293,6 @@ func TestManagerImage(t *testing.T) {
 			}
 		}
 	})
-}
-
-// TestRef checks which reference `build.sh --ref` gives release-manifests:
-// by digest only for this commit's build of the image asked for, from a
-// checkout without changes (the tree being tested may have some).
-func TestRef(t *testing.T) {
-	const digest = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
-	out, err := exec.Command("git", "rev-parse", "HEAD").Output()
-	if err != nil {
-		t.Skipf("not a git checkout: %v", err)
-	}
-	head := strings.TrimSpace(string(out))
-	status, err := exec.Command("git", "status", "--porcelain").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	clean := len(status) == 0
-	for _, tc := range []struct {
-		name, builtRef, builtRevision string
-		byDigest                      bool
-	}{
-		{name: "nothing built"},
-		{name: "this commit's build", builtRef: ref + "@" + digest, builtRevision: head, byDigest: clean},
-		{name: "another image", builtRef: "localhost/other:test@" + digest, builtRevision: head},
-		{name: "another commit", builtRef: ref + "@" + digest, builtRevision: "0000000000000000000000000000000000000000"},
-		{name: "a tree with changes", builtRef: ref + "@" + digest, builtRevision: head + "-dirty"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			if tc.builtRef != "" {
-				for name, content := range map[string]string{"ref": tc.builtRef, "revision": tc.builtRevision} {
-					if err := os.WriteFile(filepath.Join(dir, name), []byte(content+"\n"), 0o644); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
-			var stderr bytes.Buffer
-			cmd := exec.Command("./build.sh", "--ref", dir)
-			cmd.Env = append(os.Environ(), "IMG="+ref)
-			cmd.Stderr = &stderr
-			out, err := cmd.Output()
-			if err != nil {
-				t.Fatalf("%v: %s", err, stderr.String())
-			}
-			want := ref
-			if tc.byDigest {
-				want = ref + "@" + digest
-			}
-			if got := strings.TrimSpace(string(out)); got != want {
-				t.Errorf("--ref printed %q, want %q (stderr: %s)", got, want, stderr.String())
-			}
-			if warned := stderr.Len() > 0; warned != (tc.builtRef != "" && !tc.byDigest) {
-				t.Errorf("warning %q, want one only when another build is there", stderr.String())
-			}
-		})
-	}
 }
 
 // chroot runs a program of rootfs in it with the image's environment and
