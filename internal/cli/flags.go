@@ -20,6 +20,7 @@ func managerFlags(fs *pflag.FlagSet, o *plane.Options) {
 	// StringArray, not StringSlice: a manager flag may hold a comma.
 	fs.StringArrayVar(&o.ManagerArgs, "manager-arg", nil, "extra flag for the manager, e.g. --manager-arg=--v=4 (repeatable)")
 	fs.IntVar(&o.RegistryPort, "registry-port", registry.DefaultPort, "port of the plane's OCI registry on the host's addresses (the node image's containerd mirrors every registry through it); negative: none")
+	fs.IntVar(&o.LibvirtTLSPort, "libvirt-tls-port", plane.DefaultLibvirtTLSPort, "port of the plane's libvirt endpoint on the host's addresses: TLS with the plane's client certificates (state directory's libvirt-tls/client), relayed to libvirtd's socket, for a manager running in a cluster the plane made; negative: none")
 	fs.StringArrayVar(&o.RegistryLayouts, "registry-layout", nil, "OCI image layout directory whose images the plane pushes into its registry at start, e.g. dist/manager-image/oci of make image (repeatable)")
 }
 

@@ -100,7 +100,9 @@ func (a *authority) issue(template *x509.Certificate) (keyPair, error) {
 	if err != nil {
 		return keyPair{}, err
 	}
-	template.KeyUsage = x509.KeyUsageDigitalSignature
+	if template.KeyUsage == 0 {
+		template.KeyUsage = x509.KeyUsageDigitalSignature
+	}
 	der, err := x509.CreateCertificate(rand.Reader, template, a.cert, &key.PublicKey, a.key)
 	if err != nil {
 		return keyPair{}, fmt.Errorf("certificate for %s: %w", template.Subject.CommonName, err)

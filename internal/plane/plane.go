@@ -108,7 +108,8 @@ func spawnServe(o Options, serveBinary string) (chan error, error) {
 		return nil, errors.New("no capl-dev binary to run `serve` with")
 	}
 	args := []string{"serve", "--state-dir=" + o.StateDir, "--libvirt-uri=" + o.LibvirtURI, "--manager=" + o.ManagerBinary,
-		"--assets=" + o.Assets, "--image-dir=" + o.ImageDir, "--registry-port=" + strconv.Itoa(o.RegistryPort)}
+		"--assets=" + o.Assets, "--image-dir=" + o.ImageDir, "--registry-port=" + strconv.Itoa(o.RegistryPort),
+		"--libvirt-tls-port=" + strconv.Itoa(o.LibvirtTLSPort)}
 	for _, l := range o.RegistryLayouts {
 		args = append(args, "--registry-layout="+l)
 	}

@@ -200,12 +200,22 @@ func Serve(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	libvirtClientDir, err := serveLibvirtTLS(scopeCtx, o)
+	if err != nil {
+		return err
+	}
+	libvirtTLSPort := 0
+	if libvirtClientDir != "" {
+		libvirtTLSPort = o.LibvirtTLSPort
+	}
 	if err := writeJSON(filepath.Join(dir, endpointsFileName), Endpoints{
 		ManagerMetricsURL: fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort),
 		ManagerHealthURL:  fmt.Sprintf("http://127.0.0.1:%d/readyz", healthPort),
 		WebhookPort:       webhookPort,
 		APIServerURL:      env.Config.Host,
 		RegistryURL:       registryURL,
+		LibvirtTLSPort:    libvirtTLSPort,
+		LibvirtClientDir:  libvirtClientDir,
 		ServePID:          os.Getpid(),
 	}); err != nil {
 		return err

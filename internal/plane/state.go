@@ -52,6 +52,10 @@ type Options struct {
 	// plane pushes into its registry when it starts (make up's: the
 	// manager image of make image).
 	RegistryLayouts []string
+	// LibvirtTLSPort is the port of the plane's libvirt endpoint
+	// (libvirttls.go) on every host address, for managers in guests; 0
+	// means DefaultLibvirtTLSPort, negative none.
+	LibvirtTLSPort int
 	// SweepAll makes Down remove every provider-owned libvirt object on the
 	// host, not only those of the plane's namespaces and pools.
 	SweepAll bool
@@ -71,6 +75,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.RegistryPort == 0 {
 		o.RegistryPort = registry.DefaultPort
+	}
+	if o.LibvirtTLSPort == 0 {
+		o.LibvirtTLSPort = DefaultLibvirtTLSPort
 	}
 	if o.Log == nil {
 		o.Log = func(string, ...any) {}
@@ -130,6 +137,12 @@ type Endpoints struct {
 	// RegistryURL is the plane's OCI registry on loopback, where the host
 	// pushes; empty when the plane serves none.
 	RegistryURL string `json:"registryURL,omitempty"`
+	// LibvirtTLSPort is the port of the plane's libvirt endpoint for
+	// managers in guests (qemu+tls://GATEWAY:PORT/system), and
+	// LibvirtClientDir the client credentials it accepts, a libvirt
+	// pkipath; both empty when the plane serves none.
+	LibvirtTLSPort   int    `json:"libvirtTLSPort,omitempty"`
+	LibvirtClientDir string `json:"libvirtClientDir,omitempty"`
 	// ServePID is the plane process that wrote the file.
 	ServePID int `json:"servePID"`
 }

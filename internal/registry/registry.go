@@ -98,7 +98,7 @@ func Open(dir string, logger *log.Logger) (*Registry, error) {
 		dir:         dir,
 		handler:     ggcr.New(ggcr.WithBlobHandler(disk), ggcr.Logger(logger)),
 		blobs:       blobs,
-		interfaceOf: interfaceOf,
+		interfaceOf: netalloc.InterfaceHolding,
 	}
 	if err := r.replay(); err != nil {
 		return nil, fmt.Errorf("registry %s: %w", dir, err)
@@ -280,26 +280,6 @@ func hostIP(addr string) net.IP {
 		host = addr
 	}
 	return net.ParseIP(host)
-}
-
-// interfaceOf names the host interface holding ip.
-func interfaceOf(ip net.IP) (string, error) {
-	ifaces, err := net.Interfaces()
-	if err != nil {
-		return "", err
-	}
-	for _, i := range ifaces {
-		addrs, err := i.Addrs()
-		if err != nil {
-			continue
-		}
-		for _, a := range addrs {
-			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
-				return i.Name, nil
-			}
-		}
-	}
-	return "", fmt.Errorf("no interface holds %s", ip)
 }
 
 // Serve serves the registry on l until ctx ends.

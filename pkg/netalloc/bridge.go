@@ -3,6 +3,8 @@ package netalloc
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
+	"net"
 	"strings"
 )
 
@@ -31,4 +33,27 @@ func IsBridgeName(name string) bool {
 	}
 	_, err := hex.DecodeString(sum + "0") // an odd number of digits
 	return err == nil && strings.ToLower(sum) == sum
+}
+
+// InterfaceHolding names the host interface that holds ip. For a server
+// bound to every address, ip is a connection's local address, and the
+// interface tells which network the client came from: the plane's servers
+// answer guests only on the bridges IsBridgeName recognises.
+func InterfaceHolding(ip net.IP) (string, error) {
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return "", err
+	}
+	for _, i := range ifaces {
+		addrs, err := i.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.Equal(ip) {
+				return i.Name, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("no interface holds %s", ip)
 }
