@@ -182,19 +182,29 @@ func TestCLI(t *testing.T) {
 		t.Errorf("exec -i cat: exit %d, %q", r.code, r.stdout)
 	}
 
-	// load image: a tarball built here, run as a pod that may not pull.
+	// load image: a tarball built here, imported into the nodes and run
+	// by a pod that may not pull; then pushed into the plane's registry
+	// and pulled again through the node's mirror (Always).
 	tarball := buildHelloImage(t, work)
-	ok(cli(nil, append([]string{"load", "image", tarball, "--cluster=" + cliCluster}, ns...)...), "load image", "imported")
 	overrides := `{"spec":{"tolerations":[{"operator":"Exists"}]}}`
-	if out, err := kubectl("run", "hello", "--image="+cliImage, "--image-pull-policy=Never", "--restart=Never", "--overrides="+overrides); err != nil {
-		t.Fatalf("kubectl run: %v\n%s", err, out)
-	}
-	if out, err := kubectl("wait", "--for=condition=Ready", "pod/hello", "--timeout=10m"); err != nil {
-		desc, _ := kubectl("describe", "pod", "hello")
-		t.Fatalf("the pod of the loaded image: %v\n%s\n%s", err, out, desc)
-	}
-	if out, err := kubectl("logs", "hello"); err != nil || !strings.Contains(out, cliGreeting) {
-		t.Errorf("the pod's log: %v\n%s", err, out)
+	for _, load := range []struct {
+		pod, pullPolicy, want string
+		flags             []string
+	}{
+		{pod: "hello-nodes", pullPolicy: "Never", want: "imported", flags: []string{"--to-nodes"}},
+		{pod: "hello", pullPolicy: "Always", want: "pushed into the plane's registry"},
+	} {
+		ok(cli(nil, append(append([]string{"load", "image", tarball, "--cluster=" + cliCluster}, load.flags...), ns...)...), "load image "+strings.Join(load.flags, " "), load.want)
+		if out, err := kubectl("run", load.pod, "--image="+cliImage, "--image-pull-policy="+load.pullPolicy, "--restart=Never", "--overrides="+overrides); err != nil {
+			t.Fatalf("kubectl run: %v\n%s", err, out)
+		}
+		if out, err := kubectl("wait", "--for=condition=Ready", "pod/"+load.pod, "--timeout=10m"); err != nil {
+			desc, _ := kubectl("describe", "pod", load.pod)
+			t.Fatalf("the pod of the loaded image: %v\n%s\n%s", err, out, desc)
+		}
+		if out, err := kubectl("logs", load.pod); err != nil || !strings.Contains(out, cliGreeting) {
+			t.Errorf("the pod's log: %v\n%s", err, out)
+		}
 	}
 
 	// logs: the bundle explains the cluster.

@@ -18,6 +18,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/registry"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 )
 
@@ -257,21 +258,39 @@ func (a *app) loadCommand() *cobra.Command {
 		},
 	}
 	var namespace, cluster string
+	var toNodes bool
 	img := &cobra.Command{
 		Use:   "image TAR...",
-		Short: "Import image tarballs into every node's containerd, through the guest agent",
-		Long: `Copies each image tarball (docker save or OCI archive) into every node of the
-cluster through the QEMU guest agent and imports it into containerd's k8s.io
-namespace, where the kubelet finds it: a pod with imagePullPolicy IfNotPresent
-or Never runs it without a registry, as kind load does.`,
+		Short: "Push image tarballs into the plane's registry, or import them into every node's containerd",
+		Long: `Pushes each image tarball (docker save, or an OCI image layout as one tarball)
+into the plane's registry, which every node of every cluster of the plane uses
+as a mirror of every registry: a pod naming the image (IfNotPresent or Always)
+pulls it from there, as with kind's local registry. The image keeps its name
+(ghcr.io/team/app:dev is served as team/app:dev).
+
+Without a registry (capl-dev serve --registry-port=-1, or its port taken), or
+with --to-nodes, copies each tarball into every node of the cluster through the
+QEMU guest agent and imports it into containerd's k8s.io namespace, where the
+kubelet finds it: a pod with imagePullPolicy IfNotPresent or Never runs it
+without a registry, as kind load does.`,
 		Example: `  docker save my/app:dev -o app.tar && capl-dev load image app.tar
-  capl-dev load image app.tar sidecar.tar --cluster web`,
+  capl-dev load image app.tar sidecar.tar --to-nodes --cluster web`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			p, err := a.attach()
 			if err != nil {
 				return err
+			}
+			if url := p.Endpoints.RegistryURL; url != "" && !toNodes {
+				for _, tar := range args {
+					pushed, err := registry.PushArchive(ctx, url, tar)
+					if err != nil {
+						return fmt.Errorf("pushing %s into the plane's registry: %w", tar, err)
+					}
+					a.logf("%s: pushed into the plane's registry (%s): %s", tar, url, strings.Join(pushed, ", "))
+				}
+				return nil
 			}
 			vms, err := planeVMs(ctx, p.Client, namespace, cluster)
 			if err != nil {
@@ -314,7 +333,8 @@ or Never runs it without a registry, as kind load does.`,
 		},
 	}
 	img.Flags().StringVarP(&namespace, "namespace", "n", "default", "namespace of the cluster")
-	img.Flags().StringVar(&cluster, "cluster", "demo", "the cluster whose nodes get the images")
+	img.Flags().StringVar(&cluster, "cluster", "demo", "the cluster whose nodes get the images (with --to-nodes or without a registry)")
+	img.Flags().BoolVar(&toNodes, "to-nodes", false, "import into the cluster's nodes through the guest agent even when the plane runs a registry")
 	cmd.AddCommand(img)
 	return cmd
 }

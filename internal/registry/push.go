@@ -191,7 +191,7 @@ func readIndex(dir string) (*v1.IndexManifest, error) {
 	f, err := os.Open(name)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("%s is not an OCI image layout (no index.json)", dir)
+			return nil, fmt.Errorf("%s is not an OCI image layout (no index.json): %w", dir, err)
 		}
 		return nil, err
 	}
