@@ -189,7 +189,7 @@ func TestCLI(t *testing.T) {
 	overrides := `{"spec":{"tolerations":[{"operator":"Exists"}]}}`
 	for _, load := range []struct {
 		pod, pullPolicy, want string
-		flags             []string
+		flags                 []string
 	}{
 		{pod: "hello-nodes", pullPolicy: "Never", want: "imported", flags: []string{"--to-nodes"}},
 		{pod: "hello", pullPolicy: "Always", want: "pushed into the plane's registry"},
