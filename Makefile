@@ -15,6 +15,8 @@ CONTROLLER_GEN_VERSION := v0.23.0
 CONTROLLER_GEN := $(BIN)/controller-gen
 KUSTOMIZE_VERSION := v5.8.1
 KUSTOMIZE := $(BIN)/kustomize
+HELM_VERSION := v3.22.0
+HELM := $(BIN)/helm
 
 # Where the test images are built and cached between runs (outside the
 # checkout so that a fresh clone on the same host reuses them).
@@ -83,7 +85,8 @@ DOWN_ARGS ?=
 up: prepare-host envtest images node-image build ## One host, whole system: management plane (kube-apiserver, etcd, kube-controller-manager, Cluster API, this provider) and a kubeadm cluster of real VMs with Ready nodes.
 	KUBEBUILDER_ASSETS="$$(hack/envtest.sh)" $(BIN)/capl-dev up --state-dir=$(STATE_DIR) --libvirt-uri=$(LIBVIRT_URI) \
 		--manager=$(BIN)/manager --image-dir=$(CAPL_IMAGE_DIR) --kubernetes-version=$(KUBERNETES_VERSION) \
-		$$(test -f $(MANAGER_IMAGE_DIR)/oci/index.json && echo --registry-layout=$(MANAGER_IMAGE_DIR)/oci) $(UP_ARGS)
+		$$(test -f $(MANAGER_IMAGE_DIR)/oci/index.json && echo --registry-layout=$(MANAGER_IMAGE_DIR)/oci) \
+		$$(test -f $(CLUSTERCTL_REPO_DIR)/oci/index.json && echo --registry-layout=$(CLUSTERCTL_REPO_DIR)/oci) $(UP_ARGS)
 
 .PHONY: down
 down: ## Delete the cluster, stop the management plane and remove every VM, volume and network it made.
@@ -102,10 +105,12 @@ ARTIFACTS ?= $(ROOT)/_artifacts
 # Extra flags for the end-to-end suite, e.g. E2E_ARGS="-e2e.kill-rounds=30".
 E2E_ARGS ?=
 E2E_TIMEOUT ?= 60m
+# Extra environment of the end-to-end suite (the scenario targets set it).
+TEST_E2E_ENV ?=
 
 .PHONY: test-e2e
 test-e2e: envtest images node-image build clusterctl image-current ## End-to-end on real VMs: a kubeadm cluster from the template (nodes Ready with our providerIDs, CNI, a Service by DNS, the manager image of make image pulled through the plane's registry, contract, guests, bad input, manager kills, a libvirtd restart, deletion while creating, leak checks); report in $(ARTIFACTS).
-	$(TEST_ENV) CAPL_E2E_ARTIFACTS=$(ARTIFACTS) CAPL_E2E_BIN=$(BIN) CAPL_TEST_MANAGER_IMAGE_DIR=$(MANAGER_IMAGE_DIR)/oci \
+	$(TEST_ENV) CAPL_E2E_ARTIFACTS=$(ARTIFACTS) CAPL_E2E_BIN=$(BIN) CAPL_TEST_MANAGER_IMAGE_DIR=$(MANAGER_IMAGE_DIR)/oci $(TEST_E2E_ENV) \
 		go test -tags e2e -count=1 -timeout=$(E2E_TIMEOUT) -v ./e2e/ -args $(E2E_ARGS)
 
 .PHONY: test-e2e-kubeadm
@@ -127,6 +132,10 @@ test-e2e-upgrade: ## Day two on real VMs: a kubeadm cluster at KUBERNETES_VERSIO
 .PHONY: test-e2e-move
 test-e2e-move: ## Bootstrap and pivot on real VMs: a kubeadm cluster moved by the real clusterctl to a second plane (nothing in libvirt changes), the first plane's down leaves it alone, workers scaled from the second, a host power cut; outside CI like test-e2e-kubeadm.
 	$(MAKE) test-e2e E2E_TIMEOUT=120m E2E_ARGS="-e2e.move $(E2E_ARGS)"
+
+.PHONY: test-e2e-self-hosted
+test-e2e-self-hosted: image-current clusterctl-repo ## A cluster becomes a management cluster on real VMs: a kubeadm cluster from the template, then the real clusterctl init into it from make clusterctl-repo's local repository (offline, every image through the plane's registry, the provider reaching libvirt through the plane's libvirt endpoint); outside CI like test-e2e-kubeadm.
+	$(MAKE) test-e2e E2E_TIMEOUT=120m E2E_ARGS="-e2e.self-hosted $(E2E_ARGS)" TEST_E2E_ENV="CAPL_TEST_CLUSTERCTL_REPO=$(CLUSTERCTL_REPO_DIR)"
 
 # The integration tests that skip without CAPL_TEST_SOAK: they boot guests
 # the way the e2e's cluster boots them.
@@ -235,6 +244,20 @@ release-manifests: $(KUSTOMIZE) ## Write infrastructure-components.yaml (image $
 	rm -rf $(RELEASE_DIR)/.kustomize
 	cp metadata.yaml templates/*.yaml $(RELEASE_DIR)/
 
+# cert-manager for clusterctl-repo: the newest release whose controllers are
+# in its root module. From v1.12 on they are modules of their own that were
+# never tagged, so the Go module proxy serves none of them.
+CERT_MANAGER_VERSION ?= v1.11.5
+# Where make clusterctl-repo writes clusterctl's local repository, its
+# clusterctl.yaml and the providers' images (oci/).
+CLUSTERCTL_REPO_DIR ?= $(ROOT)/dist/clusterctl-repo
+
+.PHONY: clusterctl-repo
+clusterctl-repo: release-manifests $(KUSTOMIZE) $(HELM) ## Everything `clusterctl init --infrastructure libvirt` installs, offline: Cluster API $(CLUSTERCTL_VERSION)'s core and kubeadm providers and cert-manager $(CERT_MANAGER_VERSION) built from their Go modules (images in oci/, pushed by make up into the plane's registry), a local repository with this provider's release manifests, and clusterctl.yaml, in $(CLUSTERCTL_REPO_DIR).
+	CERT_MANAGER_VERSION=$(CERT_MANAGER_VERSION) INFRA_RELEASE_DIR=$(RELEASE_DIR) INFRA_VERSION=$(RELEASE_VERSION) KUSTOMIZE=$(KUSTOMIZE) HELM=$(HELM) \
+		hack/timed.sh --key "clusterctl-repo" --what "Cluster API's providers and cert-manager for clusterctl init (images/providers/build.sh)" -- \
+		images/providers/build.sh $(CLUSTERCTL_REPO_DIR)
+
 .PHONY: clusterctl-override
 clusterctl-override: release-manifests ## Install $(RELEASE_DIR) as clusterctl's local override of infrastructure-libvirt $(RELEASE_VERSION) and register the provider.
 	hack/clusterctl-override.sh $(RELEASE_DIR) $(RELEASE_VERSION) $(CLUSTERCTL_CONFIG_DIR)
@@ -267,3 +290,6 @@ $(CONTROLLER_GEN):
 
 $(KUSTOMIZE):
 	GOBIN=$(BIN) go install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+
+$(HELM):
+	GOBIN=$(BIN) go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)

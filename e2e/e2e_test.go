@@ -61,6 +61,8 @@ func TestE2E(t *testing.T) {
 		s.standInScenario(t)
 	case *upgrade:
 		s.upgradeScenario(t)
+	case *selfHosted:
+		s.selfHostedScenario(t)
 	default:
 		s.kubeadmScenario(t)
 	}

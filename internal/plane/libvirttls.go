@@ -165,6 +165,7 @@ func (e *libvirtEndpoint) relay(ctx context.Context, raw net.Conn) {
 		log.Printf("libvirt-tls: %s: %v", raw.RemoteAddr(), err)
 		return
 	}
+	log.Printf("libvirt-tls: %s (%s) connected", raw.RemoteAddr(), conn.ConnectionState().PeerCertificates[0].Subject.CommonName)
 	done := make(chan struct{}, 2)
 	go func() { _, _ = io.Copy(up, conn); done <- struct{}{} }()
 	go func() { _, _ = io.Copy(conn, up); done <- struct{}{} }()

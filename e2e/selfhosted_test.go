@@ -1,0 +1,226 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/registry"
+)
+
+var selfHosted = flag.Bool("e2e.self-hosted", false, "Cluster API's own way to production instead: a kubeadm cluster from the template, then the real clusterctl init into it from make clusterctl-repo's local repository, every image pulled through the plane's registry, the provider reaching libvirt through the plane's libvirt endpoint (`make test-e2e-self-hosted`)")
+
+// envClusterctlRepo is the output of `make clusterctl-repo`: clusterctl.yaml,
+// the local repository and the providers' images (oci/).
+const envClusterctlRepo = "CAPL_TEST_CLUSTERCTL_REPO"
+
+// providerNamespaces are the namespaces clusterctl init fills, with the
+// Deployments each must have Available.
+var providerNamespaces = map[string][]string{
+	"cert-manager":                      {"cert-manager", "cert-manager-cainjector", "cert-manager-webhook"},
+	"capi-system":                       {"capi-controller-manager"},
+	"capi-kubeadm-bootstrap-system":     {"capi-kubeadm-bootstrap-controller-manager"},
+	"capi-kubeadm-control-plane-system": {"capi-kubeadm-control-plane-controller-manager"},
+	"capl-system":                       {"capl-controller-manager"},
+}
+
+// selfHostedScenario is `make test-e2e-self-hosted`'s: the kubeadm
+// cluster `make up` makes, turned into a management cluster by the real
+// clusterctl init, offline.
+func (s *suite) selfHostedScenario(t *testing.T) {
+	s.createKubeadm(t, 1)
+	t.Run("kubeadm nodes ready", s.kubeadmReady)
+	if !s.k8s.ready {
+		return
+	}
+	t.Run("clusterctl init into the workload cluster", s.clusterctlInit)
+	t.Run("delete cluster", s.deleteCluster)
+}
+
+// clusterctlInit pushes the providers' images and the manager's into the
+// plane's registry, gives the workload cluster the plane's libvirt client
+// credentials, runs the real `clusterctl init --infrastructure libvirt`
+// from the local repository and checks what it installed: every
+// Deployment Available, each provider's webhook served with the
+// certificate cert-manager issued and injected, and the provider's
+// manager, in a pod on the worker, connected to the host's libvirtd.
+func (s *suite) clusterctlInit(t *testing.T) {
+	s.needReady(t)
+	repo, managerImage := os.Getenv(envClusterctlRepo), os.Getenv(envManagerImage)
+	if repo == "" || managerImage == "" {
+		t.Fatalf("%s and %s must be set: make test-e2e-self-hosted builds them (make clusterctl-repo, make image)", envClusterctlRepo, envManagerImage)
+	}
+	if s.plane.Endpoints.RegistryURL == "" || s.plane.Endpoints.LibvirtClientDir == "" {
+		t.Fatalf("the plane serves no registry (%q) or no libvirt endpoint (%q): another process holds their ports (see %s)",
+			s.plane.Endpoints.RegistryURL, s.plane.Endpoints.LibvirtClientDir, filepath.Join(s.state, "serve.log"))
+	}
+	stop := s.rep.phase("self-hosted: push the providers' and the manager's images into the plane's registry")
+	for _, dir := range []string{filepath.Join(repo, "oci"), managerImage} {
+		refs, err := registry.PushLayout(s.ctx, s.plane.Endpoints.RegistryURL, dir)
+		must(t, err)
+		t.Logf("pushed %s", strings.Join(refs, ", "))
+	}
+	stop()
+
+	// The libvirt URI the manager in the cluster uses: the cluster
+	// network's gateway, where the plane's libvirt endpoint answers.
+	lc, err := s.readClusterRefs()
+	must(t, err)
+	if lc.Status.Network == nil || lc.Status.Network.CIDR == "" {
+		t.Fatalf("LibvirtCluster %s reports no network CIDR", lc.Name)
+	}
+	prefix, err := netip.ParsePrefix(lc.Status.Network.CIDR)
+	must(t, err)
+	gateway := prefix.Addr().Next()
+	uri := fmt.Sprintf("qemu+tls://%s:%d/system", gateway, s.plane.Endpoints.LibvirtTLSPort)
+
+	wc := s.k8s.wc
+	_, kubeconfig, err := devplane.WorkloadClient(s.ctx, s.c, namespace, s.cut.name)
+	must(t, err)
+	kubeconfigFile := filepath.Join(t.TempDir(), "workload.kubeconfig")
+	must(t, os.WriteFile(kubeconfigFile, kubeconfig, 0o600))
+	credentials := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "capl-system", Name: "capl-libvirt-tls"}, Data: map[string][]byte{}}
+	for _, f := range []string{"cacert.pem", "clientcert.pem", "clientkey.pem"} {
+		b, err := os.ReadFile(filepath.Join(s.plane.Endpoints.LibvirtClientDir, f))
+		must(t, err)
+		credentials.Data[f] = b
+	}
+	s.workloadCall(t, "creating namespace capl-system", func() error {
+		return client.IgnoreAlreadyExists(wc.Create(s.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "capl-system"}}))
+	})
+	s.workloadCall(t, "creating Secret capl-libvirt-tls", func() error { return client.IgnoreAlreadyExists(wc.Create(s.ctx, credentials.DeepCopy())) })
+
+	stop = s.rep.phase("self-hosted: clusterctl init (the real binary, offline), every provider's Deployment Available")
+	cmd := exec.CommandContext(s.ctx, filepath.Join(s.bin, "clusterctl"), "init", "--config="+filepath.Join(repo, "clusterctl.yaml"),
+		"--kubeconfig="+kubeconfigFile, "--infrastructure=libvirt", "--wait-providers", "--wait-provider-timeout=1800", "-v=3")
+	cmd.Env = append(os.Environ(), "CLUSTERCTL_DISABLE_VERSIONCHECK=true", "XDG_CONFIG_HOME="+t.TempDir(), "LIBVIRT_URI="+uri)
+	out, err := cmd.CombinedOutput()
+	stop()
+	_ = os.WriteFile(filepath.Join(s.arts, "e2e-clusterctl-init.log"), out, 0o644)
+	if err != nil {
+		t.Fatalf("clusterctl init: %v\n%s", err, out)
+	}
+	t.Logf("clusterctl init:\n%s", lastLines(string(out), 15))
+
+	for ns, names := range providerNamespaces {
+		for _, name := range names {
+			d := &appsv1.Deployment{}
+			s.workloadCall(t, "reading Deployment "+ns+"/"+name, func() error { return wc.Get(s.ctx, client.ObjectKey{Namespace: ns, Name: name}, d) })
+			if !deploymentAvailable(d) {
+				t.Errorf("Deployment %s/%s is not Available: %+v", ns, name, d.Status.Conditions)
+			}
+		}
+	}
+	s.checkInjectedWebhooks(t)
+	s.checkManagerReachesLibvirt(t, uri)
+}
+
+// checkInjectedWebhooks checks that every provider's webhook
+// configuration carries a CA bundle, the one cert-manager's cainjector put
+// there from the provider's serving certificate, and that the API server
+// calls this provider's webhook through it: a LibvirtMachine too large for
+// the operator's caps is refused by the webhook itself.
+func (s *suite) checkInjectedWebhooks(t *testing.T) {
+	wc := s.k8s.wc
+	vwcs := &admissionregistrationv1.ValidatingWebhookConfigurationList{}
+	s.workloadCall(t, "listing validating webhook configurations", func() error { return wc.List(s.ctx, vwcs) })
+	var seen []string
+	for _, v := range vwcs.Items {
+		if v.Annotations["cert-manager.io/inject-ca-from"] == "" {
+			continue
+		}
+		seen = append(seen, v.Name)
+		for _, w := range v.Webhooks {
+			if len(w.ClientConfig.CABundle) == 0 {
+				t.Errorf("webhook %s of %s has no CA bundle: cert-manager's cainjector did not inject %s", w.Name, v.Name, v.Annotations["cert-manager.io/inject-ca-from"])
+			}
+		}
+	}
+	slices.Sort(seen)
+	t.Logf("validating webhook configurations injected by cert-manager: %v", seen)
+	if !slices.Contains(seen, "capl-validating-webhook-configuration") {
+		t.Errorf("no validating webhook configuration of this provider among %v", seen)
+	}
+
+	huge := &unstructured.Unstructured{}
+	huge.SetAPIVersion(infrav1.GroupVersion.String())
+	huge.SetKind("LibvirtMachine")
+	huge.SetNamespace("default")
+	huge.SetName("capl-webhook-probe")
+	huge.Object["spec"] = map[string]any{"cpus": int64(512), "memoryMiB": int64(1024), "image": map[string]any{"volume": map[string]any{"pool": "p", "name": "v"}}}
+	var refusal error
+	s.workloadCall(t, "creating a LibvirtMachine of 512 vCPUs (dry run)", func() error {
+		refusal = wc.Create(s.ctx, huge, client.DryRunAll)
+		if refusal == nil || !strings.Contains(refusal.Error(), "denied the request") {
+			return fmt.Errorf("want the webhook's refusal, got %v", refusal)
+		}
+		return nil
+	})
+	t.Logf("the provider's webhook, called by the workload API server with cert-manager's CA: %v", refusal)
+}
+
+// checkManagerReachesLibvirt checks that the manager in the cluster runs
+// without restarts and that the plane's libvirt endpoint relayed its
+// connection: the endpoint logs each client it let in.
+func (s *suite) checkManagerReachesLibvirt(t *testing.T, uri string) {
+	wc := s.k8s.wc
+	pods := &corev1.PodList{}
+	s.workloadCall(t, "listing the provider's pods", func() error { return wc.List(s.ctx, pods, client.InNamespace("capl-system")) })
+	var node string
+	for _, p := range pods.Items {
+		for _, c := range p.Status.ContainerStatuses {
+			if c.RestartCount > 0 || !c.Ready {
+				t.Errorf("pod %s: container %s ready %v after %d restarts (%+v)", p.Name, c.Name, c.Ready, c.RestartCount, c.LastTerminationState)
+			}
+		}
+		node = p.Spec.NodeName
+	}
+	if node == "" {
+		t.Fatalf("no pod of the provider in capl-system")
+	}
+	log, err := os.ReadFile(filepath.Join(s.state, "serve.log"))
+	must(t, err)
+	var connected []string
+	for _, line := range strings.Split(string(log), "\n") {
+		if strings.Contains(line, "libvirt-tls: ") && strings.HasSuffix(line, "(capl-manager) connected") {
+			connected = append(connected, line)
+		}
+	}
+	if len(connected) == 0 {
+		t.Fatalf("the plane's libvirt endpoint let no manager in (%s), yet the provider's pod on %s is ready", uri, node)
+	}
+	t.Logf("the provider's manager on %s reaches libvirt at %s: %s", node, uri, connected[len(connected)-1])
+}
+
+// deploymentAvailable tells whether d's Available condition is True.
+func deploymentAvailable(d *appsv1.Deployment) bool {
+	for _, c := range d.Status.Conditions {
+		if c.Type == appsv1.DeploymentAvailable {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
