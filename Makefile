@@ -254,7 +254,7 @@ CLUSTERCTL_REPO_DIR ?= $(ROOT)/dist/clusterctl-repo
 
 .PHONY: clusterctl-repo
 clusterctl-repo: release-manifests $(KUSTOMIZE) $(HELM) ## Everything `clusterctl init --infrastructure libvirt` installs, offline: Cluster API $(CLUSTERCTL_VERSION)'s core and kubeadm providers and cert-manager $(CERT_MANAGER_VERSION) built from their Go modules (images in oci/, pushed by make up into the plane's registry), a local repository with this provider's release manifests, and clusterctl.yaml, in $(CLUSTERCTL_REPO_DIR).
-	CERT_MANAGER_VERSION=$(CERT_MANAGER_VERSION) INFRA_RELEASE_DIR=$(RELEASE_DIR) INFRA_VERSION=$(RELEASE_VERSION) KUSTOMIZE=$(KUSTOMIZE) HELM=$(HELM) \
+	CERT_MANAGER_VERSION=$(CERT_MANAGER_VERSION) KUBERNETES_VERSION=$(KUBERNETES_VERSION) INFRA_RELEASE_DIR=$(RELEASE_DIR) INFRA_VERSION=$(RELEASE_VERSION) KUSTOMIZE=$(KUSTOMIZE) HELM=$(HELM) \
 		hack/timed.sh --key "clusterctl-repo" --what "Cluster API's providers and cert-manager for clusterctl init (images/providers/build.sh)" -- \
 		images/providers/build.sh $(CLUSTERCTL_REPO_DIR)
 

@@ -25,6 +25,8 @@
 #   INFRA_RELEASE_DIR     make release-manifests' output (required)
 #   INFRA_VERSION         the provider's release version (required)
 #   KUSTOMIZE, HELM       the tools (required; the Makefile builds them)
+#   KUBERNETES_VERSION    the clusters' Kubernetes release, for the chart's
+#                         kubeVersion check (required; the node image's)
 #
 # OUT_DIR is replaced by:
 #   oci/                 an OCI image layout with the six images
@@ -39,7 +41,7 @@ umask 022
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 out_dir=$(realpath -m "${1:?usage: build.sh OUT_DIR}")
-: "${CERT_MANAGER_VERSION:?}" "${INFRA_RELEASE_DIR:?}" "${INFRA_VERSION:?}" "${KUSTOMIZE:?}" "${HELM:?}"
+: "${CERT_MANAGER_VERSION:?}" "${INFRA_RELEASE_DIR:?}" "${INFRA_VERSION:?}" "${KUSTOMIZE:?}" "${HELM:?}" "${KUBERNETES_VERSION:?}"
 log() { printf '%s providers: %s\n' "$(date +%T)" "$*" >&2; }
 die() {
   log "error: $*"
@@ -162,7 +164,7 @@ sed -e "s/^version: .*/version: $CERT_MANAGER_VERSION/" -e "s/^appVersion: .*/ap
 {
   cat "$cm_dir/deploy/manifests/namespace.yaml"
   echo ---
-  "$HELM" template --namespace=cert-manager --set=installCRDs=true --set=creator=static \
+  "$HELM" template --kube-version="$KUBERNETES_VERSION" --namespace=cert-manager --set=installCRDs=true --set=creator=static \
     --set=startupapicheck.enabled=false cert-manager "$chart" | sed -e '1{/^---$/d;}'
 } >"$repo/$cm_manifest"
 for c in controller webhook cainjector; do
