@@ -30,12 +30,14 @@ const (
 	// libvirtTLSDirName holds the libvirt endpoint's certificate authority
 	// and the client credentials it issued. Unlike the plane's other
 	// authorities it is kept across starts: a cluster that manages itself
-	// holds the client credentials in a Secret. Down removes it.
+	// holds the client credentials in a Secret. Down removes it; so must a
+	// user after certificateLifetime, when both have expired.
 	libvirtTLSDirName = "libvirt-tls"
 	// LibvirtClientDirName, in libvirtTLSDirName, is a libvirt client
-	// pkipath (cacert.pem, clientcert.pem, clientkey.pem): the files of
-	// the Secret a manager in a pod mounts
-	// (qemu+tls://GATEWAY/system?pkipath=DIR).
+	// pkipath (cacert.pem, clientcert.pem, clientkey.pem): on the host
+	// qemu+tls://127.0.0.1/system?pkipath=DIR, in a pod the Secret
+	// capl-libvirt-tls, which the release manifests mount where libvirt's
+	// client looks.
 	LibvirtClientDirName = "client"
 	// libvirtHandshakeTimeout bounds a client's TLS handshake, so that a
 	// connection that says nothing holds no goroutine.

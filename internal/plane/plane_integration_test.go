@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -41,6 +42,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/registry"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // TestPlaneLifecycle runs the real binaries: Start spawns `capl-dev serve`,
@@ -72,13 +74,13 @@ func TestPlaneLifecycle(t *testing.T) {
 			t.Fatalf("building %s: %v\n%s", pkg, err, out)
 		}
 	}
-	// A port of its own for the registry: another package's plane may
-	// hold the default one.
-	registryPort, err := freePorts(1)
+	// Ports of their own for the registry and the libvirt endpoint:
+	// another package's plane may hold the default ones.
+	ports, err := freePorts(2)
 	must(t, err)
 	o := Options{
 		StateDir: filepath.Join(t.TempDir(), "plane"), LibvirtURI: uri, ManagerBinary: filepath.Join(bin, "manager"), Log: t.Logf,
-		RegistryPort: registryPort[0], RegistryLayouts: []string{testImageLayout(t, testImageName)},
+		RegistryPort: ports[0], RegistryLayouts: []string{testImageLayout(t, testImageName)}, LibvirtTLSPort: ports[1],
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -266,8 +268,8 @@ func checkLoopbackOnly(ctx context.Context, t *testing.T, p *Plane) {
 		must(t, err)
 		for _, a := range addrs {
 			listening[a.Port()] = name
-			if a.Port() == registryPort {
-				continue // every address; checkRegistry shows it answers the host alone
+			if a.Port() == registryPort || int(a.Port()) == p.Endpoints.LibvirtTLSPort {
+				continue // every address; checkRegistry and checkLibvirtEndpoint show they answer the host alone
 			}
 			if !a.Addr().IsLoopback() {
 				t.Errorf("%s (pid %d) listens on %s, which is not a loopback address", name, pid, a)
@@ -309,6 +311,40 @@ func checkLoopbackOnly(ctx context.Context, t *testing.T, p *Plane) {
 		t.Errorf("the registry's port %d is not the plane's (%q)", registryPort, listening[registryPort])
 	}
 	checkRegistry(ctx, t, p, others)
+	if port := uint16(p.Endpoints.LibvirtTLSPort); port == 0 || listening[port] != "serve" {
+		t.Errorf("the libvirt endpoint's port %d is not the plane's (%q)", port, listening[port])
+	}
+	checkLibvirtEndpoint(ctx, t, p, others)
+}
+
+// checkLibvirtEndpoint shows the plane's libvirt endpoint lets libvirt's
+// own TLS client in on loopback with the credentials of endpoints.json,
+// and completes no handshake on the host's other addresses (they are no
+// provider network's bridge).
+func checkLibvirtEndpoint(ctx context.Context, t *testing.T, p *Plane, others []netip.Addr) {
+	t.Helper()
+	dir := p.Endpoints.LibvirtClientDir
+	uri := fmt.Sprintf("qemu+tls://127.0.0.1:%d/system?pkipath=%s", p.Endpoints.LibvirtTLSPort, dir)
+	c, err := virt.Dial(ctx, uri, virt.WithReconnectBudget(0))
+	if err != nil {
+		t.Fatalf("libvirt through the plane's endpoint (%s): %v", uri, err)
+	}
+	mem, err := c.HostMemory(ctx)
+	_ = c.Close()
+	if err != nil || mem == 0 {
+		t.Fatalf("libvirt through the plane's endpoint: host memory %d, %v", mem, err)
+	}
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "clientcert.pem"), filepath.Join(dir, "clientkey.pem"))
+	must(t, err)
+	for _, a := range others {
+		conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", tcpAddress(a.String(), p.Endpoints.LibvirtTLSPort),
+			&tls.Config{Certificates: []tls.Certificate{cert}, InsecureSkipVerify: true}) //nolint:gosec // only whether a handshake happens matters
+		if err == nil {
+			_ = conn.Close()
+			t.Errorf("the libvirt endpoint completed a handshake on the host's address %s", a)
+		}
+	}
+	t.Logf("libvirt endpoint on port %d: libvirt's client in on loopback (%d MiB of host memory), no handshake on %v", p.Endpoints.LibvirtTLSPort, mem>>20, others)
 }
 
 // testImageName is the image TestPlaneLifecycle has the plane push into
