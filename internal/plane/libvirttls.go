@@ -59,8 +59,8 @@ type libvirtEndpoint struct {
 	ca       *authority
 	caPool   *x509.CertPool
 	mu       sync.Mutex
-	byIP     map[string]*tls.Certificate // serving certificates by local address
-	onBridge func(net.IP) (string, error)
+	byIP     map[string]*tls.Certificate  // serving certificates by local address
+	onBridge func(net.IP) (string, error) // netalloc.InterfaceHolding; tests stand in
 }
 
 // serveLibvirtTLS runs the libvirt endpoint on o.LibvirtTLSPort of every
@@ -182,16 +182,8 @@ func (e *libvirtEndpoint) allow(local, remote net.Addr) error {
 	if ip := addrIP(remote); ip != nil && ip.IsLoopback() {
 		return nil
 	}
-	ip := addrIP(local)
-	if ip == nil {
-		return errors.New("no local address")
-	}
-	iface, err := e.onBridge(ip)
-	if err != nil {
-		return err
-	}
-	if !netalloc.IsBridgeName(iface) {
-		return fmt.Errorf("the libvirt endpoint answers guests on the bridges of the provider's networks, not on %s", iface)
+	if err := netalloc.OnProviderBridge(addrIP(local), e.onBridge); err != nil {
+		return fmt.Errorf("the libvirt endpoint answers guests on the bridges of the provider's networks only: %w", err)
 	}
 	return nil
 }

@@ -260,15 +260,8 @@ func (r *Registry) allow(req *http.Request) error {
 	if req.Method != http.MethodGet && req.Method != http.MethodHead {
 		return fmt.Errorf("%s is for the host only: push from a loopback address", req.Method)
 	}
-	if localIP == nil {
-		return errors.New("no local address")
-	}
-	iface, err := r.interfaceOf(localIP)
-	if err != nil {
-		return err
-	}
-	if !netalloc.IsBridgeName(iface) {
-		return fmt.Errorf("the registry answers guests on the bridges of the provider's networks, not on %s", iface)
+	if err := netalloc.OnProviderBridge(localIP, r.interfaceOf); err != nil {
+		return fmt.Errorf("the registry answers guests on the bridges of the provider's networks only: %w", err)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package netalloc
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -56,4 +57,22 @@ func InterfaceHolding(ip net.IP) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("no interface holds %s", ip)
+}
+
+// OnProviderBridge returns nil when local, the local address of a
+// connection to a server bound to every address, is on the bridge of a
+// network the provider made, as holding (InterfaceHolding, or a test's
+// stand-in) names its interface; otherwise an error saying where it is.
+func OnProviderBridge(local net.IP, holding func(net.IP) (string, error)) error {
+	if local == nil {
+		return errors.New("no local address")
+	}
+	iface, err := holding(local)
+	if err != nil {
+		return err
+	}
+	if !IsBridgeName(iface) {
+		return fmt.Errorf("%s is on %s, not on the bridge of a network of the provider", local, iface)
+	}
+	return nil
 }
