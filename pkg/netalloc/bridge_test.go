@@ -1,6 +1,8 @@
 package netalloc
 
 import (
+	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"unicode"
@@ -57,5 +59,34 @@ func TestIsBridgeName(t *testing.T) {
 		if IsBridgeName(b) {
 			t.Errorf("IsBridgeName(%s) = true", b)
 		}
+	}
+}
+
+func TestOnProviderBridge(t *testing.T) {
+	holding := func(ip net.IP) (string, error) {
+		switch ip.String() {
+		case "192.168.150.1":
+			return BridgeName("capl-e2e.k8s"), nil
+		case "192.168.122.1":
+			return "virbr0", nil
+		}
+		return "", fmt.Errorf("no interface holds %s", ip)
+	}
+	for _, tc := range []struct {
+		name    string
+		local   net.IP
+		wantErr string
+	}{
+		{name: "a provider network's gateway", local: net.ParseIP("192.168.150.1")},
+		{name: "another libvirt network", local: net.ParseIP("192.168.122.1"), wantErr: "on virbr0, not on the bridge"},
+		{name: "no interface", local: net.ParseIP("10.9.9.9"), wantErr: "no interface holds"},
+		{name: "no address", wantErr: "no local address"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := OnProviderBridge(tc.local, holding)
+			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("OnProviderBridge(%v) = %v, want error %q", tc.local, err, tc.wantErr)
+			}
+		})
 	}
 }
