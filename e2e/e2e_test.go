@@ -85,17 +85,11 @@ func (s *suite) kubeadmScenario(t *testing.T) {
 	}
 	s.readyClusterChecks(t)
 	t.Run("kubeadm service across nodes", s.kubeadmService)
+	t.Run("manager image through the plane's registry", s.managerImageFromRegistry)
 	t.Run("idle cost", s.measureIdleCost)
 
-	// 2. Faults on a running cluster: its nodes must stay Ready through
-	// them. The manager image's pull through the plane's registry runs
-	// beside them (startManagerImagePull says why).
-	var checkPull func(*testing.T)
-	t.Run("manager image through the plane's registry: push and start", func(t *testing.T) { checkPull = s.startManagerImagePull(t) })
+	// 2. Faults on a running cluster: its nodes must stay Ready through them.
 	s.faults(t)
-	if checkPull != nil {
-		t.Run("manager image through the plane's registry: pulled and run", checkPull)
-	}
 	// 15 minutes: on the 2-core CI host the idle cluster already takes 1.8
 	// cores (idle cost), and after the faults its API server took more than
 	// 5 minutes to answer again in 1 of 3 runs on 2026-11-27.
