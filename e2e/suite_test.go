@@ -427,6 +427,7 @@ func (s *suite) waitFor(t *testing.T, what string, timeout time.Duration, fn fun
 func (s *suite) waitWorkload(t *testing.T, what string, timeout time.Duration, fn func() (bool, string)) {
 	t.Helper()
 	if err := s.pollEvery(t, what, timeout, workloadPollInterval, fn); err != nil {
+		s.diagnoseWorkload(t)
 		t.Fatal(err)
 	}
 }
