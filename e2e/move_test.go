@@ -196,32 +196,55 @@ func (s *suite) clusterctlMove(t *testing.T) {
 	stop()
 
 	stop = s.rep.phase("move: clusterctl move (the real binary) to the second plane")
-	cmd := exec.CommandContext(s.ctx, filepath.Join(s.bin, "clusterctl"), "move", "--namespace="+namespace,
-		"--kubeconfig="+s.plane.Kubeconfig, "--to-kubeconfig="+second.Kubeconfig, "-v=3")
-	cmd.Env = append(os.Environ(), "CLUSTERCTL_DISABLE_VERSIONCHECK=true", "XDG_CONFIG_HOME="+t.TempDir())
-	moveStart := time.Now()
-	out, err := cmd.CombinedOutput()
-	moveTook := time.Since(moveStart)
+	moveTook := s.runClusterctlMove(t, s.plane.Kubeconfig, second.Kubeconfig, "e2e-clusterctl-move.log")
 	stop()
-	_ = os.WriteFile(filepath.Join(s.arts, "e2e-clusterctl-move.log"), out, 0o644)
-	if err != nil {
-		t.Fatalf("clusterctl move: %v\n%s", err, out)
-	}
 	s.move.first = s.plane
 	s.plane, s.c, s.state = second, second.Client, state
 	s.move.moved = true
 
 	moved := time.Now()
-	after := s.readIdentities(t)
+	s.checkAdopted(t, "after clusterctl move", before, runs, held)
 	s.rep.phaseSince("move: the second plane reports every moved object provisioned (from libvirt)", moved)()
-	compareIdentities(t, "after clusterctl move", before, after)
-	if got := s.domainRuns(t); fmt.Sprint(got) != fmt.Sprint(runs) {
-		t.Errorf("running domains (name → libvirt ID) were %v before the move, %v after: a domain was stopped or added", runs, got)
+	s.checkSourceEmpty(t, "the first plane", s.move.first.Client)
+	s.rep.note("clusterctl move of a kubeadm cluster (1 control plane, HAProxy VM) between two planes on this host: "+
+		"all %d identity lines (each machine's providerID, domain UUID, MAC and addresses, the endpoint VM's, each DHCP reservation) unchanged, "+
+		"no domain restarted; clusterctl move took %s", len(before), moveTook.Round(100*time.Millisecond))
+}
+
+// runClusterctlMove runs the real `clusterctl move` of the namespace from
+// one management cluster to another, saving its output as an artifact,
+// and returns how long it took.
+func (s *suite) runClusterctlMove(t *testing.T, from, to, artifact string) time.Duration {
+	t.Helper()
+	cmd := exec.CommandContext(s.ctx, filepath.Join(s.bin, "clusterctl"), "move", "--namespace="+namespace,
+		"--kubeconfig="+from, "--to-kubeconfig="+to, "-v=3")
+	cmd.Env = append(os.Environ(), "CLUSTERCTL_DISABLE_VERSIONCHECK=true", "XDG_CONFIG_HOME="+t.TempDir())
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	took := time.Since(start)
+	_ = os.WriteFile(filepath.Join(s.arts, artifact), out, 0o644)
+	if err != nil {
+		t.Fatalf("clusterctl move: %v\n%s", err, out)
 	}
-	// Neither plane's provider made or removed anything: the first lets go,
-	// the second adopts.
+	return took
+}
+
+// checkAdopted checks, on the management cluster the namespace moved to
+// (s.c), that its provider adopted everything: the identities read before
+// the move are unchanged, no domain was stopped, redefined or added, and
+// libvirt holds what it held; then that the moved Cluster runs unpaused
+// with a node for every Machine.
+func (s *suite) checkAdopted(t *testing.T, what string, before identities, runs map[string]uint, held []string) {
+	t.Helper()
+	after := s.readIdentities(t)
+	compareIdentities(t, what, before, after)
+	if got := s.domainRuns(t); fmt.Sprint(got) != fmt.Sprint(runs) {
+		t.Errorf("%s: running domains (name → libvirt ID) were %v before, %v after: a domain was stopped or added", what, runs, got)
+	}
+	// Neither side's provider made or removed anything: the source lets
+	// go, the target adopts.
 	if now := s.heldNames(t); fmt.Sprint(now) != fmt.Sprint(held) {
-		t.Errorf("libvirt held %v before the move, %v after", held, now)
+		t.Errorf("%s: libvirt held %v before, %v after", what, held, now)
 	}
 	s.waitFor(t, "the moved Cluster unpaused and its Machines with nodes", adoptTimeout, func() (bool, string) {
 		cl := &clusterv1.Cluster{}
@@ -239,15 +262,18 @@ func (s *suite) clusterctlMove(t *testing.T) {
 		}
 		return !ptr.Deref(cl.Spec.Paused, false) && len(machines.Items) > 0, fmt.Sprintf("paused %v, %d machines", cl.Spec.Paused, len(machines.Items))
 	})
+}
+
+// checkSourceEmpty checks that the management cluster the namespace
+// moved from keeps none of its Cluster API or provider objects.
+func (s *suite) checkSourceEmpty(t *testing.T, what string, source client.Client) {
+	t.Helper()
 	for _, list := range []client.ObjectList{&clusterv1.ClusterList{}, &clusterv1.MachineList{}, &infrav1.LibvirtClusterList{}, &infrav1.LibvirtMachineList{}} {
-		must(t, s.move.first.Client.List(s.ctx, list, client.InNamespace(namespace)))
+		must(t, source.List(s.ctx, list, client.InNamespace(namespace)))
 		if left := items(list); len(left) > 0 {
-			t.Errorf("the first plane still holds %d %T after the move", len(left), list)
+			t.Errorf("%s still holds %d %T after the move", what, len(left), list)
 		}
 	}
-	s.rep.note("clusterctl move of a kubeadm cluster (1 control plane, HAProxy VM) between two planes on this host: "+
-		"all %d identity lines (each machine's providerID, domain UUID, MAC and addresses, the endpoint VM's, each DHCP reservation) unchanged, "+
-		"no domain restarted; clusterctl move took %s", len(before), moveTook.Round(100*time.Millisecond))
 }
 
 // startSecondPlane starts another plane on the host, with the first's

@@ -11,13 +11,16 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
@@ -44,14 +47,117 @@ var providerNamespaces = map[string][]string{
 // selfHostedScenario is `make test-e2e-self-hosted`'s: the kubeadm
 // cluster `make up` makes, turned into a management cluster by the real
 // clusterctl init, offline.
+//
+// Then the cluster manages itself, as Cluster API's SelfHostedSpec has it:
+// the real clusterctl moves the cluster's own objects into it, the
+// provider in its pod adopts every VM through the plane's libvirt
+// endpoint, a worker added from inside joins, and the cluster moves back
+// to the plane, which deletes it.
 func (s *suite) selfHostedScenario(t *testing.T) {
 	s.createKubeadm(t, 1)
 	t.Run("kubeadm nodes ready", s.kubeadmReady)
 	if !s.k8s.ready {
 		return
 	}
-	t.Run("clusterctl init into the workload cluster", s.clusterctlInit)
-	t.Run("delete cluster", s.deleteCluster)
+	if !t.Run("clusterctl init into the workload cluster", s.clusterctlInit) {
+		t.Run("delete cluster", s.deleteCluster)
+		return
+	}
+	t.Run("clusterctl move into itself", s.moveIntoItself)
+	if s.selfHost.inside.Load() {
+		t.Run("scale workers 1 → 2 from inside", s.scaleFromInside)
+		t.Run("clusterctl move back to the plane", s.moveBack)
+	}
+	if !s.selfHost.inside.Load() {
+		t.Run("delete cluster", s.deleteCluster)
+	}
+}
+
+// selfHostState is what the self-hosted scenario learnt so far.
+type selfHostState struct {
+	// kubeconfig is the file of the workload cluster's admin kubeconfig,
+	// for clusterctl.
+	kubeconfig string
+	// plane is the plane's client while the cluster manages itself (s.c
+	// is then the workload cluster's).
+	plane client.Client
+	// inside is set while the cluster's objects are in the cluster
+	// itself: the suite then asks its API server every
+	// workloadPollInterval, and the recorder not at all.
+	inside atomic.Bool
+}
+
+// moveIntoItself runs the real `clusterctl move` of the namespace from the
+// plane into the workload cluster. The provider in the cluster must adopt
+// every VM, network and reservation as they are, through the plane's
+// libvirt endpoint, and the plane must keep nothing.
+func (s *suite) moveIntoItself(t *testing.T) {
+	s.needReady(t)
+	before := s.readIdentities(t)
+	runs := s.domainRuns(t)
+	held := s.heldNames(t)
+	inside, err := s.managementClient(s.selfHost.kubeconfig)
+	must(t, err)
+
+	stop := s.rep.phase("self-hosted: clusterctl move of the cluster into itself")
+	took := s.runClusterctlMove(t, s.plane.Kubeconfig, s.selfHost.kubeconfig, "e2e-clusterctl-move-into-itself.log")
+	stop()
+	s.selfHost.plane, s.c = s.c, inside
+	s.selfHost.inside.Store(true)
+
+	defer s.rep.phase("self-hosted: the provider in the cluster adopts every VM (same identities, nothing restarted), the Cluster unpaused")()
+	s.checkAdopted(t, "after clusterctl move into the cluster itself", before, runs, held)
+	s.checkSourceEmpty(t, "the plane", s.selfHost.plane)
+	s.rep.note("clusterctl move of the cluster into itself: %d identity lines unchanged, no domain restarted; clusterctl move took %s",
+		len(before), took.Round(100*time.Millisecond))
+}
+
+// scaleFromInside scales the MachineDeployment 1 → 2 in the cluster
+// itself: the new worker can only be the work of the provider in the
+// cluster (the plane holds no object of the namespace), and it must join
+// Ready with its providerID.
+func (s *suite) scaleFromInside(t *testing.T) {
+	defer s.rep.phase("self-hosted: scale workers 1 → 2 from inside, every node Ready with its providerID")()
+	s.setWorkers(t, 2)
+	s.waitFor(t, "a second worker Machine", 5*time.Minute, func() (bool, string) {
+		n := len(s.mdMachines(t))
+		return n == 2, fmt.Sprintf("%d worker machines", n)
+	})
+	st := s.waitNodes(t, kubeadmJoinTimeout)
+	s.checkSourceEmpty(t, "the plane", s.selfHost.plane)
+	t.Logf("scaled from inside: %s", st)
+}
+
+// moveBack moves the namespace from the cluster back to the plane, whose
+// provider must adopt everything again, the new worker included.
+func (s *suite) moveBack(t *testing.T) {
+	before := s.readIdentities(t)
+	runs := s.domainRuns(t)
+	held := s.heldNames(t)
+
+	stop := s.rep.phase("self-hosted: clusterctl move back to the plane")
+	took := s.runClusterctlMove(t, s.selfHost.kubeconfig, s.plane.Kubeconfig, "e2e-clusterctl-move-back.log")
+	stop()
+	inside := s.c
+	s.c = s.selfHost.plane
+	s.selfHost.inside.Store(false)
+
+	defer s.rep.phase("self-hosted: the plane adopts every VM again, the Cluster unpaused")()
+	s.checkAdopted(t, "after clusterctl move back to the plane", before, runs, held)
+	s.checkSourceEmpty(t, "the workload cluster", inside)
+	s.rep.note("clusterctl move back to the plane: %d identity lines unchanged, no domain restarted; clusterctl move took %s",
+		len(before), took.Round(100*time.Millisecond))
+}
+
+// managementClient is a client of the management cluster of kubeconfig
+// with the suite's scheme, patient as the workload cluster's.
+func (s *suite) managementClient(kubeconfig string) (client.Client, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Timeout = 20 * time.Second
+	return client.New(cfg, client.Options{Scheme: s.c.Scheme()})
 }
 
 // clusterctlInit pushes the providers' images and the manager's into the
@@ -94,8 +200,10 @@ func (s *suite) clusterctlInit(t *testing.T) {
 	wc := s.k8s.wc
 	_, kubeconfig, err := devplane.WorkloadClient(s.ctx, s.c, namespace, s.cut.name)
 	must(t, err)
-	kubeconfigFile := filepath.Join(t.TempDir(), "workload.kubeconfig")
+	// The scenario's later steps use it too.
+	kubeconfigFile := filepath.Join(s.t.TempDir(), "workload.kubeconfig")
 	must(t, os.WriteFile(kubeconfigFile, kubeconfig, 0o600))
+	s.selfHost.kubeconfig = kubeconfigFile
 	credentials := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "capl-system", Name: "capl-libvirt-tls"}, Data: map[string][]byte{}}
 	for _, f := range []string{"cacert.pem", "clientcert.pem", "clientkey.pem"} {
 		b, err := os.ReadFile(filepath.Join(s.plane.Endpoints.LibvirtClientDir, f))

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -96,6 +97,7 @@ type suite struct {
 	k8s       kubeadmState
 	bootStart time.Time
 	move      moveState
+	selfHost  selfHostState
 	mh        multiHostState
 	rec       *recorder
 	rep       *report
@@ -325,6 +327,10 @@ func (s *suite) down(strict bool) {
 	if left := s.ourLibvirtObjects(afterDown); len(left) > 0 {
 		t.Errorf("libvirt objects of the run left after the sweep: %s", strings.Join(left, ", "))
 	}
+	// The images pushed into the plane's registry go with it.
+	if _, err := os.Stat(plane.RegistryDir(s.state)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("plane.Down left the registry's data %s (%v)", plane.RegistryDir(s.state), err)
+	}
 	_ = os.RemoveAll(s.state)
 }
 
@@ -449,7 +455,12 @@ const workloadCallTimeout = 5 * time.Minute
 // poll is waitFor returning the failure instead.
 func (s *suite) poll(t *testing.T, what string, timeout time.Duration, fn func() (bool, string)) error {
 	t.Helper()
-	return s.pollEvery(t, what, timeout, pollInterval, fn)
+	interval := pollInterval
+	if s.selfHost.inside.Load() {
+		// The management cluster is the workload cluster itself.
+		interval = workloadPollInterval
+	}
+	return s.pollEvery(t, what, timeout, interval, fn)
 }
 
 // pollEvery is poll asking every interval.

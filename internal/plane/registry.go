@@ -17,6 +17,10 @@ import (
 // across restarts of the plane, removed by Down with the rest.
 const registryDirName = "registry"
 
+// RegistryDir is where the plane of stateDir keeps its registry's blobs
+// and manifests.
+func RegistryDir(stateDir string) string { return filepath.Join(stateDir, registryDirName) }
+
 // serveRegistry runs the plane's OCI registry (internal/registry) on
 // o.RegistryPort of every host address until ctx ends, then pushes
 // o.RegistryLayouts into it. It returns the registry's loopback URL,
@@ -35,7 +39,7 @@ func serveRegistry(ctx context.Context, o Options) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("registry: %w", err)
 	}
-	reg, err := registry.Open(filepath.Join(o.StateDir, registryDirName), log.New(log.Writer(), "registry: ", log.LstdFlags))
+	reg, err := registry.Open(RegistryDir(o.StateDir), log.New(log.Writer(), "registry: ", log.LstdFlags))
 	if err != nil {
 		_ = l.Close()
 		return "", err
@@ -54,6 +58,6 @@ func serveRegistry(ctx context.Context, o Options) (string, error) {
 		}
 		log.Printf("registry: pushed %v from %s", refs, dir)
 	}
-	log.Printf("registry: serving %s on port %d to the host and to the guests of the provider's networks", filepath.Join(o.StateDir, registryDirName), o.RegistryPort)
+	log.Printf("registry: serving %s on port %d to the host and to the guests of the provider's networks", RegistryDir(o.StateDir), o.RegistryPort)
 	return url, nil
 }
