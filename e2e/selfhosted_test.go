@@ -5,6 +5,8 @@ package e2e
 import (
 	"flag"
 	"fmt"
+	"io"
+	"io/fs"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -18,8 +20,10 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -215,6 +219,8 @@ func (s *suite) clusterctlInit(t *testing.T) {
 	})
 	s.workloadCall(t, "creating Secret capl-libvirt-tls", func() error { return client.IgnoreAlreadyExists(wc.Create(s.ctx, credentials.DeepCopy())) })
 
+	s.createCRDsOneByOne(t, filepath.Join(repo, "repository"))
+
 	stop = s.rep.phase("self-hosted: clusterctl init (the real binary, offline), every provider's Deployment Available")
 	cmd := exec.CommandContext(s.ctx, filepath.Join(s.bin, "clusterctl"), "init", "--config="+filepath.Join(repo, "clusterctl.yaml"),
 		"--kubeconfig="+kubeconfigFile, "--infrastructure=libvirt", "--wait-providers", "--wait-provider-timeout=1800", "-v=3")
@@ -331,4 +337,91 @@ func deploymentAvailable(d *appsv1.Deployment) bool {
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// createCRDsOneByOne creates, before clusterctl init does, the CRDs of every
+// components file of the local repository (cert-manager's first), one at
+// a time, each Established before the next; clusterctl then finds them
+// and only adds its labels. A CRD costs an API server a burst of work
+// (its schema's OpenAPI, its validation rules, a storage, every client's
+// discovery); under TCG, clusterctl's dozens at once left the cluster's
+// one control plane unanswering for ten minutes on a 2-core host
+// (2026-11-27) until its liveness probe restarted it.
+func (s *suite) createCRDsOneByOne(t *testing.T, repository string) {
+	var files []string
+	must(t, filepath.WalkDir(repository, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(path, ".yaml") && !strings.HasPrefix(d.Name(), "cluster-template") && d.Name() != "metadata.yaml" {
+			files = append(files, path)
+		}
+		return err
+	}))
+	// cert-manager first: clusterctl installs it first.
+	slices.SortStableFunc(files, func(a, b string) int {
+		return boolRank(!strings.Contains(a, "cert-manager")) - boolRank(!strings.Contains(b, "cert-manager"))
+	})
+	var crds []*unstructured.Unstructured
+	for _, f := range files {
+		objs, err := readYAMLObjects(f)
+		must(t, err)
+		for _, o := range objs {
+			if o.GetKind() == "CustomResourceDefinition" {
+				crds = append(crds, o)
+			}
+		}
+	}
+	if len(crds) == 0 {
+		t.Fatalf("no CustomResourceDefinition in %v", files)
+	}
+	defer s.rep.phase(fmt.Sprintf("self-hosted: the providers' %d CRDs created one at a time, each Established before the next", len(crds)))()
+	wc := s.k8s.wc
+	for _, crd := range crds {
+		start := time.Now()
+		s.workloadCall(t, "creating CRD "+crd.GetName(), func() error { return client.IgnoreAlreadyExists(wc.Create(s.ctx, crd.DeepCopy())) })
+		s.waitWorkload(t, "CRD "+crd.GetName()+" Established", 10*time.Minute, func() (bool, string) {
+			// Unstructured: the workload client's scheme is client-go's.
+			got := &unstructured.Unstructured{}
+			got.SetGroupVersionKind(crd.GroupVersionKind())
+			if err := wc.Get(s.ctx, client.ObjectKey{Name: crd.GetName()}, got); err != nil {
+				return false, err.Error()
+			}
+			conditions, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
+			for _, c := range conditions {
+				if c, ok := c.(map[string]any); ok && c["type"] == string(apiextensionsv1.Established) {
+					return c["status"] == string(apiextensionsv1.ConditionTrue), fmt.Sprint(c["message"])
+				}
+			}
+			return false, "no Established condition yet"
+		})
+		t.Logf("CRD %s Established in %s", crd.GetName(), time.Since(start).Round(time.Second))
+	}
+}
+
+// readYAMLObjects decodes every object of a multi-document YAML file.
+func readYAMLObjects(path string) ([]*unstructured.Unstructured, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	dec := yaml.NewYAMLOrJSONDecoder(f, 64*1024)
+	var out []*unstructured.Unstructured
+	for {
+		o := &unstructured.Unstructured{}
+		if err := dec.Decode(&o.Object); err == io.EOF {
+			return out, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if len(o.Object) > 0 {
+			out = append(out, o)
+		}
+	}
+}
+
+// boolRank is 1 for true, 0 for false.
+func boolRank(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
