@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -21,6 +22,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -180,6 +183,56 @@ func (s *suite) kubeadmReady(t *testing.T) {
 	s.recordJoinCost(t, joining)
 	s.k8s.ready = true
 	s.checkKubeadmMachines(t)
+	s.waitWorkloadSettled(t)
+}
+
+// How the workload API server counts as settled: settledAnswers /readyz in
+// a row, settleInterval apart, each answered 200 within settleAnswerTime.
+const (
+	settledAnswers   = 3
+	settleAnswerTime = 5 * time.Second
+	settleInterval   = 15 * time.Second
+	settleTimeout    = 20 * time.Minute
+)
+
+// waitWorkloadSettled waits, once every node is Ready, until the workload
+// API server answers promptly. Under TCG on 2 host cores the control plane
+// is saturated for minutes after its nodes turn Ready (flannel, CoreDNS,
+// kube-controller-manager's first syncs, Cluster API's health probes that
+// time out, disconnect and reconnect, each reconnect listing again): on
+// 2026-11-27 it left requests unanswered for more than 5 minutes right
+// after Ready, here and in CI, and the checks that came next failed on
+// timeouts rather than on what they check.
+func (s *suite) waitWorkloadSettled(t *testing.T) {
+	t.Helper()
+	_, kubeconfig, err := devplane.WorkloadClient(s.ctx, s.c, namespace, s.cut.name)
+	must(t, err)
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	must(t, err)
+	cfg.Timeout = settleAnswerTime
+	hc, err := rest.HTTPClientFor(cfg)
+	must(t, err)
+	start, inARow := time.Now(), 0
+	err = s.pollEvery(t, "the workload API server to settle", settleTimeout, settleInterval, func() (bool, string) {
+		began := time.Now()
+		resp, err := hc.Get(strings.TrimSuffix(cfg.Host, "/") + "/readyz")
+		if err != nil {
+			inARow = 0
+			return false, fmt.Sprintf("/readyz: %v", err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			inARow = 0
+			return false, fmt.Sprintf("/readyz: %s after %s", resp.Status, time.Since(began).Round(time.Millisecond))
+		}
+		inARow++
+		return inARow >= settledAnswers, fmt.Sprintf("%d of %d prompt answers in a row", inARow, settledAnswers)
+	})
+	if err != nil {
+		s.diagnoseWorkload(t)
+		t.Fatal(err)
+	}
+	s.rep.phaseSince(kubeadmPhasePrefix+"all nodes Ready → workload API server settled (3 prompt /readyz in a row, 15 s apart)", start)()
 }
 
 // clusterReady waits until the kubeadm cluster's load balancer serves, its

@@ -450,7 +450,9 @@ func (s *suite) workloadCall(t *testing.T, what string, call func() error) {
 }
 
 // workloadCallTimeout bounds workloadCall's retries.
-const workloadCallTimeout = 5 * time.Minute
+// 10 minutes: a saturated TCG control plane left requests unanswered for
+// more than 5 (2026-11-27).
+const workloadCallTimeout = 10 * time.Minute
 
 // poll is waitFor returning the failure instead.
 func (s *suite) poll(t *testing.T, what string, timeout time.Duration, fn func() (bool, string)) error {
