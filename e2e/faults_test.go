@@ -184,12 +184,14 @@ func (s *suite) deleteClusterWhileCreating(t *testing.T) {
 	// Mid-creation: as soon as libvirt holds something of a new machine
 	// (its DHCP reservation, then its root disk), well before its guest
 	// could have booted.
-	deadline := time.Now().Add(5 * time.Minute)
+	// Under kubeadm a machine waits for its bootstrap data, which needs the
+	// workload cluster's API server for a join token: a saturated TCG
+	// control plane gave none in 5 minutes (2026-11-27).
+	const startTimeout = 12 * time.Minute
+	deadline := time.Now().Add(startTimeout)
 	for started := false; !started; time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			// Under kubeadm a machine waits for its bootstrap data, which
-			// needs the workload cluster's API server for a join token.
-			t.Fatalf("no new worker got an address reservation or a root disk in 5 minutes: %s", strings.Join(s.newWorkerStates(t, before), "; "))
+			t.Fatalf("no new worker got an address reservation or a root disk in %s: %s", startTimeout, strings.Join(s.newWorkerStates(t, before), "; "))
 		}
 		for name, lm := range s.workerMachines(t) {
 			if before[name] == nil && (isTrue(lm, infrav1.AddressReservedCondition) || isTrue(lm, infrav1.DiskReadyCondition)) {
