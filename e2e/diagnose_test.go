@@ -6,10 +6,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -44,13 +41,9 @@ func (s *suite) diagnoseWorkload(t *testing.T) {
 		return
 	}
 	lb := scope.LoadBalancerDomainName(namespace, s.cut.infrastructure)
-	domains := []string{lb}
-	if lms, err := s.clusterMachines(s.cut.name); err == nil {
-		for _, lm := range lms {
-			if d := lm.Status.Domain; d != nil && d.Name != "" {
-				domains = append(domains, d.Name)
-			}
-		}
+	domains, err := s.clusterDomains()
+	if err != nil {
+		domains = []string{lb}
 	}
 	t.Logf("diagnosis of the workload cluster: host CPU over %s (cores): %s", diagnoseWindow, vmCPUNow(domains, diagnoseWindow))
 	var guests virt.GuestHost = s.host
@@ -79,9 +72,8 @@ func vmCPUNow(domains []string, window time.Duration) string {
 	pids := map[string]int{}
 	var out []string
 	for _, d := range domains {
-		data, err := os.ReadFile(filepath.Join(qemuPIDDir, d+".pid"))
-		pid, errAtoi := strconv.Atoi(strings.TrimSpace(string(data)))
-		if err != nil || errAtoi != nil {
+		pid, err := qemuPID(d)
+		if err != nil {
 			out = append(out, d+" no QEMU process")
 			continue
 		}

@@ -70,26 +70,44 @@ func (s *suite) measureIdleCost(t *testing.T) {
 // and of its load balancer to its QEMU process.
 func (s *suite) clusterVMPIDs(t *testing.T) map[string]int {
 	t.Helper()
-	lms, err := s.clusterMachines(s.cut.name)
+	domains, err := s.clusterDomains()
 	must(t, err)
+	vms := map[string]int{}
+	for _, d := range domains {
+		pid, err := qemuPID(d)
+		if err != nil {
+			t.Errorf("QEMU pid of %s: %v", d, err)
+			continue
+		}
+		vms[d] = pid
+	}
+	return vms
+}
+
+// clusterDomains lists the domains of the cluster under test: its load
+// balancer's, then every machine's that has one.
+func (s *suite) clusterDomains() ([]string, error) {
+	lms, err := s.clusterMachines(s.cut.name)
+	if err != nil {
+		return nil, err
+	}
 	domains := []string{scope.LoadBalancerDomainName(namespace, s.cut.infrastructure)}
 	for _, lm := range lms {
 		if d := lm.Status.Domain; d != nil && d.Name != "" {
 			domains = append(domains, d.Name)
 		}
 	}
-	vms := map[string]int{}
-	for _, d := range domains {
-		data, err := os.ReadFile(filepath.Join(qemuPIDDir, d+".pid"))
-		if err != nil {
-			t.Errorf("QEMU pid of %s: %v", d, err)
-			continue
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-		must(t, err)
-		vms[d] = pid
+	return domains, nil
+}
+
+// qemuPID is the pid of a running domain's QEMU process, from libvirt's
+// pid file.
+func qemuPID(domain string) (int, error) {
+	data, err := os.ReadFile(filepath.Join(qemuPIDDir, domain+".pid"))
+	if err != nil {
+		return 0, err
 	}
-	return vms
+	return strconv.Atoi(strings.TrimSpace(string(data)))
 }
 
 // cpuSnapshot is the CPU ticks of the cluster's VMs and of the plane's

@@ -23,6 +23,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
@@ -342,12 +343,19 @@ func (s *suite) heldNames(t *testing.T) []string {
 // scaleAfterMove adds a worker from the second plane: it joins Ready.
 func (s *suite) scaleAfterMove(t *testing.T) {
 	defer s.rep.phase("move: scale workers 0 → 1 from the second plane, node Ready")()
-	s.setWorkers(t, 1)
-	s.waitFor(t, "a worker Machine", 5*time.Minute, func() (bool, string) {
-		n := len(s.mdMachines(t))
-		return n == 1, fmt.Sprintf("%d worker machines", n)
+	s.scaleWorkersAndJoin(t, 1)
+}
+
+// scaleWorkersAndJoin scales the MachineDeployment to n through s.c and
+// waits for its n Machines and for every node Ready with its providerID.
+func (s *suite) scaleWorkersAndJoin(t *testing.T, n int) devplane.NodesStatus {
+	t.Helper()
+	s.setWorkers(t, int32(n))
+	s.waitFor(t, fmt.Sprintf("%d worker Machines", n), 5*time.Minute, func() (bool, string) {
+		got := len(s.mdMachines(t))
+		return got == n, fmt.Sprintf("%d worker machines", got)
 	})
-	s.waitNodes(t, kubeadmJoinTimeout)
+	return s.waitNodes(t, kubeadmJoinTimeout)
 }
 
 // hostRestart cuts the power: libvirtd stops, every QEMU of the cluster

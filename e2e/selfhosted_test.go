@@ -5,7 +5,6 @@ package e2e
 import (
 	"flag"
 	"fmt"
-	"io"
 	"io/fs"
 	"net/netip"
 	"os"
@@ -23,12 +22,12 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/registry"
 )
 
@@ -100,25 +99,48 @@ type selfHostState struct {
 // libvirt endpoint, and the plane must keep nothing.
 func (s *suite) moveIntoItself(t *testing.T) {
 	s.needReady(t)
+	s.selfHostedMove(t, true)
+}
+
+// moveBack moves the namespace from the cluster back to the plane, whose
+// provider must adopt everything again, the new worker included.
+func (s *suite) moveBack(t *testing.T) { s.selfHostedMove(t, false) }
+
+// selfHostedMove runs the real `clusterctl move` of the namespace into the
+// workload cluster (into) or back to the plane, makes the target s.c, and
+// checks that the target's provider adopted everything as it was and that
+// the source keeps nothing.
+func (s *suite) selfHostedMove(t *testing.T, into bool) {
 	before := s.readIdentities(t)
 	runs := s.domainRuns(t)
 	held := s.heldNames(t)
-	inside, err := s.managementClient(s.selfHost.kubeconfig)
-	must(t, err)
+	from, to, where := s.plane.Kubeconfig, s.selfHost.kubeconfig, "into the cluster itself"
+	target, source, sourceName := client.Client(nil), s.c, "the plane"
+	if into {
+		var err error
+		target, err = s.managementClient(s.selfHost.kubeconfig)
+		must(t, err)
+	} else {
+		from, to, where = to, from, "back to the plane"
+		target, sourceName = s.selfHost.plane, "the workload cluster"
+	}
 
-	stop := s.rep.phase("self-hosted: clusterctl move of the cluster into itself")
-	took := s.runClusterctlMove(t, s.plane.Kubeconfig, s.selfHost.kubeconfig, "e2e-clusterctl-move-into-itself.log")
+	stop := s.rep.phase("self-hosted: clusterctl move " + where)
+	took := s.runClusterctlMove(t, from, to, "e2e-clusterctl-move-"+strings.ReplaceAll(where, " ", "-")+".log")
 	stop()
-	s.selfHost.plane, s.c = s.c, inside
-	s.selfHost.inside.Store(true)
+	if into {
+		s.selfHost.plane = s.c
+	}
+	s.c = target
+	s.selfHost.inside.Store(into)
 
-	defer s.rep.phase("self-hosted: the provider in the cluster adopts every VM (same identities, nothing restarted), the Cluster unpaused")()
-	s.checkAdopted(t, "after clusterctl move into the cluster itself", before, runs, held)
-	s.checkSourceEmpty(t, "the plane", s.selfHost.plane)
+	defer s.rep.phase("self-hosted: after the move " + where + ", every VM adopted (same identities, nothing restarted), the Cluster unpaused")()
+	s.checkAdopted(t, "after clusterctl move "+where, before, runs, held)
+	s.checkSourceEmpty(t, sourceName, source)
 	// Said only when the checks above passed.
 	if !t.Failed() {
-		s.rep.note("clusterctl move of the cluster into itself: %d identity lines unchanged, no domain restarted; clusterctl move took %s",
-			len(before), took.Round(100*time.Millisecond))
+		s.rep.note("clusterctl move %s: %d identity lines unchanged, no domain restarted; clusterctl move took %s",
+			where, len(before), took.Round(100*time.Millisecond))
 	}
 }
 
@@ -128,38 +150,9 @@ func (s *suite) moveIntoItself(t *testing.T) {
 // Ready with its providerID.
 func (s *suite) scaleFromInside(t *testing.T) {
 	defer s.rep.phase("self-hosted: scale workers 1 → 2 from inside, every node Ready with its providerID")()
-	s.setWorkers(t, 2)
-	s.waitFor(t, "a second worker Machine", 5*time.Minute, func() (bool, string) {
-		n := len(s.mdMachines(t))
-		return n == 2, fmt.Sprintf("%d worker machines", n)
-	})
-	st := s.waitNodes(t, kubeadmJoinTimeout)
+	st := s.scaleWorkersAndJoin(t, 2)
 	s.checkSourceEmpty(t, "the plane", s.selfHost.plane)
 	t.Logf("scaled from inside: %s", st)
-}
-
-// moveBack moves the namespace from the cluster back to the plane, whose
-// provider must adopt everything again, the new worker included.
-func (s *suite) moveBack(t *testing.T) {
-	before := s.readIdentities(t)
-	runs := s.domainRuns(t)
-	held := s.heldNames(t)
-
-	stop := s.rep.phase("self-hosted: clusterctl move back to the plane")
-	took := s.runClusterctlMove(t, s.selfHost.kubeconfig, s.plane.Kubeconfig, "e2e-clusterctl-move-back.log")
-	stop()
-	inside := s.c
-	s.c = s.selfHost.plane
-	s.selfHost.inside.Store(false)
-
-	defer s.rep.phase("self-hosted: the plane adopts every VM again, the Cluster unpaused")()
-	s.checkAdopted(t, "after clusterctl move back to the plane", before, runs, held)
-	s.checkSourceEmpty(t, "the workload cluster", inside)
-	// Said only when the checks above passed.
-	if !t.Failed() {
-		s.rep.note("clusterctl move back to the plane: %d identity lines unchanged, no domain restarted; clusterctl move took %s",
-			len(before), took.Round(100*time.Millisecond))
-	}
 }
 
 // managementClient is a client of the management cluster of kubeconfig
@@ -357,20 +350,24 @@ func lastLines(s string, n int) string {
 // one control plane unanswering for ten minutes on a 2-core host
 // (2026-11-27) until its liveness probe restarted it.
 func (s *suite) createCRDsOneByOne(t *testing.T, repository string) {
-	var files []string
+	// cert-manager's first: clusterctl installs it first.
+	var certManager, providers []string
 	must(t, filepath.WalkDir(repository, func(path string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && strings.HasSuffix(path, ".yaml") && !strings.HasPrefix(d.Name(), "cluster-template") && d.Name() != "metadata.yaml" {
-			files = append(files, path)
+		switch {
+		case err != nil || d.IsDir() || !strings.HasSuffix(path, ".yaml") || strings.HasPrefix(d.Name(), "cluster-template") || d.Name() == "metadata.yaml":
+		case strings.Contains(path, "cert-manager"):
+			certManager = append(certManager, path)
+		default:
+			providers = append(providers, path)
 		}
 		return err
 	}))
-	// cert-manager first: clusterctl installs it first.
-	slices.SortStableFunc(files, func(a, b string) int {
-		return boolRank(!strings.Contains(a, "cert-manager")) - boolRank(!strings.Contains(b, "cert-manager"))
-	})
+	files := append(certManager, providers...)
 	var crds []*unstructured.Unstructured
 	for _, f := range files {
-		objs, err := readYAMLObjects(f)
+		data, err := os.ReadFile(f)
+		must(t, err)
+		objs, err := plane.DecodeYAML(data)
 		must(t, err)
 		for _, o := range objs {
 			if o.GetKind() == "CustomResourceDefinition" {
@@ -403,34 +400,4 @@ func (s *suite) createCRDsOneByOne(t *testing.T, repository string) {
 		})
 		t.Logf("CRD %s Established in %s", crd.GetName(), time.Since(start).Round(time.Second))
 	}
-}
-
-// readYAMLObjects decodes every object of a multi-document YAML file.
-func readYAMLObjects(path string) ([]*unstructured.Unstructured, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	dec := yaml.NewYAMLOrJSONDecoder(f, 64*1024)
-	var out []*unstructured.Unstructured
-	for {
-		o := &unstructured.Unstructured{}
-		if err := dec.Decode(&o.Object); err == io.EOF {
-			return out, nil
-		} else if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		if len(o.Object) > 0 {
-			out = append(out, o)
-		}
-	}
-}
-
-// boolRank is 1 for true, 0 for false.
-func boolRank(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
