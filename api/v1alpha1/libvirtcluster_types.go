@@ -6,8 +6,15 @@ import (
 )
 
 // ClusterFinalizer lets the cluster controller remove the network and the
-// load-balancer VM before the LibvirtCluster is gone.
-const ClusterFinalizer = "libvirtcluster.infrastructure.cluster.x-k8s.io"
+// load-balancer VM before the LibvirtCluster is gone. It is
+// domain-qualified with a path, as the API server asks of finalizers.
+const ClusterFinalizer = "infrastructure.cluster.x-k8s.io/libvirtcluster"
+
+// LegacyClusterFinalizer is ClusterFinalizer's name in builds before
+// 2026-11-28 (no path: the API server warned on every write). The
+// controller replaces it on the objects that carry it, moved ones
+// included, and honours it until then.
+const LegacyClusterFinalizer = "libvirtcluster.infrastructure.cluster.x-k8s.io"
 
 // LoadBalancerType chooses what serves the control-plane endpoint.
 // +kubebuilder:validation:Enum=HAProxy;None

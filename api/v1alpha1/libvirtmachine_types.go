@@ -6,8 +6,13 @@ import (
 )
 
 // MachineFinalizer lets the machine controller remove the VM and its
-// volumes before the LibvirtMachine is gone.
-const MachineFinalizer = "libvirtmachine.infrastructure.cluster.x-k8s.io"
+// volumes before the LibvirtMachine is gone. It is domain-qualified with a
+// path, as the API server asks of finalizers.
+const MachineFinalizer = "infrastructure.cluster.x-k8s.io/libvirtmachine"
+
+// LegacyMachineFinalizer is MachineFinalizer's name in builds before
+// 2026-11-28 (see LegacyClusterFinalizer).
+const LegacyMachineFinalizer = "libvirtmachine.infrastructure.cluster.x-k8s.io"
 
 // ProviderIDPrefix starts every providerID this provider sets; the domain
 // UUID follows. Node and Machine agree on it without a cloud controller

@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -83,10 +82,10 @@ func (r *LibvirtClusterReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 		return ctrl.Result{}, nil
 	}
 	deleting := !lc.DeletionTimestamp.IsZero()
-	if deleting && !controllerutil.ContainsFinalizer(lc, infrav1.ClusterFinalizer) {
+	if deleting && !clusterFinalizer.heldBy(lc) {
 		return ctrl.Result{}, nil
 	}
-	if moved, err := releaseForMove(ctx, r.Client, lc, infrav1.ClusterFinalizer); moved || err != nil {
+	if moved, err := releaseForMove(ctx, r.Client, lc, clusterFinalizer); moved || err != nil {
 		return ctrl.Result{}, err
 	}
 	// Deletion goes ahead without the Cluster: every name it needs derives
@@ -133,7 +132,7 @@ func (r *LibvirtClusterReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 // reconcileNormal provisions the cluster infrastructure: the plan
 // forward, one idempotent step per condition.
 func (r *LibvirtClusterReconciler) reconcileNormal(ctx context.Context, s *scope.ClusterScope) (ctrl.Result, error) {
-	if controllerutil.AddFinalizer(s.LibvirtCluster, infrav1.ClusterFinalizer) {
+	if clusterFinalizer.ensureOn(s.LibvirtCluster) {
 		// Persisted before anything exists in libvirt.
 		if err := s.PatchObject(ctx); err != nil {
 			return ctrl.Result{}, err
@@ -181,7 +180,7 @@ func (r *LibvirtClusterReconciler) reconcileDelete(ctx context.Context, s *scope
 	if err := r.plan(s).Delete(ctx, s); err != nil {
 		return services.Outcome(s, err)
 	}
-	controllerutil.RemoveFinalizer(s.LibvirtCluster, infrav1.ClusterFinalizer)
+	clusterFinalizer.removeFrom(s.LibvirtCluster)
 	r.Quota.Forget(s.LibvirtCluster)
 	return ctrl.Result{}, nil
 }

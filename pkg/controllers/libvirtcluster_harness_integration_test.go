@@ -97,13 +97,14 @@ type clusterOpts struct {
 	// noCluster leaves out the owning Cluster; paused pauses it.
 	noCluster, paused bool
 	annotations       map[string]string
+	finalizers        []string
 }
 
 // createCluster creates a LibvirtCluster on the test pool and, unless
 // told otherwise, its Cluster.
 func (h *clusterHarness) createCluster(name string, o clusterOpts) {
 	h.t.Helper()
-	lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: name, Annotations: o.annotations,
+	lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: name, Annotations: o.annotations, Finalizers: o.finalizers,
 		Labels: map[string]string{clusterv1.ClusterNameLabel: name}}, Spec: o.spec}
 	lc.Spec.StoragePool = infrav1.StoragePool{Name: h.pool, Path: h.poolPath}
 	must(h.t, h.c.Create(h.ctx, lc))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -122,8 +123,10 @@ func testExternallyManaged(h *clusterHarness) {
 // its deletion leaves the network alone.
 func testOwnerAndPause(h *clusterHarness, existing virt.NetworkInfo) {
 	name := testlibvirt.Name(h.t)
+	// As an earlier release made it: its finalizer under the legacy name,
+	// which the controller replaces.
 	h.createCluster(name, clusterOpts{spec: userEndpoint(infrav1.ClusterNetwork{Name: existing.Name}), noCluster: true,
-		annotations: map[string]string{clusterv1.PausedAnnotation: ""}})
+		annotations: map[string]string{clusterv1.PausedAnnotation: ""}, finalizers: []string{infrav1.LegacyClusterFinalizer}})
 	h.assertUntouched(name)
 
 	h.createOwner(name, false)
@@ -139,6 +142,9 @@ func testOwnerAndPause(h *clusterHarness, existing virt.NetworkInfo) {
 	lc = h.waitCluster(name, "provisioned", time.Minute, func(lc *infrav1.LibvirtCluster) (bool, string) {
 		return lc.Status.Initialization.IsProvisioned() && lc.Status.Ready, fmt.Sprint(lc.Status.Conditions)
 	})
+	if !slices.Equal(lc.Finalizers, []string{infrav1.ClusterFinalizer}) {
+		h.t.Errorf("finalizers: %v, want the legacy one replaced by %s", lc.Finalizers, infrav1.ClusterFinalizer)
+	}
 	wantNet := infrav1.NetworkStatus{Name: existing.Name, Bridge: existing.Bridge, CIDR: existing.CIDR.String()}
 	if lc.Status.Network == nil || *lc.Status.Network != wantNet {
 		h.t.Errorf("status.network = %+v, want %+v", lc.Status.Network, wantNet)

@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -88,10 +87,10 @@ func (r *LibvirtMachineReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	deleting := !lm.DeletionTimestamp.IsZero()
-	if deleting && !controllerutil.ContainsFinalizer(lm, infrav1.MachineFinalizer) {
+	if deleting && !machineFinalizer.heldBy(lm) {
 		return ctrl.Result{}, nil
 	}
-	if moved, err := releaseForMove(ctx, r.Client, lm, infrav1.MachineFinalizer); moved || err != nil {
+	if moved, err := releaseForMove(ctx, r.Client, lm, machineFinalizer); moved || err != nil {
 		return ctrl.Result{}, err
 	}
 	// Deletion goes ahead without Machine, Cluster or LibvirtCluster:
@@ -156,7 +155,7 @@ func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope
 	if s.HasFailed() {
 		return ctrl.Result{}, nil // terminal: left for a MachineHealthCheck to replace
 	}
-	if controllerutil.AddFinalizer(s.LibvirtMachine, infrav1.MachineFinalizer) {
+	if machineFinalizer.ensureOn(s.LibvirtMachine) {
 		// Persisted before anything exists in libvirt.
 		if err := s.PatchObject(ctx); err != nil {
 			return ctrl.Result{}, err
@@ -191,7 +190,7 @@ func (r *LibvirtMachineReconciler) reconcileDelete(ctx context.Context, s *scope
 	if err := r.plan(s).Delete(ctx, s); err != nil {
 		return services.Outcome(s, err)
 	}
-	controllerutil.RemoveFinalizer(s.LibvirtMachine, infrav1.MachineFinalizer)
+	machineFinalizer.removeFrom(s.LibvirtMachine)
 	r.Quota.Forget(s.LibvirtMachine)
 	return ctrl.Result{}, nil
 }

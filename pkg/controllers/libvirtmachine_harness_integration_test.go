@@ -289,8 +289,10 @@ type machineOpts struct {
 	failureDomain string
 	// memoryMiB overrides the default 512.
 	memoryMiB int32
-	// annotations go onto the LibvirtMachine as it is created.
+	// annotations and finalizers go onto the LibvirtMachine as it is
+	// created.
 	annotations map[string]string
+	finalizers  []string
 }
 
 // bootUserData makes cloud-init write the Node-identity file from the
@@ -325,7 +327,7 @@ func (h *harness) createMachine(name string, o machineOpts) {
 		Type:       clusterv1.ClusterSecretType,
 		Data:       map[string][]byte{"value": []byte(o.userData), "format": []byte(format)},
 	}))
-	lm := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: name, Labels: labels, Annotations: o.annotations}}
+	lm := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: name, Labels: labels, Annotations: o.annotations, Finalizers: o.finalizers}}
 	lm.Spec.Image = infrav1.ImageSource{URL: "file://" + h.image, Checksum: "sha256:" + h.imageSum}
 	if o.image != nil {
 		lm.Spec.Image = *o.image

@@ -3,6 +3,7 @@ package controllers_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -11,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -81,11 +81,13 @@ func TestLibvirtMachine(t *testing.T) {
 func testWaits(h *harness) {
 	clusterB := testlibvirt.Name(h.t)
 	h.createCluster(clusterB, false)
-	h.createMachine("wi-0", machineOpts{cluster: clusterB, withData: true})
+	// wi-0 as an earlier release made it: its finalizer under the legacy
+	// name, which the controller replaces.
+	h.createMachine("wi-0", machineOpts{cluster: clusterB, withData: true, finalizers: []string{infrav1.LegacyMachineFinalizer}})
 	h.createMachine("wi-1", machineOpts{cluster: clusterB})
 	lm := h.waitCondition("wi-0", infrav1.DomainReadyCondition, metav1.ConditionFalse, infrav1.WaitingForClusterInfrastructureReason, time.Minute)
-	if !controllerutil.ContainsFinalizer(lm, infrav1.MachineFinalizer) {
-		h.t.Error("no finalizer while waiting")
+	if !slices.Equal(lm.Finalizers, []string{infrav1.MachineFinalizer}) {
+		h.t.Errorf("finalizers while waiting: %v, want the legacy one replaced by %s", lm.Finalizers, infrav1.MachineFinalizer)
 	}
 	h.waitCondition("wi-1", infrav1.BootstrapDataReadyCondition, metav1.ConditionFalse, infrav1.WaitingForClusterInfrastructureReason, time.Minute)
 	h.assertNoLibvirtObjects("wi-0")

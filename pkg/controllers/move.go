@@ -11,7 +11,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
@@ -29,7 +28,7 @@ import (
 // the Cluster last). Otherwise the object is deleted as any other, VM and
 // all; a tenant who pauses its own Cluster to orphan a VM this way still
 // pays for it, since quotas count what is in libvirt (pkg/quota).
-func releaseForMove(ctx context.Context, c client.Client, obj client.Object, finalizer string) (bool, error) {
+func releaseForMove(ctx context.Context, c client.Client, obj client.Object, f finalizer) (bool, error) {
 	// clusterctl sets the annotation with an empty value.
 	if _, moved := obj.GetAnnotations()[clusterctlv1.DeleteForMoveAnnotation]; !moved || obj.GetDeletionTimestamp().IsZero() {
 		return false, nil
@@ -40,11 +39,10 @@ func releaseForMove(ctx context.Context, c client.Client, obj client.Object, fin
 		}
 		return false, err
 	}
-	if !controllerutil.ContainsFinalizer(obj, finalizer) {
+	patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
+	if !f.removeFrom(obj) {
 		return true, nil
 	}
-	patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
-	controllerutil.RemoveFinalizer(obj, finalizer)
 	return true, c.Patch(ctx, obj, patch)
 }
 

@@ -760,3 +760,34 @@ func TestFailureDomainHostFixed(t *testing.T) {
 		})
 	}
 }
+
+// TestFinalizerNamesDrawNoWarning: the API server warns on every write of
+// an object whose finalizer is not domain-qualified with a path, as the
+// legacy names are; the controllers' current names draw none.
+func TestFinalizerNamesDrawNoWarning(t *testing.T) {
+	requireEnv(t)
+	for _, tc := range []struct {
+		finalizer string
+		obj       client.Object
+		warned    bool
+	}{
+		{infrav1.MachineFinalizer, machine(func(*infrav1.LibvirtMachineSpec) {})(), false},
+		{infrav1.ClusterFinalizer, validCluster(), false},
+		// The check can fail: the legacy names are warned about.
+		{infrav1.LegacyMachineFinalizer, machine(func(*infrav1.LibvirtMachineSpec) {})(), true},
+		{infrav1.LegacyClusterFinalizer, validCluster(), true},
+	} {
+		t.Run(tc.finalizer, func(t *testing.T) {
+			tc.obj.SetNamespace(namespace)
+			tc.obj.SetName("finalizer-name")
+			tc.obj.SetFinalizers([]string{tc.finalizer})
+			warnings.take("")
+			if err := c.Create(ctx(t), tc.obj, client.DryRunAll); err != nil {
+				t.Fatal(err)
+			}
+			if got := warnings.take("finalizers"); (len(got) > 0) != tc.warned {
+				t.Errorf("warnings on creating a %T with finalizer %q: %q, want warned %v", tc.obj, tc.finalizer, got, tc.warned)
+			}
+		})
+	}
+}
