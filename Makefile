@@ -17,6 +17,11 @@ KUSTOMIZE_VERSION := v5.8.1
 KUSTOMIZE := $(BIN)/kustomize
 HELM_VERSION := v3.22.0
 HELM := $(BIN)/helm
+# gotestsum runs make test's packages, as Cluster API's own Makefile does:
+# one line per package, then the output of every failure and every skipped
+# test with its reason, and how many ran, failed and skipped.
+GOTESTSUM_VERSION := v1.13.0
+GOTESTSUM := $(BIN)/gotestsum
 
 # Where the test images are built and cached between runs (outside the
 # checkout so that a fresh clone on the same host reuses them).
@@ -96,9 +101,10 @@ down: ## Delete the cluster, stop the management plane and remove every VM, volu
 ##@ Test
 
 .PHONY: test
-test: envtest images clusterctl dist ## Unit and integration tests (envtest + real libvirtd); those that boot guests the e2e boots the same way run in test-soak.
-	$(TEST_ENV) go test $(GO_TEST_FLAGS) ./...
-	cd images/oci && go test -count=1 ./...
+test: envtest images clusterctl dist $(GOTESTSUM) ## Unit and integration tests (envtest + real libvirtd); those that boot guests the e2e boots the same way run in test-soak. Ends with every skipped test and why; under CI=true a missing prerequisite fails instead.
+	@mkdir -p $(ARTIFACTS)
+	$(TEST_ENV) $(GOTESTSUM) --format pkgname --jsonfile $(ARTIFACTS)/test.json -- $(GO_TEST_FLAGS) ./...
+	cd images/oci && $(GOTESTSUM) --format pkgname -- -count=1 ./...
 
 # Where the end-to-end suite writes its benchmark report and logs.
 ARTIFACTS ?= $(ROOT)/_artifacts
@@ -293,3 +299,6 @@ $(KUSTOMIZE):
 
 $(HELM):
 	GOBIN=$(BIN) go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+$(GOTESTSUM):
+	GOBIN=$(BIN) go install gotest.tools/gotestsum@$(GOTESTSUM_VERSION)

@@ -102,7 +102,7 @@ func (s *suite) badInput(t *testing.T) {
 					t.Errorf("the refusal does not name %s: %v", want, err)
 				}
 			}
-			s.rep.note("bad input larger than one machine may be: refused on create: %v", err)
+			s.rep.passed(t, "bad input larger than one machine may be: refused on create: %v", err)
 		},
 		"cidr conflicts with a host route": s.badCIDR,
 	}
@@ -141,7 +141,7 @@ func (s *suite) badMachine(t *testing.T, name string, mutate func(*infrav1.Libvi
 		t.Errorf("%s: the message shows the URL's query: %s", name, msg)
 	}
 	t.Logf("%s: %s False, reason %s: %s", name, condType, reason, msg)
-	s.rep.note("bad input %s: %s False, reason %s: %q", name, condType, reason, msg)
+	s.rep.passed(t, "bad input %s: %s False, reason %s: %q", name, condType, reason, msg)
 	lm := s.lm(name)
 	if lm == nil {
 		t.Fatalf("%s vanished", name)
@@ -253,7 +253,7 @@ func (s *suite) badCIDR(t *testing.T) {
 		t.Errorf("NetworkReady message %q names neither the CIDR nor the conflicting interface", msg)
 	}
 	t.Logf("%s: NetworkReady False, reason %s: %s", name, reason, msg)
-	s.rep.note("bad input %s (cidr %s over a host route on %s): NetworkReady False, reason %s: %q", name, dummyCIDR, dummyInterface, reason, msg)
+	s.rep.passed(t, "bad input %s (cidr %s over a host route on %s): NetworkReady False, reason %s: %q", name, dummyCIDR, dummyInterface, reason, msg)
 	network := scope.ClusterNetworkName(namespace, name)
 	if s.networkExists(t, network) {
 		t.Errorf("network %s was created despite the conflict", network)

@@ -90,7 +90,7 @@ func (s *suite) clusterClassReady(t *testing.T) {
 	s.cut = clusterUnderTest{name: o.Name, controlPlaneMachines: o.ControlPlane, workerMachines: o.Workers}
 	s.applyCluster(t, objs)
 	t.Logf("ClusterClass cluster %s applied (%d objects: the ClusterClass, its templates and the Cluster; Kubernetes %s)", o.Name, len(objs), o.KubernetesVersion)
-	s.rep.note("ClusterClass: Cluster %s of ClusterClass libvirt (templates/cluster-template-topology.yaml with the kubeadm cluster's TCGTuning), "+
+	s.rep.passed(t, "ClusterClass: Cluster %s of ClusterClass libvirt (templates/cluster-template-topology.yaml with the kubeadm cluster's TCGTuning), "+
 		"made once the kubeadm cluster was deleted, Kubernetes %s, 1 control plane + 1 worker, the class's health checks off.", o.Name, o.KubernetesVersion)
 	s.clusterReady(t, "ClusterClass cluster", clusterClassPhasePrefix)
 	s.k8s.ready = true

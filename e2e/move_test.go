@@ -207,12 +207,9 @@ func (s *suite) clusterctlMove(t *testing.T) {
 	s.checkAdopted(t, "after clusterctl move", before, runs, held)
 	s.rep.phaseSince("move: the second plane reports every moved object provisioned (from libvirt)", moved)()
 	s.checkSourceEmpty(t, "the first plane", s.move.first.Client)
-	// Said only when the checks above passed.
-	if !t.Failed() {
-		s.rep.note("clusterctl move of a kubeadm cluster (1 control plane, HAProxy VM) between two planes on this host: "+
-			"all %d identity lines (each machine's providerID, domain UUID, MAC and addresses, the endpoint VM's, each DHCP reservation) unchanged, "+
-			"no domain restarted; clusterctl move took %s", len(before), moveTook.Round(100*time.Millisecond))
-	}
+	s.rep.passed(t, "clusterctl move of a kubeadm cluster (1 control plane, HAProxy VM) between two planes on this host: "+
+		"all %d identity lines (each machine's providerID, domain UUID, MAC and addresses, the endpoint VM's, each DHCP reservation) unchanged, "+
+		"no domain restarted; clusterctl move took %s", len(before), moveTook.Round(100*time.Millisecond))
 }
 
 // runClusterctlMove runs the real `clusterctl move` of the namespace from
@@ -396,7 +393,7 @@ func (s *suite) hostRestart(t *testing.T) {
 			t.Errorf("domain %s kept libvirt ID %d across the restart: it was not killed", name, id)
 		}
 	}
-	s.rep.note("host restart (every QEMU of the cluster killed at once, libvirtd restarted): every node Ready again %s later, "+
+	s.rep.passed(t, "host restart (every QEMU of the cluster killed at once, libvirtd restarted): every node Ready again %s later, "+
 		"same providerIDs, MACs, addresses and reservations, no Machine replaced", time.Since(start).Round(time.Second))
 }
 

@@ -123,7 +123,7 @@ func (s *suite) createMultiHost(t *testing.T) {
 	s.k8s.applied = time.Now()
 	t.Logf("multi-host kubeadm cluster %s applied: control plane and HAProxy VM on %s, worker on %s, endpoint %s:6443",
 		kubeadmName, s.mh.uriA, s.mh.uriB, multiHostEndpoint)
-	s.rep.note("Multi-host: Kubernetes %s over two libvirt hosts of hack/testbed-hosts.sh (libvirtds in their own network and mount namespaces on this machine, bridges on one LAN with dnsmasq DHCP; host a reached over qemu+ssh, host b over qemu+tls, each with a credentialsRef Secret), control plane and the HAProxy VM (holding the endpoint %s as a static address on the LAN) in failure domain host-a, worker in host-b; TCG tuning as make up.", version, multiHostEndpoint)
+	s.rep.passed(t, "Multi-host: Kubernetes %s over two libvirt hosts of hack/testbed-hosts.sh (libvirtds in their own network and mount namespaces on this machine, bridges on one LAN with dnsmasq DHCP; host a reached over qemu+ssh, host b over qemu+tls, each with a credentialsRef Secret), control plane and the HAProxy VM (holding the endpoint %s as a static address on the LAN) in failure domain host-a, worker in host-b; TCG tuning as make up.", version, multiHostEndpoint)
 }
 
 // multiHostReady waits for both nodes Ready and checks placement: each

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"libvirt.org/go/libvirt"
@@ -123,6 +124,15 @@ func (r *report) note(format string, args ...any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
+}
+
+// passed notes a success line, only when t's checks so far passed: a
+// line that says what was shown must not stand beside a failure of it.
+func (r *report) passed(t testing.TB, format string, args ...any) {
+	if t.Failed() {
+		return
+	}
+	r.note(format, args...)
 }
 
 func (r *report) addRollout(ro rolloutReport) {

@@ -384,7 +384,7 @@ func (s *suite) waitWorkersReplaced(t *testing.T, w *workerRollout, name string,
 	if minAvailable < 1 {
 		t.Errorf("the PodDisruptionBudget's Deployment had no available pod at some point of the workers' rollout (%d samples)", samples)
 	}
-	s.rep.note("%s: the Deployment guarded by a PodDisruptionBudget (minAvailable 1 of 2) kept at least %d pods available (%d samples every %s).",
+	s.rep.passed(t, "%s: the Deployment guarded by a PodDisruptionBudget (minAvailable 1 of 2) kept at least %d pods available (%d samples every %s).",
 		name, minAvailable, samples, workloadPollInterval)
 	for m, lm := range old {
 		if l := s.machineLeftovers(lm.Name, macSeed(lm), network); len(l) > 0 {

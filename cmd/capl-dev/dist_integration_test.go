@@ -112,7 +112,7 @@ func TestProductCodeImportsNoTestHarness(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs go list")
 	}
-	harnesses := []string{"/internal/testenv", "/internal/testlibvirt", "/internal/fakehost", "/internal/servicetest", "sigs.k8s.io/controller-runtime/pkg/envtest"}
+	harnesses := []string{"/internal/testenv", "/internal/testlibvirt", "/internal/testprereq", "/internal/fakehost", "/internal/servicetest", "sigs.k8s.io/controller-runtime/pkg/envtest"}
 	for _, cmd := range []string{"./cmd/capl-dev", "./cmd/manager"} {
 		out, err := exec.Command(goPath(t), "list", "-deps", filepath.Join("..", "..", cmd)).Output()
 		must(t, err)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -72,7 +73,7 @@ func TestLocalLibvirtSocket(t *testing.T) {
 // restarted plane keeps the authority its clients trust.
 func TestLibvirtEndpoint(t *testing.T) {
 	if testing.Short() {
-		if os.Getenv("CI") == "true" {
+		if testprereq.InCI() {
 			t.Fatal("CI=true with -short: CI runs make test, whose libvirtd this test needs")
 		}
 		t.Skip("integration test (make test-unit runs -short)")

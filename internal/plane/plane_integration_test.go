@@ -41,6 +41,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/registry"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -469,7 +470,7 @@ func hostAddresses(t *testing.T) []netip.Addr {
 		}
 		out = append(out, prefix.Addr())
 	}
-	if len(out) == 0 && os.Getenv("CI") == "true" {
+	if len(out) == 0 && testprereq.InCI() {
 		t.Error("the host has no non-loopback address to dial the webhook ports on")
 	}
 	return out

@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
 )
 
 // Testbed is hack/testbed-hosts.sh's homelab on this machine: libvirt
@@ -24,7 +26,7 @@ type Testbed struct {
 func StartTestbed(t testing.TB, hosts ...string) *Testbed {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("the multi-host testbed needs root (network namespaces, bridges)")
+		testprereq.Missing(t, "the multi-host testbed needs root (network namespaces, bridges)")
 	}
 	_, self, _, _ := runtime.Caller(0)
 	dir, err := os.MkdirTemp("", "capl-testbed-")
@@ -51,7 +53,7 @@ func (tb *Testbed) SSHCredentials() (privateKey, knownHosts []byte) {
 	tb.t.Helper()
 	knownHosts = []byte(tb.must("known-hosts"))
 	if len(knownHosts) == 0 {
-		tb.t.Skip("the test bed's hosts run no sshd: install openssh-server (hack/prepare-host.sh)")
+		testprereq.Missing(tb.t, "the test bed's hosts run no sshd: install openssh-server (hack/prepare-host.sh)")
 	}
 	privateKey, err := os.ReadFile(tb.must("ssh-key"))
 	if err != nil {

@@ -15,6 +15,8 @@ import (
 	"testing"
 
 	"github.com/kdomanski/iso9660"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
 )
 
 func TestBuildISO(t *testing.T) {
@@ -148,7 +150,7 @@ func TestBuildISORejectsInvalidSeed(t *testing.T) {
 func TestBuildISOWithIsoinfo(t *testing.T) {
 	isoinfo, err := exec.LookPath("isoinfo")
 	if err != nil {
-		t.Skip("isoinfo (genisoimage) is not installed")
+		testprereq.Missing(t, "isoinfo is not installed (apt install genisoimage; hack/prepare-host.sh installs it)")
 	}
 	s := validSeed()
 	s.NetworkConfig = []byte("version: 2\n")

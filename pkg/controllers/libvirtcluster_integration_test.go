@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
@@ -92,11 +93,12 @@ func userEndpoint(network infrav1.ClusterNetwork) infrav1.LibvirtClusterSpec {
 	}
 }
 
-// assertUntouched checks, after giving the controller time to act, that
-// it did not: no finalizer, no conditions.
-func (h *clusterHarness) assertUntouched(name string) {
+// assertUntouched checks, once the controller handled what happened
+// since before (its activity then), that it did not act: no finalizer,
+// no conditions.
+func (h *clusterHarness) assertUntouched(name string, before testenv.Activity) {
 	h.t.Helper()
-	time.Sleep(3 * time.Second)
+	before.WaitSettled(h.t, time.Minute)
 	lc := h.lc(name)
 	if controllerutil.ContainsFinalizer(lc, infrav1.ClusterFinalizer) || len(lc.Status.Conditions) > 0 {
 		h.t.Errorf("reconciled: finalizers %v, conditions %v", lc.Finalizers, lc.Status.Conditions)
@@ -107,12 +109,13 @@ func (h *clusterHarness) assertUntouched(name string) {
 // is left to whoever manages it.
 func testExternallyManaged(h *clusterHarness) {
 	name := testlibvirt.Name(h.t)
+	before := testenv.ActivityOf(h.t, "libvirtcluster")
 	h.createCluster(name, clusterOpts{spec: userEndpoint(infrav1.ClusterNetwork{}),
 		annotations: map[string]string{clusterv1.ManagedByAnnotation: "someone-else"}})
 	h.waitCluster(name, "owned by its Cluster", time.Minute, func(lc *infrav1.LibvirtCluster) (bool, string) {
 		return len(lc.OwnerReferences) > 0, "no owner reference"
 	})
-	h.assertUntouched(name)
+	h.assertUntouched(name, before)
 	h.deleteAndWait(&clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: name}}, time.Minute)
 }
 
@@ -125,9 +128,10 @@ func testOwnerAndPause(h *clusterHarness, existing virt.NetworkInfo) {
 	name := testlibvirt.Name(h.t)
 	// As an earlier release made it: its finalizer under the legacy name,
 	// which the controller replaces.
+	before := testenv.ActivityOf(h.t, "libvirtcluster")
 	h.createCluster(name, clusterOpts{spec: userEndpoint(infrav1.ClusterNetwork{Name: existing.Name}), noCluster: true,
 		annotations: map[string]string{clusterv1.PausedAnnotation: ""}, finalizers: []string{infrav1.LegacyClusterFinalizer}})
-	h.assertUntouched(name)
+	h.assertUntouched(name, before)
 
 	h.createOwner(name, false)
 	lc := h.waitClusterCondition(name, clusterv1.PausedCondition, metav1.ConditionTrue, clusterv1.PausedReason, time.Minute)

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
@@ -116,8 +117,9 @@ func testPause(h *harness, cluster string) {
 
 	h.setClusterPaused(cluster, true)
 	h.waitCondition("pz", clusterv1.PausedCondition, metav1.ConditionTrue, clusterv1.PausedReason, time.Minute)
+	before := testenv.ActivityOf(h.t, "libvirtmachine")
 	h.setBootstrapData("pz")
-	time.Sleep(5 * time.Second)
+	before.WaitSettled(h.t, time.Minute)
 	h.assertNoLibvirtObjects("pz")
 	if c := conditions.Get(h.lm("pz"), infrav1.BootstrapDataReadyCondition); c.Reason != infrav1.WaitingForBootstrapDataReason {
 		h.t.Errorf("reconciled while paused: %+v", c)

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
@@ -136,8 +137,12 @@ func TestMultiHost(t *testing.T) {
 	tb.Unplug("b")
 	h.waitCondition("mh-b", infrav1.DomainReadyCondition, metav1.ConditionFalse, infrav1.HostUnreachableReason, time.Minute)
 	t.Logf("FIGURE HostUnreachable %s after host b went off the network", time.Since(unplugged).Round(100*time.Millisecond))
+	activity := testenv.ActivityOf(t, "libvirtmachine")
 	must(t, h.c.Delete(h.ctx, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "mh-b"}}))
-	time.Sleep(5 * time.Second)
+	h.waitFor("mh-b's LibvirtMachine deleted by Cluster API", time.Minute, func() (bool, string) {
+		return !h.lm("mh-b").DeletionTimestamp.IsZero(), "no deletion timestamp"
+	})
+	activity.WaitSettled(t, time.Minute)
 	lm = h.lm("mh-b")
 	if lm.DeletionTimestamp.IsZero() {
 		t.Fatal("mh-b's LibvirtMachine is not being deleted")

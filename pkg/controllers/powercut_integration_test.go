@@ -18,6 +18,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/cloudinit"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
@@ -40,7 +41,7 @@ import (
 //
 // Both machines boot at once, 1 vCPU and 512 MiB each.
 func TestPowerCutAroundBootstrap(t *testing.T) {
-	if testing.Short() && os.Getenv("CI") != "true" {
+	if testing.Short() && !testprereq.InCI() {
 		t.Skip("integration test: not run with -short outside CI")
 	}
 	// Runs in make test: a run without a libvirtd or the image must not

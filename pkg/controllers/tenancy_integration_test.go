@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -54,6 +55,7 @@ func TestTenantIsolation(t *testing.T) {
 		{"steal-root", infrav1.VolumeReference{Name: rootA}},               // in the cluster's pool
 		{"steal-seed", infrav1.VolumeReference{Pool: h.pool, Name: seedA}}, // pool named
 	}
+	activity := testenv.ActivityOf(t, "libvirtmachine")
 	for _, c := range cases {
 		h.createMachine(c.machine, machineOpts{cluster: "b", withData: true, image: &infrav1.ImageSource{Volume: &c.ref}})
 	}
@@ -61,8 +63,9 @@ func TestTenantIsolation(t *testing.T) {
 		lm := h.waitCondition(c.machine, infrav1.DiskReadyCondition, metav1.ConditionFalse, infrav1.ImageNotAllowedReason, time.Minute)
 		t.Logf("%s: %s", c.machine, conditions.Get(lm, infrav1.DiskReadyCondition).Message)
 	}
-	// Give a wrongly continuing reconcile time to create something.
-	time.Sleep(3 * time.Second)
+	// Whatever a wrongly continuing reconcile would create exists once the
+	// controller handled every event since the machines were created.
+	activity.WaitSettled(t, time.Minute)
 	for _, c := range cases {
 		h.assertNoLibvirtObjects(c.machine)
 		if lm := h.lm(c.machine); lm.Status.Initialization.IsProvisioned() || lm.Spec.ProviderID != "" {

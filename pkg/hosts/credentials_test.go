@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
 )
 
 func TestCredentials(t *testing.T) {
@@ -131,7 +132,7 @@ func TestCredentials(t *testing.T) {
 // nothing from the manager's own ~/.ssh/config.
 func TestOpenSSHConfiguration(t *testing.T) {
 	if _, err := exec.LookPath("ssh"); err != nil {
-		t.Skip("no OpenSSH client (openssh-client)")
+		testprereq.Missing(t, "no OpenSSH client (apt install openssh-client; hack/prepare-host.sh installs it)")
 	}
 	CredentialsDir = t.TempDir()
 	home := t.TempDir()

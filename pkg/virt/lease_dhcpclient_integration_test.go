@@ -16,6 +16,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
 )
 
 // dhcpTestClient is a minimal DHCPv4 client that joins a libvirt network's
@@ -46,7 +48,7 @@ const (
 func newDHCPTestClient(t *testing.T, bridge string, mac net.HardwareAddr) *dhcpTestClient {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("the DHCP test client needs root to create a veth and a network namespace")
+		testprereq.Missing(t, "the DHCP test client needs root to create a veth and a network namespace")
 	}
 	suffix := make([]byte, 3)
 	if _, err := rand.Read(suffix); err != nil {

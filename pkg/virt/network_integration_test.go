@@ -14,6 +14,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -288,7 +289,7 @@ func TestEnsureNetworkHostConflict(t *testing.T) {
 		}
 	}
 	if !taken.Prefix.IsValid() {
-		t.Skip("the host has no address or route usable as a network CIDR")
+		testprereq.Missing(t, "the host has no address or route usable as a network CIDR")
 	}
 	spec := testNetworkSpec(t)
 	spec.CIDR = taken.Prefix
@@ -479,7 +480,7 @@ func TestUseBridge(t *testing.T) {
 	name := testlibvirt.Name(t)
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}
 	if err := netlink.LinkAdd(br); err != nil {
-		t.Skipf("cannot create a test bridge here: %v", err)
+		testprereq.Missing(t, "cannot create a test bridge here (needs root): %v", err)
 	}
 	t.Cleanup(func() { _ = netlink.LinkDel(br) })
 	info, err := e.c.UseBridge(testCtx(t), name)

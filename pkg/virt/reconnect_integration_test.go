@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -52,7 +53,7 @@ func TestReconnectAfterLibvirtdRestart(t *testing.T) {
 func restartLibvirtd(t *testing.T) {
 	t.Helper()
 	if _, err := os.Stat(testlibvirt.LibvirtdPidFile); err != nil {
-		t.Skipf("no libvirtd pid file (%v): cannot restart libvirtd here", err)
+		testprereq.Missing(t, "no libvirtd pid file (%v): cannot restart libvirtd here (hack/prepare-host.sh starts libvirtd -d, which writes it)", err)
 	}
 	if _, err := testlibvirt.StopLibvirtd(30 * time.Second); err != nil {
 		t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -421,7 +422,7 @@ func TestPoolFull(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = os.Remove(path) })
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=1m", "capltest", path).CombinedOutput(); err != nil {
-		t.Skipf("cannot mount a tmpfs here: %v: %s", err, out)
+		testprereq.Missing(t, "cannot mount a tmpfs here (needs root): %v: %s", err, out)
 	}
 	t.Cleanup(func() {
 		if out, err := exec.Command("umount", path).CombinedOutput(); err != nil {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
 )
 
 func backend(machine, address string, state infrav1.BackendState) infrav1.LoadBalancerBackend {
@@ -196,7 +197,7 @@ func TestNotServingReason(t *testing.T) {
 func TestEveryServerFailingItsCheckStillForwards(t *testing.T) {
 	bin, err := exec.LookPath("haproxy")
 	if err != nil {
-		t.Skipf("no haproxy on this host (hack/prepare-host.sh installs it): %v", err)
+		testprereq.Missing(t, "no haproxy on this host (hack/prepare-host.sh installs it): %v", err)
 	}
 	var checks atomic.Int32
 	api := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

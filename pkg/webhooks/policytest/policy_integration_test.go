@@ -21,6 +21,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
@@ -30,7 +31,7 @@ var c client.Client
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	if testing.Short() && os.Getenv("CI") != "true" {
+	if testing.Short() && !testprereq.InCI() {
 		os.Exit(m.Run())
 	}
 	os.Exit(run(m))
@@ -87,7 +88,7 @@ func onTwoHosts(s *infrav1.LibvirtClusterSpec, uri, secret string) {
 // address, and an HAProxy VM larger than one machine may be, naming the
 // field; private ranges and hosts with credentials pass.
 func TestPolicyRejections(t *testing.T) {
-	if testing.Short() && os.Getenv("CI") != "true" {
+	if testing.Short() && !testprereq.InCI() {
 		t.Skip("integration test: not run with -short outside CI")
 	}
 	if c == nil {
