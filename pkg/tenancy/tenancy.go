@@ -8,6 +8,12 @@
 // operator's Policy, so that the webhooks (which can be absent or
 // bypassed) and the controllers (before they create anything) apply the
 // very same ones.
+//
+// By job: tenancy.go, the pools, images, networks and bridges a tenant
+// may name; limits.go, the sizes the operator bounds and their
+// arithmetic (pkg/quota counts what a namespace holds with it);
+// libvirturi.go, the libvirt hosts a failure domain may name; cidrs.go,
+// the subnets a cluster network may take.
 package tenancy
 
 import (
@@ -109,73 +115,6 @@ type Policy struct {
 	// use (the manager's --network-cidrs); nil allows any range outside
 	// the reserved blocks (netalloc.ValidatePrefix).
 	NetworkCIDRs []netip.Prefix
-}
-
-// Limits bound machines' sizes; a zero field sets no bound.
-type Limits struct {
-	// Machines and Clusters bound how many LibvirtMachines and
-	// LibvirtClusters (each a network and maybe an HAProxy VM) a
-	// namespace holds (Namespace only).
-	Machines int
-	Clusters int
-	// VCPUs and MemoryMiB bound vCPUs and memory. DiskGiB bounds one
-	// VM's root disk (Machine) or what a namespace's volumes take on the
-	// hosts (Namespace: root disks at their full size, seeds, console
-	// logs and images at what they occupy).
-	VCPUs     int64
-	MemoryMiB int64
-	DiskGiB   int64
-}
-
-// DiskBytes is DiskGiB in bytes; 0 for no bound.
-func (l Limits) DiskBytes() uint64 { return uint64(max(l.DiskGiB, 0)) << 30 }
-
-// Usage is what VMs ask for or hold: their count and sizes, summed.
-type Usage struct {
-	Machines, Clusters int
-	VCPUs, MemoryMiB   int64
-	DiskGiB            int64
-}
-
-// MachineUsage is what one machine of spec asks for.
-func MachineUsage(spec *infrav1.LibvirtMachineSpec) Usage {
-	return Usage{Machines: 1, VCPUs: int64(spec.CPUs), MemoryMiB: int64(spec.MemoryMiB), DiskGiB: int64(spec.DiskSizeGiB)}
-}
-
-// LoadBalancerUsage is what the HAProxy VM of spec asks for, defaults
-// applied; zero when the cluster has none. Its disk is the image's size,
-// known once imported (and then bounded by the operator's largest disk).
-func LoadBalancerUsage(spec *infrav1.LibvirtClusterSpec) Usage {
-	if spec.LoadBalancer.Type == infrav1.LoadBalancerNone {
-		return Usage{}
-	}
-	hw := spec.LoadBalancer.VirtualHardware
-	hw.Default(infrav1.DefaultLoadBalancerCPUs, infrav1.DefaultLoadBalancerMemoryMiB)
-	return Usage{VCPUs: int64(hw.CPUs), MemoryMiB: int64(hw.MemoryMiB)}
-}
-
-// Add is u plus v.
-func (u Usage) Add(v Usage) Usage {
-	return Usage{Machines: u.Machines + v.Machines, Clusters: u.Clusters + v.Clusters,
-		VCPUs: u.VCPUs + v.VCPUs, MemoryMiB: u.MemoryMiB + v.MemoryMiB, DiskGiB: u.DiskGiB + v.DiskGiB}
-}
-
-// Exceeded names, for every limit u passes, the field that passes it
-// ("cpus", "memoryMiB", "diskSizeGiB", "machines", "clusters") and the
-// flag that sets it (prefix "--max-machine-" or "--namespace-max-").
-func (l Limits) Exceeded(u Usage, flagPrefix string) map[string]string {
-	out := map[string]string{}
-	check := func(field, flag string, got, limit int64, unit string) {
-		if limit > 0 && got > limit {
-			out[field] = fmt.Sprintf("%d%s is more than the %d%s the operator allows (the manager's %s%s)", got, unit, limit, unit, flagPrefix, flag)
-		}
-	}
-	check("machines", "machines", int64(u.Machines), int64(l.Machines), "")
-	check("clusters", "clusters", int64(u.Clusters), int64(l.Clusters), "")
-	check("cpus", "vcpus", u.VCPUs, l.VCPUs, " vCPUs")
-	check("memoryMiB", "memory", u.MemoryMiB, l.MemoryMiB, " MiB")
-	check("diskSizeGiB", "disk", u.DiskGiB, l.DiskGiB, " GiB")
-	return out
 }
 
 // DefaultPolicy is the policy of the manager's flag defaults.
@@ -413,108 +352,4 @@ func listOrNone(names []string) string {
 		return "none"
 	}
 	return strings.Join(names, ", ")
-}
-
-// libvirtSchemes are the transports a failure domain's uri may use, and
-// the kind of credentials each takes from a Secret ("" for none). Those
-// left out run a program (qemu+ext) or name a socket on the manager's
-// side (qemu+unix), which a tenant must never choose.
-var libvirtSchemes = map[string]string{
-	"qemu": "", "qemu+tcp": "",
-	"qemu+ssh": CredentialsSSH, "qemu+libssh": CredentialsSSH, "qemu+libssh2": CredentialsSSH,
-	"qemu+tls": CredentialsTLS,
-}
-
-// The kinds of credentials a libvirt URI's transport takes.
-const (
-	// CredentialsSSH is an SSH private key and the known_hosts to check
-	// the host's key against.
-	CredentialsSSH = "ssh"
-	// CredentialsTLS is a client certificate and key and the CA that
-	// signed the host's certificate.
-	CredentialsTLS = "tls"
-)
-
-// ParseLibvirtURI checks that raw is a libvirt URI of the system QEMU
-// driver on a transport a tenant may name, and returns the kind of
-// credentials its transport takes ("" for none). Schemes are compared
-// whatever their case, as libvirt compares transports.
-func ParseLibvirtURI(raw string) (credentials string, err error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "", fmt.Errorf("is not a URI: %w", err)
-	}
-	scheme := strings.ToLower(u.Scheme)
-	credentials, ok := libvirtSchemes[scheme]
-	switch {
-	case !ok:
-		return "", fmt.Errorf("scheme %q is not one of qemu, qemu+ssh, qemu+libssh, qemu+libssh2, qemu+tls, qemu+tcp", u.Scheme)
-	case u.Path != "/system":
-		return "", fmt.Errorf("must name the system driver (path /system), not %q", u.Path)
-	case scheme == "qemu" && u.Host != "":
-		return "", errors.New("qemu:///system is the manager's own host and names no host; use a remote transport (qemu+ssh://host/system)")
-	case scheme != "qemu" && u.Hostname() == "":
-		return "", errors.New("a remote transport needs a host (qemu+ssh://host/system)")
-	case u.Fragment != "" || u.Opaque != "":
-		return "", errors.New("must not have a fragment")
-	}
-	if _, hasPassword := u.User.Password(); hasPassword {
-		return "", errors.New("must not carry a password: put credentials in a Secret and name it in credentialsRef")
-	}
-	return credentials, nil
-}
-
-// CheckLibvirtURI refuses a failure domain's uri the operator did not
-// allow: the manager's own URI and those listed in LibvirtURIs are always
-// allowed; with Any, a URI ParseLibvirtURI accepts that has no query
-// (libvirt's query parameters choose programs, sockets and key files on
-// the manager's side), whose failure domain brings credentials (without,
-// the manager would connect with its own SSH keys and TLS certificates)
-// and whose host is no address of HostDenyNets.
-func (p Policy) CheckLibvirtURI(raw string, withCredentials bool) error {
-	if raw == "" || raw == p.ManagerURI {
-		return nil
-	}
-	if _, err := ParseLibvirtURI(raw); err != nil {
-		return err
-	}
-	if slices.Contains(p.LibvirtURIs, raw) {
-		return nil
-	}
-	if !slices.Contains(p.LibvirtURIs, Any) {
-		if len(p.LibvirtURIs) == 0 || denyAll(p.LibvirtURIs) {
-			return fmt.Errorf("the operator allows no libvirt host but the manager's own (%s): ask for it in the manager's --libvirt-uris", p.ManagerURI)
-		}
-		return fmt.Errorf("must be one of %s (the manager's --libvirt-uris) or the manager's own %s", strings.Join(p.LibvirtURIs, ", "), p.ManagerURI)
-	}
-	if strings.Contains(raw, "?") {
-		return errors.New("query parameters (transport options such as command=, socket= or keyfile=) are allowed only in a URI the operator lists exactly in --libvirt-uris")
-	}
-	if !withCredentials {
-		return errors.New("needs credentialsRef: a URI the operator does not list exactly in --libvirt-uris connects only with the tenant's own SSH key or TLS certificate, never with the manager's")
-	}
-	u, _ := url.Parse(raw) // ParseLibvirtURI parsed it
-	if a, err := netip.ParseAddr(u.Hostname()); err == nil {
-		return DeniedAddress(a, p.HostDenyNets)
-	}
-	return nil
-}
-
-// OnlyAny tells whether raw is a libvirt URI that the operator admits only
-// through Any: neither the manager's own nor listed exactly. Its host's
-// addresses are checked on every connect (pkg/hosts).
-func (p Policy) OnlyAny(raw string) bool {
-	return raw != "" && raw != p.ManagerURI && !slices.Contains(p.LibvirtURIs, raw)
-}
-
-// DeniedAddress refuses a when one of deny holds it. The message names
-// the address and the range, never what answers there: tenants read it.
-func DeniedAddress(a netip.Addr, deny []netip.Prefix) error {
-	a = a.Unmap().WithZone("")
-	for _, d := range deny {
-		if d.Contains(a) {
-			return fmt.Errorf("leads to %s, in %s, which the operator denies (the manager's --image-url-deny-cidrs)", a, d)
-		}
-	}
-	return nil
 }
