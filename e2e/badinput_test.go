@@ -25,7 +25,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -44,7 +44,7 @@ func (s *suite) badInput(t *testing.T) {
 			s.badMachine(t, extraPrefix+"bad-missing-image", func(lm *infrav1.LibvirtMachine) {
 				// An imported image's name: allowed in any pool (the demo's
 				// is no image pool, see docs/configuration.md), and absent.
-				lm.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: scope.ImageVolumeName(strings.Repeat("0", 64))}}
+				lm.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: naming.ImageVolumeName(strings.Repeat("0", 64))}}
 			}, infrav1.DiskReadyCondition, []string{infrav1.ImageNotFoundReason})
 		},
 		"bad checksum": func(t *testing.T) {
@@ -149,7 +149,7 @@ func (s *suite) badMachine(t *testing.T, name string, mutate func(*infrav1.Libvi
 	// Time for a reconcile that would go on to define the domain anyway.
 	time.Sleep(5 * time.Second)
 	ctx := s.ctx
-	if _, err := s.host.DomainInfo(ctx, scope.DomainName(namespace, name)); !virt.IsNotFound(err) {
+	if _, err := s.host.DomainInfo(ctx, naming.DomainName(namespace, name)); !virt.IsNotFound(err) {
 		t.Errorf("%s: a domain exists for bad input (lookup error %v)", name, err)
 	}
 	s.deleteAndWait(t, objs.machine, deleteTimeout, objs.lm)
@@ -254,7 +254,7 @@ func (s *suite) badCIDR(t *testing.T) {
 	}
 	t.Logf("%s: NetworkReady False, reason %s: %s", name, reason, msg)
 	s.rep.passed(t, "bad input %s (cidr %s over a host route on %s): NetworkReady False, reason %s: %q", name, dummyCIDR, dummyInterface, reason, msg)
-	network := scope.ClusterNetworkName(namespace, name)
+	network := naming.ClusterNetworkName(namespace, name)
 	if s.networkExists(t, network) {
 		t.Errorf("network %s was created despite the conflict", network)
 	}

@@ -24,6 +24,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -334,7 +335,7 @@ func (s *suite) checkSeedHasNoBootstrapData(t *testing.T, lm infrav1.LibvirtMach
 		return cur != nil && cur.Status.BootstrapDataRemoved, "status.bootstrapDataRemoved not set"
 	})
 	pool := lm.Annotations[scope.PoolAnnotation]
-	info, err := s.host.VolumeInfo(s.ctx, pool, scope.SeedVolumeName(lm.Status.Domain.Name))
+	info, err := s.host.VolumeInfo(s.ctx, pool, naming.SeedVolumeName(lm.Status.Domain.Name))
 	if err != nil {
 		t.Errorf("%s: seed volume: %v", lm.Name, err)
 		return

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -40,7 +40,7 @@ func (s *suite) diagnoseWorkload(t *testing.T) {
 	if s.cut.infrastructure == "" {
 		return
 	}
-	lb := scope.LoadBalancerDomainName(namespace, s.cut.infrastructure)
+	lb := naming.LoadBalancerDomainName(namespace, s.cut.infrastructure)
 	domains, err := s.clusterDomains()
 	if err != nil {
 		domains = []string{lb}

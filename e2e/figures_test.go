@@ -15,7 +15,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -114,14 +114,14 @@ func TestRunObjects(t *testing.T) {
 }
 
 func TestMachineObjects(t *testing.T) {
-	domain := scope.DomainName(namespace, "x-kill-1")
+	domain := naming.DomainName(namespace, "x-kill-1")
 	objs := []testlibvirt.Object{
 		{Kind: testlibvirt.KindDomain, Name: domain},
 		{Kind: testlibvirt.KindDomain, Name: "capl-e2e.elsewhere", Owner: &virt.Owner{Kind: "LibvirtMachine", Namespace: namespace, Name: "x-kill-1"}},
-		{Kind: testlibvirt.KindDomain, Name: scope.DomainName(namespace, "x-kill-10")},
+		{Kind: testlibvirt.KindDomain, Name: naming.DomainName(namespace, "x-kill-10")},
 		{Kind: testlibvirt.KindVolume, Pool: e2ePool, Name: domain + "-root.qcow2"},
 		{Kind: testlibvirt.KindFile, Pool: e2ePool, Name: domain + "-seed.iso"},
-		{Kind: testlibvirt.KindVolume, Pool: e2ePool, Name: scope.DomainName(namespace, "x-kill-10") + "-root.qcow2"},
+		{Kind: testlibvirt.KindVolume, Pool: e2ePool, Name: naming.DomainName(namespace, "x-kill-10") + "-root.qcow2"},
 	}
 	domains, volumes := machineObjects(objs, "x-kill-1")
 	if got, want := names(domains), names(objs[0:2]); !slices.Equal(got, want) {

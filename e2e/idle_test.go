@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 )
 
 // idleWindow is how long the idle cost is sampled.
@@ -25,7 +25,7 @@ func (s *suite) measureIdleCost(t *testing.T) {
 	vms := s.clusterVMPIDs(t)
 	nodes := map[string]string{} // node domain → its guest's processes before the window
 	for d := range vms {
-		if d != scope.LoadBalancerDomainName(namespace, s.cut.infrastructure) {
+		if d != naming.LoadBalancerDomainName(namespace, s.cut.infrastructure) {
 			nodes[d] = ""
 		}
 	}
@@ -91,7 +91,7 @@ func (s *suite) clusterDomains() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	domains := []string{scope.LoadBalancerDomainName(namespace, s.cut.infrastructure)}
+	domains := []string{naming.LoadBalancerDomainName(namespace, s.cut.infrastructure)}
 	for _, lm := range lms {
 		if d := lm.Status.Domain; d != nil && d.Name != "" {
 			domains = append(domains, d.Name)

@@ -15,7 +15,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -28,7 +28,7 @@ import (
 
 // runPrefix starts the name of every libvirt object the provider makes
 // for the namespace (domains, networks, overlays, seed ISOs).
-var runPrefix = scope.DomainName(namespace, "")
+var runPrefix = naming.DomainName(namespace, "")
 
 // e2ePool is the demo's storage pool: the run's own, so that the base
 // images imported into it are the run's too and Down may remove them.
@@ -112,7 +112,7 @@ func names(objs []testlibvirt.Object) []string {
 // out of a listing of the host: by the names derived from it, and by the
 // owner metadata of a domain named otherwise.
 func machineObjects(objs []testlibvirt.Object, name string) (domains, volumes []testlibvirt.Object) {
-	domain := scope.DomainName(namespace, name)
+	domain := naming.DomainName(namespace, name)
 	for _, o := range objs {
 		switch {
 		case o.Kind == testlibvirt.KindDomain && (o.Name == domain ||
@@ -148,7 +148,7 @@ func (s *suite) machineLeftovers(name, seed, network string) []string {
 			left = append(left, "reservations: "+err.Error())
 		}
 		for _, h := range hosts {
-			for _, mac := range scope.MACCandidates(seed, 4) {
+			for _, mac := range naming.MACCandidates(seed, 4) {
 				if strings.EqualFold(h.MAC, mac.String()) {
 					left = append(left, fmt.Sprintf("reservation %s %s on %s", h.MAC, h.IP, network))
 				}

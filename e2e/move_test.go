@@ -26,7 +26,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 )
 
 const (
@@ -105,7 +105,7 @@ func (s *suite) readIdentities(t *testing.T) identities {
 				st, reason, msg := condition(&lm, infrav1.DomainReadyCondition)
 				return false, fmt.Sprintf("%s: DomainReady %s %s: %s, addresses %v", lm.Name, st, reason, msg, lm.Status.Addresses)
 			}
-			info, err := s.host.DomainInfo(s.ctx, scope.DomainName(lm.Namespace, lm.Name))
+			info, err := s.host.DomainInfo(s.ctx, naming.DomainName(lm.Namespace, lm.Name))
 			if err != nil {
 				return false, err.Error()
 			}
@@ -120,7 +120,7 @@ func (s *suite) readIdentities(t *testing.T) identities {
 			st, reason, msg := condition(lc, infrav1.LoadBalancerReadyCondition)
 			return false, fmt.Sprintf("LoadBalancerReady %s %s: %s", st, reason, msg)
 		}
-		info, err := s.host.DomainInfo(s.ctx, scope.LoadBalancerDomainName(namespace, kubeadmName))
+		info, err := s.host.DomainInfo(s.ctx, naming.LoadBalancerDomainName(namespace, kubeadmName))
 		if err != nil {
 			return false, err.Error()
 		}
@@ -168,7 +168,7 @@ func (s *suite) domainRuns(t *testing.T) map[string]uint {
 	doms, err := conn.ListAllDomains(libvirt.CONNECT_LIST_DOMAINS_ACTIVE)
 	must(t, err)
 	out := map[string]uint{}
-	prefix := scope.DomainName(namespace, kubeadmName)
+	prefix := naming.DomainName(namespace, kubeadmName)
 	for _, d := range doms {
 		name, err := d.GetName()
 		if err == nil && strings.HasPrefix(name, prefix) {

@@ -25,7 +25,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -142,7 +142,7 @@ func (s *suite) multiHostReady(t *testing.T) {
 
 	// The HAProxy VM: on host a (the first control-plane failure domain),
 	// holding the endpoint the nodes joined through.
-	lb := scope.LoadBalancerDomainName(namespace, kubeadmName)
+	lb := naming.LoadBalancerDomainName(namespace, kubeadmName)
 	if _, err := s.mh.hostA.DomainInfo(s.ctx, lb); err != nil {
 		t.Errorf("HAProxy VM %s not on host a: %v", lb, err)
 	}
@@ -254,7 +254,7 @@ func (s *suite) deleteMultiHost(t *testing.T) {
 		owned, err := h.ListOwned(s.ctx)
 		must(t, err)
 		for _, o := range owned {
-			if o.Kind == virt.OwnedVolume && strings.HasPrefix(o.Name, scope.ImageVolumeName("")) {
+			if o.Kind == virt.OwnedVolume && strings.HasPrefix(o.Name, naming.ImageVolumeName("")) {
 				continue
 			}
 			t.Errorf("%s: %s %s/%s left behind", h.URI(), o.Kind, o.Pool, o.Name)

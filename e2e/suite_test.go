@@ -28,7 +28,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -54,7 +54,7 @@ const (
 
 const (
 	// namespace holds every object of the run. Every libvirt object the
-	// provider makes for it is named "capl-e2e.…" (scope.DomainName), which
+	// provider makes for it is named "capl-e2e.…" (naming.DomainName), which
 	// is how the leak checks and the emergency sweep tell the run's objects
 	// from those of other users of the host.
 	namespace   = "e2e"
@@ -571,7 +571,7 @@ func (s *suite) clusterNetworkOf(cluster string) string {
 	if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: cluster}, lc); err == nil && lc.Status.Network != nil {
 		return lc.Status.Network.Name
 	}
-	return scope.ClusterNetworkName(namespace, cluster)
+	return naming.ClusterNetworkName(namespace, cluster)
 }
 
 func must(t testing.TB, err error) {

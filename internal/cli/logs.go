@@ -22,7 +22,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -264,7 +264,7 @@ func (a *app) collectVM(ctx context.Context, b *bundle, host *virt.Client, c cli
 	if pool == "" {
 		pool = poolOfCluster(ctx, c, vm)
 	}
-	if data, err := host.ReadVolume(ctx, pool, scope.ConsoleLogVolumeName(vm.Domain), consoleLogLimit); err != nil {
+	if data, err := host.ReadVolume(ctx, pool, naming.ConsoleLogVolumeName(vm.Domain), consoleLogLimit); err != nil {
 		b.fail(dir+"console.log", err)
 	} else {
 		b.add(dir+"console.log", data)

@@ -30,7 +30,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -171,7 +171,7 @@ func clusterImage(dir, file string) (ClusterImage, error) {
 	if err != nil {
 		return ClusterImage{}, fmt.Errorf("cluster image: %w (build it with `make images node-image`)", err)
 	}
-	return ClusterImage{Path: path, SHA256: sum, Volume: scope.ImageVolumeName(sum)}, nil
+	return ClusterImage{Path: path, SHA256: sum, Volume: naming.ImageVolumeName(sum)}, nil
 }
 
 // SeedImages imports the images of ImageVolumes into the cluster's storage

@@ -18,7 +18,7 @@ import (
 	addonsv1 "sigs.k8s.io/cluster-api/api/addons/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 )
 
 // repoFile is a path of the repository, from this package's directory.
@@ -55,7 +55,7 @@ func TestRenderCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256([]byte("node"))
-	if want := scope.ImageVolumeName(hex.EncodeToString(sum[:])); imgs.Node.Volume != want || imgs.Node.SHA256 != hex.EncodeToString(sum[:]) {
+	if want := naming.ImageVolumeName(hex.EncodeToString(sum[:])); imgs.Node.Volume != want || imgs.Node.SHA256 != hex.EncodeToString(sum[:]) {
 		t.Errorf("node image %+v, want volume %s", imgs.Node, want)
 	}
 	objs, err := RenderCluster(o, ClusterVariables(o, imgs))

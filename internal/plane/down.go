@@ -25,7 +25,7 @@ const (
 	// the clusters; what is left after it is swept from libvirt directly.
 	clusterDeleteTimeout = 10 * time.Minute
 	// imageVolumePrefix starts the names of base images the provider
-	// imports (pkg/scope.ImageVolumeName).
+	// imports (pkg/naming.ImageVolumeName).
 	imageVolumePrefix = virt.NamePrefix + "image-sha256-"
 )
 

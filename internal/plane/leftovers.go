@@ -9,8 +9,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/quota"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -94,7 +94,7 @@ func namespaceOf(o virt.OwnedObject) (string, bool) {
 	if strings.HasPrefix(o.Name, imageVolumePrefix) {
 		return "", false
 	}
-	return scope.NameNamespace(o.Name)
+	return naming.NameNamespace(o.Name)
 }
 
 // domainSet is the domains and networks the management cluster's
@@ -110,15 +110,15 @@ func knownDomains(ctx context.Context, c client.Reader) (domainSet, error) {
 		return set, fmt.Errorf("listing LibvirtMachines: %w", err)
 	}
 	for _, m := range machines.Items {
-		set.domains = append(set.domains, scope.DomainName(m.Namespace, m.Name))
+		set.domains = append(set.domains, naming.DomainName(m.Namespace, m.Name))
 	}
 	var clusters infrav1.LibvirtClusterList
 	if err := c.List(ctx, &clusters); err != nil {
 		return set, fmt.Errorf("listing LibvirtClusters: %w", err)
 	}
 	for _, lc := range clusters.Items {
-		set.domains = append(set.domains, scope.LoadBalancerDomainName(lc.Namespace, lc.Name))
-		set.networks = append(set.networks, scope.ClusterNetworkName(lc.Namespace, lc.Name))
+		set.domains = append(set.domains, naming.LoadBalancerDomainName(lc.Namespace, lc.Name))
+		set.networks = append(set.networks, naming.ClusterNetworkName(lc.Namespace, lc.Name))
 	}
 	return set, nil
 }

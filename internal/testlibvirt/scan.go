@@ -206,7 +206,7 @@ func IsBaseImage(o Object) bool {
 }
 
 // ImageVolumePrefix starts the names of base images imported from a URL
-// (pkg/scope.ImageVolumeName); PartialSuffix ends the marker that exists
+// (pkg/naming.ImageVolumeName); PartialSuffix ends the marker that exists
 // while an import is under way (pkg/virt). Restated here rather than
 // imported: a leak check must not take its definition of a leak from the
 // code it judges.

@@ -15,6 +15,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/quota"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
@@ -57,7 +58,7 @@ func TestMoveMarkerCannotOrphan(t *testing.T) {
 	h.setClusterPaused(cluster, true)
 	h.deleteForMove(&infrav1.LibvirtMachine{}, "b")
 	h.setClusterPaused(cluster, false)
-	orphan := scope.DomainName(h.ns, "b")
+	orphan := naming.DomainName(h.ns, "b")
 	if _, err := h.host.DomainInfo(h.ctx, orphan); err != nil {
 		t.Fatalf("the moved machine's domain: %v (a move must leave it)", err)
 	}
@@ -145,7 +146,7 @@ func TestForgedMACAnnotation(t *testing.T) {
 	if !strings.Contains(msg, string(virt.ConflictMACOwned)) {
 		t.Errorf("AddressReserved %q, want the entry named another object's", msg)
 	}
-	if _, err := h.host.DomainInfo(h.ctx, scope.DomainName(h.ns, "thief")); !virt.IsNotFound(err) {
+	if _, err := h.host.DomainInfo(h.ctx, naming.DomainName(h.ns, "thief")); !virt.IsNotFound(err) {
 		t.Errorf("the thief has a domain (err %v)", err)
 	}
 	h.deleteMachine("thief", 2*time.Minute)

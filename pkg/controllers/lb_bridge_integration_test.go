@@ -19,7 +19,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -72,7 +72,7 @@ func TestLoadBalancerOnBridge(t *testing.T) {
 
 	// The VM runs on host A and holds both addresses: the LAN's lease and
 	// the endpoint.
-	domain := scope.LoadBalancerDomainName(h.ns, name)
+	domain := naming.LoadBalancerDomainName(h.ns, name)
 	if _, err := hostA.DomainInfo(h.ctx, domain); err != nil {
 		t.Errorf("the HAProxy VM is not on host a: %v", err)
 	}
@@ -102,7 +102,7 @@ func TestLoadBalancerOnBridge(t *testing.T) {
 	owned, err := hostA.ListOwned(h.ctx)
 	must(t, err)
 	for _, o := range owned {
-		if o.Kind != virt.OwnedVolume || !strings.HasPrefix(o.Name, scope.ImageVolumeName("")) {
+		if o.Kind != virt.OwnedVolume || !strings.HasPrefix(o.Name, naming.ImageVolumeName("")) {
 			t.Errorf("%s %s left behind on host a", o.Kind, o.Name)
 		}
 	}

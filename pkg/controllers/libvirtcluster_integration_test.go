@@ -23,7 +23,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/loadbalancer"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -177,7 +177,7 @@ func testOwnerAndPause(h *clusterHarness, existing virt.NetworkInfo) {
 			c.Spec.ControlPlaneEndpoint == lc.Spec.ControlPlaneEndpoint && len(c.Status.FailureDomains) == 1
 		return ok, fmt.Sprintf("endpoint %+v, failure domains %+v", c.Spec.ControlPlaneEndpoint, c.Status.FailureDomains)
 	})
-	if _, err := h.host.DomainInfo(h.ctx, scope.LoadBalancerDomainName(h.ns, name)); !virt.IsNotFound(err) {
+	if _, err := h.host.DomainInfo(h.ctx, naming.LoadBalancerDomainName(h.ns, name)); !virt.IsNotFound(err) {
 		h.t.Errorf("a load balancer VM exists with type None (%v)", err)
 	}
 
@@ -199,7 +199,7 @@ func testNetworkConflict(h *clusterHarness, existing virt.NetworkInfo) {
 	if lc.Status.Initialization.IsProvisioned() {
 		h.t.Error("provisioned without a network")
 	}
-	if _, err := h.host.UseNetwork(h.ctx, scope.ClusterNetworkName(h.ns, name)); !virt.IsNotFound(err) {
+	if _, err := h.host.UseNetwork(h.ctx, naming.ClusterNetworkName(h.ns, name)); !virt.IsNotFound(err) {
 		h.t.Errorf("a network was created despite the conflict (%v)", err)
 	}
 	h.deleteAndWait(&clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: name}}, time.Minute)
@@ -226,7 +226,7 @@ const applyStep = "GuestExec /bin/sh -c haproxy -c"
 // was recorded is not repeated.
 func testEndpointAndCrashes(h *clusterHarness, m *lbCluster) {
 	h.stopProvider()
-	m.domain = scope.LoadBalancerDomainName(h.ns, m.name)
+	m.domain = naming.LoadBalancerDomainName(h.ns, m.name)
 	spec := infrav1.LibvirtClusterSpec{LoadBalancer: infrav1.LoadBalancer{
 		Type:            infrav1.LoadBalancerHAProxy,
 		Image:           &infrav1.ImageSource{URL: "file://" + h.lbImage, Checksum: "sha256:" + h.lbImageSum},
@@ -294,7 +294,7 @@ func testEndpointAndCrashes(h *clusterHarness, m *lbCluster) {
 	})
 	serving := time.Now()
 	m.network = lc.Status.Network.Name
-	if m.network != scope.ClusterNetworkName(h.ns, m.name) || !lc.Status.Network.Managed || lc.Status.Network.CIDR == "" {
+	if m.network != naming.ClusterNetworkName(h.ns, m.name) || !lc.Status.Network.Managed || lc.Status.Network.CIDR == "" {
 		h.t.Errorf("status.network = %+v", lc.Status.Network)
 	}
 	conn, err := net.DialTimeout("tcp", m.endpoint, 5*time.Second)
@@ -366,7 +366,7 @@ func testTrafficAndAdd(h *clusterHarness, m *lbCluster) {
 // testHealthCheck: an API server that stops answering /readyz gets no
 // more requests; back up, it gets them again.
 func testHealthCheck(h *clusterHarness, m *lbCluster) {
-	cp0 := scope.DomainName(h.ns, "cp-0")
+	cp0 := naming.DomainName(h.ns, "cp-0")
 	stopped := time.Now()
 	h.guestRun(cp0, "systemctl", "stop", "capl-readyz.service")
 	h.waitFor("HAProxy to mark cp-0 down", time.Minute, func() (bool, string) {
@@ -440,7 +440,7 @@ func testNoReload(h *clusterHarness, m *lbCluster) {
 // 0) while its VM still runs, only then is the VM shut down, and the
 // server is removed once the machine is gone.
 func testDrain(h *clusterHarness, m *lbCluster) {
-	cp1 := scope.DomainName(h.ns, "cp-1")
+	cp1 := naming.DomainName(h.ns, "cp-1")
 	deleted := time.Now()
 	must(h.t, h.c.Delete(h.ctx, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "cp-1"}}))
 	var drained, down, gone time.Time
@@ -522,8 +522,8 @@ func testClusterDeletion(h *clusterHarness, m *lbCluster) {
 
 	h.stopProvider()
 	must(h.t, h.c.Delete(h.ctx, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "cp-0"}}))
-	plan := newCrashPlan("DeleteDomain "+m.domain, "DeleteVolume "+scope.SeedVolumeName(m.domain),
-		"DeleteVolume "+scope.OverlayVolumeName(m.domain), "ReleaseOwnedAddress "+mac, "DeleteNetwork "+m.network)
+	plan := newCrashPlan("DeleteDomain "+m.domain, "DeleteVolume "+naming.SeedVolumeName(m.domain),
+		"DeleteVolume "+naming.OverlayVolumeName(m.domain), "ReleaseOwnedAddress "+mac, "DeleteNetwork "+m.network)
 	h.run(plan, 4*time.Minute, nil)
 	h.waitFor("LibvirtCluster gone", 2*time.Minute, func() (bool, string) {
 		err := h.c.Get(h.ctx, client.ObjectKey{Namespace: h.ns, Name: m.name}, &infrav1.LibvirtCluster{})
@@ -540,7 +540,7 @@ func testClusterDeletion(h *clusterHarness, m *lbCluster) {
 	// Only the shared base images remain in the pool; the harness checks
 	// the whole host once the test's own pool and network are gone too.
 	for _, vol := range h.poolVolumes() {
-		if !strings.HasPrefix(vol, scope.ImageVolumeName("")) {
+		if !strings.HasPrefix(vol, naming.ImageVolumeName("")) {
 			h.t.Errorf("volume %s left behind", vol)
 		}
 	}

@@ -37,8 +37,8 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -440,11 +440,11 @@ func (h *harness) deleteMachine(name string, timeout time.Duration) {
 // its domain, overlay, seed, console log or DHCP host entry.
 func (h *harness) assertClean(name, mac string) {
 	h.t.Helper()
-	domain := scope.DomainName(h.ns, name)
+	domain := naming.DomainName(h.ns, name)
 	if _, err := h.host.DomainInfo(h.ctx, domain); !virt.IsNotFound(err) {
 		h.t.Errorf("domain %s left behind (err %v)", domain, err)
 	}
-	for _, vol := range []string{scope.OverlayVolumeName(domain), scope.SeedVolumeName(domain), scope.ConsoleLogVolumeName(domain)} {
+	for _, vol := range []string{naming.OverlayVolumeName(domain), naming.SeedVolumeName(domain), naming.ConsoleLogVolumeName(domain)} {
 		if _, err := h.host.VolumeInfo(h.ctx, h.pool, vol); !virt.IsNotFound(err) {
 			h.t.Errorf("volume %s left behind (err %v)", vol, err)
 		}
@@ -596,7 +596,7 @@ func (h *harness) cleanupMachines() {
 	}
 	for i := range doms {
 		name, _ := doms[i].GetName()
-		if strings.HasPrefix(name, scope.DomainName(h.ns, "")) {
+		if strings.HasPrefix(name, naming.DomainName(h.ns, "")) {
 			h.t.Errorf("force-removing domain %s left by the test", name)
 			_ = doms[i].Destroy()
 			_ = doms[i].UndefineFlags(libvirt.DOMAIN_UNDEFINE_NVRAM)

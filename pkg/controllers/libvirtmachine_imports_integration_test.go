@@ -17,7 +17,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -48,7 +48,7 @@ func testStuckImageServers(h *harness, cluster string) {
 	h.startProvider(nil)
 	// The good machine's image is in the pool already (a no-op after the
 	// earlier scenarios): what it must not wait for is the stuck imports.
-	_, err := h.host.ImportImage(h.ctx, virt.ImageImport{Pool: h.pool, Volume: scope.ImageVolumeName(h.imageSum),
+	_, err := h.host.ImportImage(h.ctx, virt.ImageImport{Pool: h.pool, Volume: naming.ImageVolumeName(h.imageSum),
 		Source: h.image, Policy: testlibvirt.FilePolicy(h.image), SHA256: h.imageSum})
 	must(h.t, err)
 
@@ -94,7 +94,7 @@ func testStuckImageServers(h *harness, cluster string) {
 	h.waitFor("the stuck imports' volumes gone", 15*time.Second, func() (bool, string) {
 		vols := h.poolVolumes()
 		for _, sum := range sums {
-			for _, v := range []string{scope.ImageVolumeName(sum), scope.ImageVolumeName(sum) + ".partial"} {
+			for _, v := range []string{naming.ImageVolumeName(sum), naming.ImageVolumeName(sum) + ".partial"} {
 				if slices.Contains(vols, v) {
 					return false, fmt.Sprint(vols)
 				}

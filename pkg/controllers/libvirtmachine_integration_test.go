@@ -19,6 +19,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
@@ -68,7 +69,7 @@ func TestLibvirtMachine(t *testing.T) {
 	// Only the shared base image may remain in the pool, and no host entry
 	// on the network; AssertNothingOwned checks the host once the pool and
 	// network are gone too.
-	if vols := h.poolVolumes(); len(vols) != 1 || vols[0] != scope.ImageVolumeName(h.imageSum) {
+	if vols := h.poolVolumes(); len(vols) != 1 || vols[0] != naming.ImageVolumeName(h.imageSum) {
 		t.Errorf("pool holds %v, want only the base image", vols)
 	}
 	if entries, err := h.host.Reservations(h.ctx, h.network.Name); err != nil || len(entries) != 0 {
@@ -187,7 +188,7 @@ func testLibvirtClusterGone(h *harness) {
 func testRestarts(h *harness, cluster string) {
 	h.stopProvider()
 	name := "crash"
-	domain := scope.DomainName(h.ns, name)
+	domain := naming.DomainName(h.ns, name)
 	h.createMachine(name, machineOpts{cluster: cluster, withData: true})
 	checks := map[string]func(lm *infrav1.LibvirtMachine){
 		"ReserveAddress": func(lm *infrav1.LibvirtMachine) {
@@ -199,17 +200,17 @@ func testRestarts(h *harness, cluster string) {
 			}
 		},
 		"ImportImage": func(*infrav1.LibvirtMachine) {
-			if _, err := h.host.VolumeInfo(h.ctx, h.pool, scope.ImageVolumeName(h.imageSum)); err != nil {
+			if _, err := h.host.VolumeInfo(h.ctx, h.pool, naming.ImageVolumeName(h.imageSum)); err != nil {
 				h.t.Error(err)
 			}
 		},
 		"EnsureOverlay": func(*infrav1.LibvirtMachine) {
-			if _, err := h.host.VolumeInfo(h.ctx, h.pool, scope.OverlayVolumeName(domain)); err != nil {
+			if _, err := h.host.VolumeInfo(h.ctx, h.pool, naming.OverlayVolumeName(domain)); err != nil {
 				h.t.Error(err)
 			}
 		},
 		"UploadVolume": func(lm *infrav1.LibvirtMachine) {
-			if _, err := h.host.VolumeInfo(h.ctx, h.pool, scope.SeedVolumeName(domain)); err != nil {
+			if _, err := h.host.VolumeInfo(h.ctx, h.pool, naming.SeedVolumeName(domain)); err != nil {
 				h.t.Error(err)
 			}
 			if conditions.IsTrue(lm, infrav1.BootstrapDataReadyCondition) {
@@ -269,7 +270,7 @@ func testRestarts(h *harness, cluster string) {
 	if lm.Spec.ProviderID != infrav1.ProviderIDPrefix+info.UUID {
 		h.t.Errorf("domain UUID %s, providerID %s", info.UUID, lm.Spec.ProviderID)
 	}
-	want := []string{scope.ImageVolumeName(h.imageSum), scope.OverlayVolumeName(domain), scope.SeedVolumeName(domain), scope.ConsoleLogVolumeName(domain)}
+	want := []string{naming.ImageVolumeName(h.imageSum), naming.OverlayVolumeName(domain), naming.SeedVolumeName(domain), naming.ConsoleLogVolumeName(domain)}
 	if got := h.poolVolumes(); fmt.Sprint(got) != fmt.Sprint(sortedCopy(want)) {
 		h.t.Errorf("pool holds %v, want %v", got, sortedCopy(want))
 	}
@@ -285,7 +286,7 @@ func testBadFormat(h *harness, cluster string) {
 	if c := conditions.Get(lm, infrav1.BootstrapDataReadyCondition); !strings.Contains(c.Message, `"ignition"`) {
 		h.t.Errorf("message %q", c.Message)
 	}
-	if _, err := h.host.DomainInfo(h.ctx, scope.DomainName(h.ns, "fmt")); !virt.IsNotFound(err) {
+	if _, err := h.host.DomainInfo(h.ctx, naming.DomainName(h.ns, "fmt")); !virt.IsNotFound(err) {
 		h.t.Errorf("a domain was defined without valid bootstrap data (%v)", err)
 	}
 	h.deleteMachine("fmt", time.Minute)
@@ -296,7 +297,7 @@ func testBadFormat(h *harness, cluster string) {
 // defined, while the reconcile is still creating.
 func testDeleteDuringCreation(h *harness, cluster string) {
 	h.createMachine("del", machineOpts{cluster: cluster, withData: true})
-	domain := scope.DomainName(h.ns, "del")
+	domain := naming.DomainName(h.ns, "del")
 	h.waitFor("domain "+domain+" defined", 2*time.Minute, func() (bool, string) {
 		_, err := h.host.DomainInfo(h.ctx, domain)
 		return err == nil, fmt.Sprint(err)
@@ -313,7 +314,7 @@ func testDeleteDuringCreation(h *harness, cluster string) {
 // its address (lease watch and events survive the reconnect).
 func testLibvirtdRestart(h *harness, cluster string) {
 	h.stopProvider()
-	domain := scope.DomainName(h.ns, "lvd")
+	domain := naming.DomainName(h.ns, "lvd")
 	var once sync.Once
 	h.startProvider(func(inner virt.Host) virt.Host {
 		return &hookHost{Host: inner, before: func(_ context.Context, method, object string) {
@@ -383,7 +384,7 @@ func testBootedMachines(h *harness, cluster string) {
 	// The figures are the controller's overhead, not a one-off 150 MiB
 	// import: make sure the base image is in the pool (a no-op after the
 	// earlier scenarios).
-	_, err := h.host.ImportImage(h.ctx, virt.ImageImport{Pool: h.pool, Volume: scope.ImageVolumeName(h.imageSum),
+	_, err := h.host.ImportImage(h.ctx, virt.ImageImport{Pool: h.pool, Volume: naming.ImageVolumeName(h.imageSum),
 		Source: h.image, Policy: testlibvirt.FilePolicy(h.image), SHA256: h.imageSum})
 	must(h.t, err)
 	for _, n := range names {
@@ -438,7 +439,7 @@ func testBootedMachines(h *harness, cluster string) {
 	var toStart, toAddress []time.Duration
 	mu.Lock()
 	for _, n := range names {
-		s, ok := started[scope.DomainName(h.ns, n)]
+		s, ok := started[naming.DomainName(h.ns, n)]
 		if !ok {
 			h.t.Errorf("no DomainStarted event for %s", n)
 			continue
@@ -495,7 +496,7 @@ func happyPath(h *harness, name string) {
 		h.t.Errorf("Ready = %+v", r)
 	}
 	d := lm.Status.Domain
-	if d == nil || d.Name != scope.DomainName(h.ns, name) || d.UUID != uuid || d.State != "running" || d.Host == "" || d.MAC == "" {
+	if d == nil || d.Name != naming.DomainName(h.ns, name) || d.UUID != uuid || d.State != "running" || d.Host == "" || d.MAC == "" {
 		h.t.Errorf("status.domain = %+v", d)
 	}
 	ip, ok := h.leaseIP(d.MAC)

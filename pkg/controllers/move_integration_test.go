@@ -17,7 +17,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 )
 
 // TestMoveAdoptsLibvirtObjects: a cluster with its HAProxy VM and a
@@ -101,10 +101,10 @@ type movedIdentity struct {
 func (h *clusterHarness) libvirtIdentity(cluster, machine, network string) movedIdentity {
 	h.t.Helper()
 	var id movedIdentity
-	lb, err := h.host.DomainInfo(h.ctx, scope.LoadBalancerDomainName(h.ns, cluster))
+	lb, err := h.host.DomainInfo(h.ctx, naming.LoadBalancerDomainName(h.ns, cluster))
 	must(h.t, err)
 	id.LBUUID, id.LBMAC = lb.UUID, strings.ToLower(lb.MAC)
-	dom := scope.DomainName(h.ns, machine)
+	dom := naming.DomainName(h.ns, machine)
 	m, err := h.host.DomainInfo(h.ctx, dom)
 	must(h.t, err)
 	id.MachineUUID, id.MachineMAC = m.UUID, strings.ToLower(m.MAC)
@@ -123,7 +123,7 @@ func (h *clusterHarness) libvirtIdentity(cluster, machine, network string) moved
 	}
 	slices.Sort(id.Domains)
 	slices.Sort(id.Reservations)
-	seed, err := h.host.VolumeInfo(h.ctx, h.pool, scope.SeedVolumeName(dom))
+	seed, err := h.host.VolumeInfo(h.ctx, h.pool, naming.SeedVolumeName(dom))
 	must(h.t, err)
 	b, err := os.ReadFile(seed.Path)
 	must(h.t, err)

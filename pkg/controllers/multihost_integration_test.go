@@ -21,7 +21,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -93,7 +93,7 @@ func TestMultiHost(t *testing.T) {
 		t.Logf("%s on %s: %s", m.name, m.fd, ip)
 	}
 	t.Logf("FIGURE two machines on two hosts with addresses: %s", time.Since(start).Round(time.Second))
-	domA, domB := scope.DomainName(h.ns, "mh-a"), scope.DomainName(h.ns, "mh-b")
+	domA, domB := naming.DomainName(h.ns, "mh-a"), naming.DomainName(h.ns, "mh-b")
 	assertDomainOn(t, hostA, hostB, domA)
 	assertDomainOn(t, hostB, hostA, domB)
 	before, err := hostB.DomainInfo(h.ctx, domB)
@@ -115,7 +115,7 @@ func TestMultiHost(t *testing.T) {
 	if lm.Spec.FailureDomain != "host-a" {
 		t.Errorf("mh-c placed in %q; want host-a", lm.Spec.FailureDomain)
 	}
-	if _, err := hostA.DomainInfo(h.ctx, scope.DomainName(h.ns, "mh-c")); err != nil {
+	if _, err := hostA.DomainInfo(h.ctx, naming.DomainName(h.ns, "mh-c")); err != nil {
 		t.Errorf("mh-c's domain is not on host a: %v", err)
 	}
 

@@ -12,7 +12,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -105,7 +105,7 @@ func (r *LibvirtMachineReconciler) placeMachine(ctx context.Context, lm *infrav1
 // went, behind the webhook's back. Only a domain whose ownership metadata
 // names this machine is taken; without one p stays as it is.
 func (r *LibvirtMachineReconciler) findOwnDomain(ctx context.Context, lm *infrav1.LibvirtMachine, p placement) placement {
-	domain := scope.DomainName(lm.Namespace, lm.Name)
+	domain := naming.DomainName(lm.Namespace, lm.Name)
 	owner := virt.Owner{Kind: "LibvirtMachine", Namespace: lm.Namespace, Name: lm.Name}
 	if p.problem == nil {
 		info, err := p.host.DomainInfo(ctx, domain)

@@ -20,7 +20,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/cloudinit"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -54,7 +54,7 @@ func TestPowerCutAroundBootstrap(t *testing.T) {
 	h := newHarness(t)
 	h.startProvider(nil)
 	// One import before both machines ask for the image.
-	_, err := h.host.ImportImage(h.ctx, virt.ImageImport{Pool: h.pool, Volume: scope.ImageVolumeName(h.imageSum),
+	_, err := h.host.ImportImage(h.ctx, virt.ImageImport{Pool: h.pool, Volume: naming.ImageVolumeName(h.imageSum),
 		Source: h.image, Policy: testlibvirt.FilePolicy(h.image), SHA256: h.imageSum})
 	must(t, err)
 
@@ -81,7 +81,7 @@ write_files:
 runcmd:
 - 'mkdir -p /run/cluster-api && echo success > ` + guest.SentinelPath + `'
 `})
-	domain := scope.DomainName(h.ns, name)
+	domain := naming.DomainName(h.ns, name)
 	h.waitFor(name+" provisioned", 12*time.Minute, func() (bool, string) {
 		lm := h.lm(name)
 		return lm.Status.Initialization.IsProvisioned(), fmt.Sprintf("addresses %v", lm.Status.Addresses)
@@ -147,7 +147,7 @@ func testCutDuringBootstrap(h *harness) {
 runcmd:
 - 'sync && touch ` + marker + ` && sleep 3600 && mkdir -p /run/cluster-api && echo success > ` + guest.SentinelPath + `'
 `})
-	domain := scope.DomainName(h.ns, name)
+	domain := naming.DomainName(h.ns, name)
 	cutPower := h.powerSwitch(domain)
 	h.waitFor("the bootstrap to start in "+domain, 15*time.Minute, func() (bool, string) {
 		_, err := h.host.GuestReadFile(h.ctx, domain, marker)
@@ -243,7 +243,7 @@ func (h *harness) waitSeedEmptied(name string) {
 	})
 	want, err := cloudinit.BuildISO(cloudinit.Seed{InstanceID: lm.Status.Domain.UUID, LocalHostname: name})
 	must(h.t, err)
-	got, err := h.host.ReadVolume(h.ctx, h.pool, scope.SeedVolumeName(lm.Status.Domain.Name), 1<<20)
+	got, err := h.host.ReadVolume(h.ctx, h.pool, naming.SeedVolumeName(lm.Status.Domain.Name), 1<<20)
 	must(h.t, err)
 	if !bytes.HasPrefix(got, want) || len(bytes.Trim(got[len(want):], "\x00")) > 0 {
 		h.t.Errorf("the seed volume (%d bytes) is not the emptied seed (%d bytes) padded with zeros", len(got), len(want))

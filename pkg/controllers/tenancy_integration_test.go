@@ -14,7 +14,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -31,8 +31,8 @@ import (
 func TestTenantIsolation(t *testing.T) {
 	h := newHarness(t)
 	nsA := testlibvirt.Name(t)
-	domainA := scope.DomainName(nsA, "cp-0")
-	rootA, seedA := scope.OverlayVolumeName(domainA), scope.SeedVolumeName(domainA)
+	domainA := naming.DomainName(nsA, "cp-0")
+	rootA, seedA := naming.OverlayVolumeName(domainA), naming.SeedVolumeName(domainA)
 	for _, v := range []string{rootA, seedA} {
 		if _, err := h.host.UploadVolume(h.ctx, h.pool, v, []byte("#cloud-config\n# "+secretMarker+"\n")); err != nil {
 			t.Fatalf("creating A's volume %s: %v", v, err)
@@ -116,7 +116,7 @@ func TestPublicNetworkRange(t *testing.T) {
 		t.Errorf("NetworkReady message %q names neither the range nor the flag", msg)
 	}
 	t.Logf("NetworkNotAllowed: %s", msg)
-	name := scope.ClusterNetworkName(h.ns, "public")
+	name := naming.ClusterNetworkName(h.ns, "public")
 	if _, err := h.host.UseNetwork(h.ctx, name); !virt.IsNotFound(err) {
 		t.Errorf("libvirt network %s: %v; want none", name, err)
 	}

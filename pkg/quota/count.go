@@ -13,7 +13,7 @@ import (
 	"strings"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -68,7 +68,7 @@ func Hold(namespace string, objs []virt.OwnedObject, uses []virt.ImageUse, skip 
 			h.Networks[o.Name] = true
 			clusters[o.Owner.Name] = true
 		case virt.OwnedVolume:
-			if ns, ok := scope.NameNamespace(o.Name); !ok || ns != namespace {
+			if ns, ok := naming.NameNamespace(o.Name); !ok || ns != namespace {
 				continue
 			}
 			diskBytes += volumeBytes(o)
@@ -87,7 +87,7 @@ func Hold(namespace string, objs []virt.OwnedObject, uses []virt.ImageUse, skip 
 // usedBy tells whether a root disk of namespace is backed by the image.
 func usedBy(namespace string, u virt.ImageUse) bool {
 	for _, v := range u.Users {
-		if ns, ok := scope.NameNamespace(v.Name); ok && ns == namespace {
+		if ns, ok := naming.NameNamespace(v.Name); ok && ns == namespace {
 			return true
 		}
 	}
@@ -108,7 +108,7 @@ func (h Holdings) record(o virt.OwnedObject) {
 // virtual size (it grows to it as the guest writes), any other volume
 // what it occupies.
 func volumeBytes(o virt.OwnedObject) uint64 {
-	if strings.HasSuffix(o.Name, scope.OverlayVolumeName("")) {
+	if strings.HasSuffix(o.Name, naming.OverlayVolumeName("")) {
 		return max(o.CapacityBytes, o.AllocationBytes)
 	}
 	return o.AllocationBytes
@@ -117,7 +117,7 @@ func volumeBytes(o virt.OwnedObject) uint64 {
 // MachineAsk is what a LibvirtMachine asks for that h does not show it
 // holding yet: nothing once its domain exists.
 func MachineAsk(lm *infrav1.LibvirtMachine, h Holdings) tenancy.Usage {
-	if h.Domains[scope.DomainName(lm.Namespace, lm.Name)] {
+	if h.Domains[naming.DomainName(lm.Namespace, lm.Name)] {
 		return tenancy.Usage{}
 	}
 	return tenancy.MachineUsage(&lm.Spec)
@@ -127,10 +127,10 @@ func MachineAsk(lm *infrav1.LibvirtMachine, h Holdings) tenancy.Usage {
 // holding yet: the cluster itself (its network) and its HAProxy VM.
 func ClusterAsk(lc *infrav1.LibvirtCluster, h Holdings) tenancy.Usage {
 	var u tenancy.Usage
-	if !h.Networks[scope.ClusterNetworkName(lc.Namespace, lc.Name)] && !h.Domains[scope.LoadBalancerDomainName(lc.Namespace, lc.Name)] {
+	if !h.Networks[naming.ClusterNetworkName(lc.Namespace, lc.Name)] && !h.Domains[naming.LoadBalancerDomainName(lc.Namespace, lc.Name)] {
 		u.Clusters = 1
 	}
-	if !h.Domains[scope.LoadBalancerDomainName(lc.Namespace, lc.Name)] {
+	if !h.Domains[naming.LoadBalancerDomainName(lc.Namespace, lc.Name)] {
 		u = u.Add(tenancy.LoadBalancerUsage(&lc.Spec))
 	}
 	return u
@@ -143,8 +143,8 @@ func OfDomain(domain string, o virt.OwnedObject) bool {
 	case virt.OwnedDomain:
 		return o.Name == domain
 	case virt.OwnedVolume:
-		return o.Name == scope.OverlayVolumeName(domain) || o.Name == scope.SeedVolumeName(domain) ||
-			strings.HasPrefix(o.Name, scope.ConsoleLogVolumeName(domain))
+		return o.Name == naming.OverlayVolumeName(domain) || o.Name == naming.SeedVolumeName(domain) ||
+			strings.HasPrefix(o.Name, naming.ConsoleLogVolumeName(domain))
 	}
 	return false
 }

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -208,7 +208,7 @@ func listHost(ctx context.Context, h Lister) (listing, error) {
 		return got, err
 	}
 	if il, ok := h.(imageLister); ok {
-		got.uses, err = il.ImageUses(ctx, scope.IsImageVolumeName)
+		got.uses, err = il.ImageUses(ctx, naming.IsImageVolumeName)
 	}
 	return got, err
 }
@@ -230,7 +230,7 @@ func (l *Ledger) pending(ctx context.Context, r Request, held Holdings) (tenancy
 	self := keyOf(r.Object)
 	for i := range machines.Items {
 		lm := &machines.Items[i]
-		if keyOf(lm) != self && !held.Domains[scope.DomainName(ns, lm.Name)] && l.counts(r, lm) {
+		if keyOf(lm) != self && !held.Domains[naming.DomainName(ns, lm.Name)] && l.counts(r, lm) {
 			u = u.Add(MachineAsk(lm, held))
 		}
 	}

@@ -13,8 +13,8 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/quota"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -37,9 +37,9 @@ func cluster(ns, name string, created time.Duration, lb infrav1.LoadBalancerType
 
 // domain is a VM of owner kind/ns/name as ListOwned reports it.
 func domain(kind, ns, name string, vcpus, memoryMiB int64) virt.OwnedObject {
-	n := scope.DomainName(ns, name)
+	n := naming.DomainName(ns, name)
 	if kind == "LibvirtCluster" {
-		n = scope.LoadBalancerDomainName(ns, name)
+		n = naming.LoadBalancerDomainName(ns, name)
 	}
 	return virt.OwnedObject{Kind: virt.OwnedDomain, Name: n, Owner: &virt.Owner{Kind: kind, Namespace: ns, Name: name}, VCPUs: vcpus, MemoryMiB: memoryMiB}
 }
@@ -60,7 +60,7 @@ func ledger(t *testing.T, limits tenancy.Limits, objs []virt.OwnedObject, api ..
 }
 
 func admitMachine(l *quota.Ledger, lm *infrav1.LibvirtMachine) error {
-	d := scope.DomainName(lm.Namespace, lm.Name)
+	d := naming.DomainName(lm.Namespace, lm.Name)
 	return l.Admit(context.Background(), quota.Request{
 		Object: lm,
 		Own:    func(o virt.OwnedObject) bool { return quota.OfDomain(d, o) },
@@ -69,7 +69,7 @@ func admitMachine(l *quota.Ledger, lm *infrav1.LibvirtMachine) error {
 }
 
 func admitCluster(l *quota.Ledger, lc *infrav1.LibvirtCluster) error {
-	lb := scope.LoadBalancerDomainName(lc.Namespace, lc.Name)
+	lb := naming.LoadBalancerDomainName(lc.Namespace, lc.Name)
 	return l.Admit(context.Background(), quota.Request{
 		Object: lc,
 		Own:    func(o virt.OwnedObject) bool { return quota.OfDomain(lb, o) },
@@ -84,9 +84,9 @@ func admitCluster(l *quota.Ledger, lc *infrav1.LibvirtCluster) error {
 func TestEachTotal(t *testing.T) {
 	orphan := domain("LibvirtMachine", "team-b", "gone", 2, 2048)
 	other := domain("LibvirtMachine", "team-a", "big", 32, 65536) // another namespace: never counted
-	overlay := virt.OwnedObject{Kind: virt.OwnedVolume, Name: scope.OverlayVolumeName(scope.DomainName("team-b", "gone")), CapacityBytes: 10 * gib, AllocationBytes: gib}
-	seed := virt.OwnedObject{Kind: virt.OwnedVolume, Name: scope.SeedVolumeName(scope.DomainName("team-b", "gone")), CapacityBytes: gib, AllocationBytes: gib / 2}
-	lbNet := virt.OwnedObject{Kind: virt.OwnedNetwork, Name: scope.ClusterNetworkName("team-b", "old"), Owner: &virt.Owner{Kind: "LibvirtCluster", Namespace: "team-b", Name: "old"}}
+	overlay := virt.OwnedObject{Kind: virt.OwnedVolume, Name: naming.OverlayVolumeName(naming.DomainName("team-b", "gone")), CapacityBytes: 10 * gib, AllocationBytes: gib}
+	seed := virt.OwnedObject{Kind: virt.OwnedVolume, Name: naming.SeedVolumeName(naming.DomainName("team-b", "gone")), CapacityBytes: gib, AllocationBytes: gib / 2}
+	lbNet := virt.OwnedObject{Kind: virt.OwnedNetwork, Name: naming.ClusterNetworkName("team-b", "old"), Owner: &virt.Owner{Kind: "LibvirtCluster", Namespace: "team-b", Name: "old"}}
 	held := []virt.OwnedObject{orphan, other, overlay, seed, lbNet}
 	ahead := machine("team-b", "ahead", 0, 2, 1024, 4)
 	for _, tc := range []struct {
@@ -125,7 +125,7 @@ func TestEachTotal(t *testing.T) {
 // machines'.
 func TestClusters(t *testing.T) {
 	held := []virt.OwnedObject{
-		{Kind: virt.OwnedNetwork, Name: scope.ClusterNetworkName("team-b", "one"), Owner: &virt.Owner{Kind: "LibvirtCluster", Namespace: "team-b", Name: "one"}},
+		{Kind: virt.OwnedNetwork, Name: naming.ClusterNetworkName("team-b", "one"), Owner: &virt.Owner{Kind: "LibvirtCluster", Namespace: "team-b", Name: "one"}},
 		domain("LibvirtCluster", "team-b", "one", 1, 512),
 	}
 	second := cluster("team-b", "two", time.Second, infrav1.LoadBalancerHAProxy)
@@ -184,9 +184,9 @@ func TestAdmissionsTogether(t *testing.T) {
 // TestHoldImages: an imported image counts, at its allocation, for each
 // namespace with a root disk backed by it, and for no other.
 func TestHoldImages(t *testing.T) {
-	img := virt.ImageUse{Volume: virt.VolumeInfo{Name: scope.ImageVolumeName("ab12ab12ab12ab12ab12ab12ab12ab12"), AllocationBytes: 3 * gib},
-		Users: []virt.VolumeRef{{Pool: "p", Name: scope.OverlayVolumeName(scope.DomainName("ns", "m1"))}, {Pool: "p", Name: scope.OverlayVolumeName(scope.DomainName("ns", "m2"))}}}
-	unused := virt.ImageUse{Volume: virt.VolumeInfo{Name: scope.ImageVolumeName("cd34cd34cd34cd34cd34cd34cd34cd34"), AllocationBytes: 5 * gib}}
+	img := virt.ImageUse{Volume: virt.VolumeInfo{Name: naming.ImageVolumeName("ab12ab12ab12ab12ab12ab12ab12ab12"), AllocationBytes: 3 * gib},
+		Users: []virt.VolumeRef{{Pool: "p", Name: naming.OverlayVolumeName(naming.DomainName("ns", "m1"))}, {Pool: "p", Name: naming.OverlayVolumeName(naming.DomainName("ns", "m2"))}}}
+	unused := virt.ImageUse{Volume: virt.VolumeInfo{Name: naming.ImageVolumeName("cd34cd34cd34cd34cd34cd34cd34cd34"), AllocationBytes: 5 * gib}}
 	uses := []virt.ImageUse{img, unused}
 	if got := quota.Hold("ns", nil, uses, nil).DiskGiB; got != 3 {
 		t.Errorf("ns holds %d GiB of images, want 3 (the image its disks use, once)", got)
@@ -203,17 +203,17 @@ func TestHold(t *testing.T) {
 		domain("LibvirtMachine", "ns", "m2", 1, 512),
 		domain("LibvirtCluster", "ns", "c", 1, 512),
 		domain("LibvirtMachine", "other", "m1", 8, 8192),
-		{Kind: virt.OwnedNetwork, Name: scope.ClusterNetworkName("ns", "c"), Owner: &virt.Owner{Kind: "LibvirtCluster", Namespace: "ns", Name: "c"}},
-		{Kind: virt.OwnedVolume, Name: scope.OverlayVolumeName(scope.DomainName("ns", "m1")), CapacityBytes: 4 * gib, AllocationBytes: gib},
-		{Kind: virt.OwnedVolume, Name: scope.ConsoleLogVolumeName(scope.DomainName("ns", "m1")), AllocationBytes: gib / 4},
-		{Kind: virt.OwnedVolume, Name: scope.OverlayVolumeName(scope.DomainName("other", "m1")), CapacityBytes: 100 * gib},
+		{Kind: virt.OwnedNetwork, Name: naming.ClusterNetworkName("ns", "c"), Owner: &virt.Owner{Kind: "LibvirtCluster", Namespace: "ns", Name: "c"}},
+		{Kind: virt.OwnedVolume, Name: naming.OverlayVolumeName(naming.DomainName("ns", "m1")), CapacityBytes: 4 * gib, AllocationBytes: gib},
+		{Kind: virt.OwnedVolume, Name: naming.ConsoleLogVolumeName(naming.DomainName("ns", "m1")), AllocationBytes: gib / 4},
+		{Kind: virt.OwnedVolume, Name: naming.OverlayVolumeName(naming.DomainName("other", "m1")), CapacityBytes: 100 * gib},
 	}
 	h := quota.Hold("ns", objs, nil, nil)
 	want := tenancy.Usage{Machines: 2, Clusters: 1, VCPUs: 4, MemoryMiB: 2048, DiskGiB: 5}
 	if h.Usage != want {
 		t.Errorf("held %+v, want %+v", h.Usage, want)
 	}
-	mine := scope.DomainName("ns", "m1")
+	mine := naming.DomainName("ns", "m1")
 	h = quota.Hold("ns", objs, nil, func(o virt.OwnedObject) bool { return quota.OfDomain(mine, o) })
 	want = tenancy.Usage{Machines: 1, Clusters: 1, VCPUs: 2, MemoryMiB: 1024}
 	if h.Usage != want || !h.Domains[mine] {

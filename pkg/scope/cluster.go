@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -100,7 +101,9 @@ func (s *ClusterScope) NetworkSpec() infrav1.ClusterNetwork { return s.LibvirtCl
 
 // NetworkName is the NAT network the provider creates for the cluster
 // (see ClusterNetworkName).
-func (s *ClusterScope) NetworkName() string { return ClusterNetworkName(s.Namespace(), s.Name()) }
+func (s *ClusterScope) NetworkName() string {
+	return naming.ClusterNetworkName(s.Namespace(), s.Name())
+}
 
 // OwnsNetworkName tells whether a network named NetworkName is the
 // provider's to delete: unless the user named it in spec.network, it can

@@ -5,35 +5,10 @@ import (
 	"strings"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
-
-// loadBalancerSuffix ends the HAProxy VM's domain name. Kubernetes names
-// never contain '_', so no machine's domain (DomainName) can be named so.
-const loadBalancerSuffix = "_lb"
-
-// ClusterNetworkName is the NAT network the provider creates for the
-// LibvirtCluster namespace/name. It follows DomainName's scheme, so it is
-// unique across namespaces; networks and domains are separate libvirt
-// namespaces, so it never collides with a machine's domain.
-func ClusterNetworkName(namespace, name string) string { return DomainName(namespace, name) }
-
-// LoadBalancerDomainName is the HAProxy VM of the LibvirtCluster
-// namespace/name.
-func LoadBalancerDomainName(namespace, name string) string {
-	return DomainName(namespace, name) + loadBalancerSuffix
-}
-
-// loadBalancerHostname is the HAProxy VM's hostname: one DNS label built
-// from the cluster's name.
-func loadBalancerHostname(cluster string) string {
-	h := strings.ReplaceAll(cluster, ".", "-")
-	if len(h) > 60 {
-		h = h[:60]
-	}
-	return strings.TrimRight(h, "-") + "-lb"
-}
 
 // LoadBalancerScope is the HAProxy VM of a cluster as the machine services
 // (address, disk, seed, domain) see it. The VM's steps have no conditions
@@ -72,7 +47,7 @@ func (s *LoadBalancerScope) LibvirtHost() virt.Host { return s.c.Host }
 
 // DomainName is the VM's domain (see LoadBalancerDomainName).
 func (s *LoadBalancerScope) DomainName() string {
-	return LoadBalancerDomainName(s.c.Namespace(), s.c.Name())
+	return naming.LoadBalancerDomainName(s.c.Namespace(), s.c.Name())
 }
 
 // DomainUUID is the VM's UUID, chosen once and recorded in an annotation;
@@ -101,13 +76,15 @@ func (s *LoadBalancerScope) DomainSeen() bool {
 func (s *LoadBalancerScope) SetDomainFound() { s.domainFound = true }
 
 // OverlayVolume is the name of the VM's root disk volume.
-func (s *LoadBalancerScope) OverlayVolume() string { return OverlayVolumeName(s.DomainName()) }
+func (s *LoadBalancerScope) OverlayVolume() string { return naming.OverlayVolumeName(s.DomainName()) }
 
 // SeedVolume is the name of the VM's NoCloud seed volume.
-func (s *LoadBalancerScope) SeedVolume() string { return SeedVolumeName(s.DomainName()) }
+func (s *LoadBalancerScope) SeedVolume() string { return naming.SeedVolumeName(s.DomainName()) }
 
 // ConsoleLogVolume is the name of the VM's console log volume.
-func (s *LoadBalancerScope) ConsoleLogVolume() string { return ConsoleLogVolumeName(s.DomainName()) }
+func (s *LoadBalancerScope) ConsoleLogVolume() string {
+	return naming.ConsoleLogVolumeName(s.DomainName())
+}
 
 // Hostname is "<cluster>-lb".
 func (s *LoadBalancerScope) Hostname() string {
@@ -115,7 +92,7 @@ func (s *LoadBalancerScope) Hostname() string {
 	if name == "" {
 		name = s.c.Name()
 	}
-	return loadBalancerHostname(name)
+	return naming.LoadBalancerHostname(name)
 }
 
 // Owner is the LibvirtCluster.

@@ -1,7 +1,7 @@
 // Package scope holds what one reconcile of a LibvirtMachine or a
-// LibvirtCluster works on: the Kubernetes objects, the libvirt host, every
-// name derived for their libvirt objects, and the patch that persists the
-// outcome.
+// LibvirtCluster works on: the Kubernetes objects, the libvirt host, the
+// names of their libvirt objects (made by pkg/naming), and the patch that
+// persists the outcome.
 package scope
 
 import (
@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -113,16 +114,16 @@ func (s *MachineScope) Name() string { return s.LibvirtMachine.Name }
 func (s *MachineScope) Namespace() string { return s.LibvirtMachine.Namespace }
 
 // DomainName is the libvirt domain's name (see DomainName).
-func (s *MachineScope) DomainName() string { return DomainName(s.Namespace(), s.Name()) }
+func (s *MachineScope) DomainName() string { return naming.DomainName(s.Namespace(), s.Name()) }
 
 // OverlayVolume is the name of the root disk volume.
-func (s *MachineScope) OverlayVolume() string { return OverlayVolumeName(s.DomainName()) }
+func (s *MachineScope) OverlayVolume() string { return naming.OverlayVolumeName(s.DomainName()) }
 
 // SeedVolume is the name of the NoCloud seed volume.
-func (s *MachineScope) SeedVolume() string { return SeedVolumeName(s.DomainName()) }
+func (s *MachineScope) SeedVolume() string { return naming.SeedVolumeName(s.DomainName()) }
 
 // ConsoleLogVolume is the name of the machine's console log volume.
-func (s *MachineScope) ConsoleLogVolume() string { return ConsoleLogVolumeName(s.DomainName()) }
+func (s *MachineScope) ConsoleLogVolume() string { return naming.ConsoleLogVolumeName(s.DomainName()) }
 
 // DomainUUID is the domain's UUID, chosen once and kept in spec.providerID
 // (which clusterctl move and restores carry): "" until the identity step

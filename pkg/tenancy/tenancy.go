@@ -26,8 +26,8 @@ import (
 	"strings"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 )
 
 // DefaultPoolDirs is where pools may be created unless the operator says
@@ -245,9 +245,9 @@ func (p Policy) IsImagePool(pool string) bool { return slices.Contains(p.ImagePo
 // pool's check to the controller.
 func (p Policy) CheckImageVolume(ref infrav1.VolumeReference, defaultPool string) (field string, err error) {
 	switch {
-	case scope.IsManagedVolumeName(ref.Name):
+	case naming.IsManagedVolumeName(ref.Name):
 		return "name", errors.New("names a volume the provider manages for a machine or load balancer (a root disk, a seed ISO or an import under way): only base images may back a disk")
-	case scope.IsImageVolumeName(ref.Name), ref.Name == infrav1.DefaultLoadBalancerImageVolume:
+	case naming.IsImageVolumeName(ref.Name), ref.Name == infrav1.DefaultLoadBalancerImageVolume:
 		return "", nil
 	}
 	pool := ref.Pool
@@ -259,7 +259,7 @@ func (p Policy) CheckImageVolume(ref infrav1.VolumeReference, defaultPool string
 		return "", nil
 	}
 	return field, fmt.Errorf("must name a base image: an image the provider imported from a url (%s…) or a volume of an image pool (%s; the manager's --image-pools), and pool %s is none",
-		scope.ImageVolumeName(""), listOrNone(p.ImagePools), pool)
+		naming.ImageVolumeName(""), listOrNone(p.ImagePools), pool)
 }
 
 // CheckImageURL refuses a file:// URL outside ImageFileDirs, judged by
@@ -287,10 +287,10 @@ func (p Policy) CheckImageURL(raw string) error {
 
 // CheckNetwork refuses a libvirt network that the provider created for a
 // cluster of another namespace (its name derives from that namespace:
-// scope.ClusterNetworkName), and, when the operator listed networks, any
+// naming.ClusterNetworkName), and, when the operator listed networks, any
 // network neither listed nor of namespace's own clusters.
 func (p Policy) CheckNetwork(namespace, name string) error {
-	if ns, ok := scope.NameNamespace(name); ok {
+	if ns, ok := naming.NameNamespace(name); ok {
 		if ns != namespace {
 			return fmt.Errorf("is the network of a cluster in namespace %s: a cluster's network is its namespace's alone", ns)
 		}

@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 )
 
 func TestCheckPoolPath(t *testing.T) {
@@ -77,9 +77,9 @@ func TestCheckPool(t *testing.T) {
 
 func TestCheckImageVolume(t *testing.T) {
 	p := DefaultPolicy() // image pool capi-libvirt
-	domainA := scope.DomainName("team-a", "cp-0")
-	lbA := scope.LoadBalancerDomainName("team-a", "prod")
-	imported := scope.ImageVolumeName(strings.Repeat("ab", 32))
+	domainA := naming.DomainName("team-a", "cp-0")
+	lbA := naming.LoadBalancerDomainName("team-a", "prod")
+	imported := naming.ImageVolumeName(strings.Repeat("ab", 32))
 	for _, tc := range []struct {
 		ref         infrav1.VolumeReference
 		defaultPool string
@@ -96,16 +96,16 @@ func TestCheckImageVolume(t *testing.T) {
 		{infrav1.VolumeReference{Name: "ubuntu.qcow2"}, "", "", ""},
 		// Another namespace's (or any) machine's and load balancer's volumes,
 		// even in an image pool.
-		{infrav1.VolumeReference{Name: scope.OverlayVolumeName(domainA)}, "capi-libvirt", "name", "manages for a machine"},
-		{infrav1.VolumeReference{Name: scope.SeedVolumeName(domainA)}, "capi-libvirt", "name", "manages for a machine"},
-		{infrav1.VolumeReference{Pool: "capi-libvirt", Name: scope.SeedVolumeName(domainA)}, "", "name", "manages for a machine"},
-		{infrav1.VolumeReference{Name: scope.OverlayVolumeName(lbA)}, "", "name", "manages for a machine"},
-		{infrav1.VolumeReference{Name: scope.SeedVolumeName(lbA)}, "", "name", "manages for a machine"},
+		{infrav1.VolumeReference{Name: naming.OverlayVolumeName(domainA)}, "capi-libvirt", "name", "manages for a machine"},
+		{infrav1.VolumeReference{Name: naming.SeedVolumeName(domainA)}, "capi-libvirt", "name", "manages for a machine"},
+		{infrav1.VolumeReference{Pool: "capi-libvirt", Name: naming.SeedVolumeName(domainA)}, "", "name", "manages for a machine"},
+		{infrav1.VolumeReference{Name: naming.OverlayVolumeName(lbA)}, "", "name", "manages for a machine"},
+		{infrav1.VolumeReference{Name: naming.SeedVolumeName(lbA)}, "", "name", "manages for a machine"},
 		{infrav1.VolumeReference{Name: imported + ".partial"}, "capi-libvirt", "name", "import under way"},
 		// Volumes outside the image pools.
 		{infrav1.VolumeReference{Name: "ubuntu.qcow2"}, "tenant-pool", "name", "pool tenant-pool is none"},
 		{infrav1.VolumeReference{Pool: "default", Name: "ubuntu.qcow2"}, "capi-libvirt", "pool", "pool default is none"},
-		{infrav1.VolumeReference{Name: scope.ImageVolumeName(strings.Repeat("AB", 32))}, "tenant-pool", "name", "is none"},
+		{infrav1.VolumeReference{Name: naming.ImageVolumeName(strings.Repeat("AB", 32))}, "tenant-pool", "name", "is none"},
 	} {
 		f, err := p.CheckImageVolume(tc.ref, tc.defaultPool)
 		what := "CheckImageVolume(" + tc.ref.Pool + "/" + tc.ref.Name + ", " + tc.defaultPool + ")"
@@ -124,22 +124,22 @@ func TestCheckNetworkAndBridge(t *testing.T) {
 		network string
 		want    string
 	}{
-		{open, scope.ClusterNetworkName("team-a", "prod"), ""},
-		{open, scope.ClusterNetworkName("team-b", "prod"), "namespace team-b"},
-		{open, scope.ClusterNetworkName("team-a-b", "prod"), "namespace team-a-b"},
+		{open, naming.ClusterNetworkName("team-a", "prod"), ""},
+		{open, naming.ClusterNetworkName("team-b", "prod"), "namespace team-b"},
+		{open, naming.ClusterNetworkName("team-a-b", "prod"), "namespace team-a-b"},
 		{open, "default", ""},
 		{listed, "default", ""},
 		{listed, "lab", "--libvirt-networks"},
 		{Policy{Networks: []string{Any}}, "lab", ""},
-		{Policy{Networks: []string{Any}}, scope.ClusterNetworkName("team-b", "prod"), "namespace team-b"},
-		{listed, scope.ClusterNetworkName("team-a", "prod"), ""},
-		{listed, scope.ClusterNetworkName("team-b", "prod"), "namespace team-b"},
+		{Policy{Networks: []string{Any}}, naming.ClusterNetworkName("team-b", "prod"), "namespace team-b"},
+		{listed, naming.ClusterNetworkName("team-a", "prod"), ""},
+		{listed, naming.ClusterNetworkName("team-b", "prod"), "namespace team-b"},
 		{Policy{Networks: []string{None}}, "default", "allows none"},
-		{Policy{Networks: []string{None}}, scope.ClusterNetworkName("team-a", "prod"), ""},
+		{Policy{Networks: []string{None}}, naming.ClusterNetworkName("team-a", "prod"), ""},
 	} {
 		check(t, "CheckNetwork(team-a, "+tc.network+")", tc.policy.CheckNetwork("team-a", tc.network), tc.want)
 	}
-	provider := netalloc.BridgeName(scope.ClusterNetworkName("team-b", "prod"))
+	provider := netalloc.BridgeName(naming.ClusterNetworkName("team-b", "prod"))
 	for _, tc := range []struct {
 		policy Policy
 		bridge string

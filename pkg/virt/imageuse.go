@@ -26,7 +26,7 @@ type ImageUse struct {
 }
 
 // ImageUses lists the volumes of every active pool whose name isImage
-// accepts (the provider's imported images: scope.IsImageVolumeName) with
+// accepts (the provider's imported images: naming.IsImageVolumeName) with
 // their sizes and the volumes backed by each. Quota code counts their
 // allocation; the image collector removes those nobody uses. Volumes that
 // vanish while being listed are skipped.

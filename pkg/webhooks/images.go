@@ -14,6 +14,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -102,7 +103,7 @@ func (c imageChecker) diskWarnings(ctx context.Context, spec *infrav1.LibvirtMac
 		if !ok {
 			return nil
 		}
-		name = scope.ImageVolumeName(sum)
+		name = naming.ImageVolumeName(sum)
 	}
 	if pool == "" || name == "" {
 		return nil

@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
@@ -24,14 +25,14 @@ import (
 const tenant = "team-b"
 
 var (
-	domainA     = scope.DomainName("team-a", "cp-0")
-	rootA       = scope.OverlayVolumeName(domainA)
-	seedA       = scope.SeedVolumeName(domainA)
-	lbSeedA     = scope.SeedVolumeName(scope.LoadBalancerDomainName("team-a", "prod"))
-	networkA    = scope.ClusterNetworkName("team-a", "prod")
+	domainA     = naming.DomainName("team-a", "cp-0")
+	rootA       = naming.OverlayVolumeName(domainA)
+	seedA       = naming.SeedVolumeName(domainA)
+	lbSeedA     = naming.SeedVolumeName(naming.LoadBalancerDomainName("team-a", "prod"))
+	networkA    = naming.ClusterNetworkName("team-a", "prod")
 	bridgeA     = netalloc.BridgeName(networkA)
-	ownNetwork  = scope.ClusterNetworkName(tenant, "prod")
-	importedImg = scope.ImageVolumeName(strings.Repeat("5e", 32))
+	ownNetwork  = naming.ClusterNetworkName(tenant, "prod")
+	importedImg = naming.ImageVolumeName(strings.Repeat("5e", 32))
 
 	poolKey    = "[" + scope.PoolAnnotation + "]"
 	networkKey = "[" + scope.NetworkAnnotation + "]"

@@ -25,6 +25,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -626,7 +627,7 @@ func TestDiskSmallerThanImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	sum := strings.Repeat("ef", 32)
-	if _, err := host.EnsureOverlay(ctx(t), virt.OverlaySpec{Pool: pool, Name: scope.ImageVolumeName(sum), BackingPool: pool, BackingVolume: tiny, CapacityBytes: 3 << 30}); err != nil {
+	if _, err := host.EnsureOverlay(ctx(t), virt.OverlaySpec{Pool: pool, Name: naming.ImageVolumeName(sum), BackingPool: pool, BackingVolume: tiny, CapacityBytes: 3 << 30}); err != nil {
 		t.Fatal(err)
 	}
 	for i, img := range []infrav1.ImageSource{

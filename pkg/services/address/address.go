@@ -10,6 +10,7 @@ import (
 	"time"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
@@ -130,7 +131,7 @@ func (svc *Service) ensureMAC(ctx context.Context, network scope.NetworkRef) err
 		return fmt.Errorf("choosing a MAC: the VM has no domain UUID yet (the identity step runs first)")
 	}
 	mac := ""
-	for _, c := range scope.MACCandidates(s.MACSeed(), macCandidates) {
+	for _, c := range naming.MACCandidates(s.MACSeed(), macCandidates) {
 		if !reserved(taken, c.String()) {
 			mac = c.String()
 			break

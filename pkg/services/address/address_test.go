@@ -11,6 +11,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/servicetest"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/address"
@@ -21,7 +22,7 @@ func TestAddressPersistsMACBeforeReserving(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	s := f.Scope()
 	s.SetDomainUUID("0b9d6c86-1111-4e2e-9c55-3b6f1b0d7a11")
-	first := scope.MACCandidates(s.DomainUUID(), 2)
+	first := naming.MACCandidates(s.DomainUUID(), 2)
 	// Someone else's entry holds the first candidate.
 	f.Host.Entries["net"] = []virt.Reservation{{MAC: strings.ToUpper(first[0].String()), IP: netip.MustParseAddr("192.168.100.2")}}
 	f.Host.OnCall = func(method string) {

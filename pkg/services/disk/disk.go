@@ -10,7 +10,7 @@ import (
 	"time"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -125,7 +125,7 @@ func (svc *Service) baseImage(ctx context.Context, pool string) (string, string,
 		return "", "", services.Fail(infrav1.ImageNotFoundReason, services.Requeue(0, "no image"),
 			"spec.image needs a volume, or a url with a sha256 checksum")
 	}
-	return svc.importImage(imageimport.Key{Host: svc.host, Pool: pool, Volume: scope.ImageVolumeName(sum), Source: img.URL, SHA256: sum,
+	return svc.importImage(imageimport.Key{Host: svc.host, Pool: pool, Volume: naming.ImageVolumeName(sum), Source: img.URL, SHA256: sum,
 		DiskBytes: svc.scope.DiskSizeBytes()})
 }
 

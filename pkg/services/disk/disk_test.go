@@ -12,7 +12,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/servicetest"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/disk"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
@@ -116,7 +116,7 @@ func TestDiskImportsByChecksum(t *testing.T) {
 	if err := servicetest.Reconcile(s, infrav1.DiskReadyCondition, disk.New(s, &servicetest.SyncImporter{Host: f.Host})); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := f.Host.Volumes["pool/"+scope.ImageVolumeName(sum)]; !ok {
+	if _, ok := f.Host.Volumes["pool/"+naming.ImageVolumeName(sum)]; !ok {
 		t.Errorf("base not imported under its checksum name: %v", f.Host.Volumes)
 	}
 	ov, ok := f.Host.Volumes["pool/"+s.OverlayVolume()]
@@ -136,7 +136,7 @@ func TestDiskImportsByChecksum(t *testing.T) {
 	if _, ok := f.Host.Volumes["pool/"+s.OverlayVolume()]; ok {
 		t.Error("overlay survived Delete")
 	}
-	if _, ok := f.Host.Volumes["pool/"+scope.ImageVolumeName(sum)]; !ok {
+	if _, ok := f.Host.Volumes["pool/"+naming.ImageVolumeName(sum)]; !ok {
 		t.Error("Delete removed the shared base image")
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -166,7 +167,7 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 // provider made for the cluster (its own segment, whose DHCP is libvirt's
 // and whose addresses are reserved), the operator's on anything shared.
 func (svc *Service) trafficFilter(network scope.NetworkRef) string {
-	if _, ours := scope.NameNamespace(network.Name); ours && network.Bridge == "" {
+	if _, ours := naming.NameNamespace(network.Name); ours && network.Bridge == "" {
 		return ""
 	}
 	return svc.opts.TrafficFilter

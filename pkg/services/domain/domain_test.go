@@ -10,6 +10,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/fakehost"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
@@ -202,7 +203,7 @@ func TestDomainFiltersSharedSegments(t *testing.T) {
 		filter  string
 		want    string
 	}{
-		{"the cluster's own network", scope.NetworkRef{Name: scope.ClusterNetworkName("ns", "prod")}, virt.CleanTrafficFilter, ""},
+		{"the cluster's own network", scope.NetworkRef{Name: naming.ClusterNetworkName("ns", "prod")}, virt.CleanTrafficFilter, ""},
 		{"an operator's network", scope.NetworkRef{Name: "default"}, virt.CleanTrafficFilter, virt.CleanTrafficFilter},
 		{"a host bridge", scope.NetworkRef{Bridge: "br0"}, virt.CleanTrafficFilter, virt.CleanTrafficFilter},
 		{"a host bridge, filter turned off", scope.NetworkRef{Bridge: "br0"}, "", ""},

@@ -7,7 +7,7 @@ import (
 
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -69,7 +69,7 @@ func (im *Importer) sweep(ctx context.Context, unused map[imageRef]time.Time) {
 		if !ok {
 			continue
 		}
-		uses, err := store.ImageUses(ctx, scope.IsImageVolumeName)
+		uses, err := store.ImageUses(ctx, naming.IsImageVolumeName)
 		if err != nil {
 			ctrl.Log.WithName("imagegc").Info("Listing imported images failed", "err", err.Error())
 			continue
@@ -106,7 +106,7 @@ func (im *Importer) sweepOne(ctx context.Context, store ImageStore, ref imageRef
 		return
 	}
 	log := ctrl.Log.WithName("imagegc").WithValues("pool", ref.pool, "volume", ref.volume)
-	err := store.DeleteUnusedImage(ctx, ref.pool, ref.volume, scope.IsImageVolumeName)
+	err := store.DeleteUnusedImage(ctx, ref.pool, ref.volume, naming.IsImageVolumeName)
 	switch {
 	case errors.Is(err, virt.ErrImageInUse):
 		unused[ref] = now

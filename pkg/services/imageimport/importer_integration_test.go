@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -150,7 +150,7 @@ func importQCOW2(t *testing.T, c *virt.Client, pool string, virtual int) string 
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256(data)
-	name := scope.ImageVolumeName(hex.EncodeToString(sum[:]))
+	name := naming.ImageVolumeName(hex.EncodeToString(sum[:]))
 	if _, err := c.ImportImage(context.Background(), virt.ImageImport{Pool: pool, Volume: name, Source: p,
 		SHA256: hex.EncodeToString(sum[:]), Policy: testlibvirt.FilePolicy(p)}); err != nil {
 		t.Fatal(err)

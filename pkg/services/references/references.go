@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/quota"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
@@ -221,8 +222,8 @@ func (c *Cluster) admit(ctx context.Context) error {
 		return nil
 	}
 	lc := c.scope.Object()
-	network := scope.ClusterNetworkName(lc.Namespace, lc.Name)
-	lb := scope.LoadBalancerDomainName(lc.Namespace, lc.Name)
+	network := naming.ClusterNetworkName(lc.Namespace, lc.Name)
+	lb := naming.LoadBalancerDomainName(lc.Namespace, lc.Name)
 	err := c.quota.Admit(ctx, quota.Request{
 		Object: lc,
 		Own: func(o virt.OwnedObject) bool {

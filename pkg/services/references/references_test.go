@@ -13,6 +13,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/fakehost"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
@@ -24,8 +25,8 @@ var (
 	policy = tenancy.Policy{PoolDirs: []string{"/var/lib/libvirt"}, ImagePools: []string{"images"},
 		Machine:      tenancy.Limits{VCPUs: 8, MemoryMiB: 16 << 10, DiskGiB: 100},
 		NetworkCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.0.0/16")}}
-	networkA = scope.ClusterNetworkName("team-a", "prod")
-	seedA    = scope.SeedVolumeName(scope.DomainName("team-a", "cp-0"))
+	networkA = naming.ClusterNetworkName("team-a", "prod")
+	seedA    = naming.SeedVolumeName(naming.DomainName("team-a", "cp-0"))
 )
 
 // want is the condition a refused reference sets; zero when accepted.
@@ -91,9 +92,9 @@ func TestMachine(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "prod"}}
 			lc.Spec.StoragePool = infrav1.StoragePool{Name: "team-b", Path: "/var/lib/libvirt/team-b"}
-			lc.Status.Network = &infrav1.NetworkStatus{Name: scope.ClusterNetworkName("team-b", "prod")}
+			lc.Status.Network = &infrav1.NetworkStatus{Name: naming.ClusterNetworkName("team-b", "prod")}
 			lm := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "cp-0"}}
-			lm.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: scope.ImageVolumeName("ab12ab12ab12ab12ab12ab12ab12ab12")}}
+			lm.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: naming.ImageVolumeName("ab12ab12ab12ab12ab12ab12ab12ab12")}}
 			if tc.mutate != nil {
 				tc.mutate(lc, lm)
 			}

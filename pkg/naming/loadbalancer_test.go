@@ -1,4 +1,4 @@
-package scope
+package naming
 
 import (
 	"strings"
@@ -35,12 +35,12 @@ func TestLoadBalancerNames(t *testing.T) {
 
 func TestLoadBalancerHostname(t *testing.T) {
 	for _, cluster := range []string{"c1", "my.cluster.example", strings.Repeat("a", 63), strings.Repeat("a", 59) + "-.b"} {
-		h := loadBalancerHostname(cluster)
+		h := LoadBalancerHostname(cluster)
 		if errs := validation.IsDNS1123Label(h); len(errs) > 0 {
-			t.Errorf("loadBalancerHostname(%q) = %q: %v", cluster, h, errs)
+			t.Errorf("LoadBalancerHostname(%q) = %q: %v", cluster, h, errs)
 		}
 		if !strings.HasSuffix(h, "-lb") {
-			t.Errorf("loadBalancerHostname(%q) = %q", cluster, h)
+			t.Errorf("LoadBalancerHostname(%q) = %q", cluster, h)
 		}
 	}
 }

@@ -1,4 +1,9 @@
-package scope
+// Package naming derives every name the provider gives libvirt objects
+// (domains, volumes, networks, MACs) from the Kubernetes objects' namespace
+// and name alone, so that deletion finds them even when the Machine,
+// Cluster or LibvirtCluster are gone, and a moved or restored object
+// (another UID) finds them again. It is the one place names are made.
+package naming
 
 import (
 	"crypto/sha256"
@@ -10,11 +15,6 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
-
-// Every name the provider gives a machine's libvirt objects is derived here,
-// from the LibvirtMachine's namespace and name alone, so that deletion
-// finds them even when the Machine, Cluster or LibvirtCluster are gone,
-// and a moved or restored object (another UID) finds them again.
 
 const (
 	// maxPlainDomainName bounds names built without a hash. A longer one is
@@ -131,4 +131,30 @@ func MACCandidates(domainUUID string, n int) []net.HardwareAddr {
 		out = append(out, netalloc.MACFromSeed(seed))
 	}
 	return out
+}
+
+// loadBalancerSuffix ends the HAProxy VM's domain name. Kubernetes names
+// never contain '_', so no machine's domain (DomainName) can be named so.
+const loadBalancerSuffix = "_lb"
+
+// ClusterNetworkName is the NAT network the provider creates for the
+// LibvirtCluster namespace/name. It follows DomainName's scheme, so it is
+// unique across namespaces; networks and domains are separate libvirt
+// namespaces, so it never collides with a machine's domain.
+func ClusterNetworkName(namespace, name string) string { return DomainName(namespace, name) }
+
+// LoadBalancerDomainName is the HAProxy VM of the LibvirtCluster
+// namespace/name.
+func LoadBalancerDomainName(namespace, name string) string {
+	return DomainName(namespace, name) + loadBalancerSuffix
+}
+
+// LoadBalancerHostname is the HAProxy VM's hostname: one DNS label built
+// from the cluster's name.
+func LoadBalancerHostname(cluster string) string {
+	h := strings.ReplaceAll(cluster, ".", "-")
+	if len(h) > 60 {
+		h = h[:60]
+	}
+	return strings.TrimRight(h, "-") + "-lb"
 }
