@@ -27,7 +27,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testenv"
 )
 
 const (

@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testlibvirt"
 )
 
 // hostLockPath is held (flock) by a running suite for as long as it runs.

@@ -23,7 +23,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"

@@ -25,7 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testenv"
 )
 
 // releaseVersion is the version `make clusterctl-override` installs.

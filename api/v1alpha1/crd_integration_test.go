@@ -27,7 +27,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/contract"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testenv"
 )
 
 var env *testenv.Environment

@@ -52,6 +52,6 @@
 //   - A storage pool is removed only when it is left empty (another
 //     cluster's volumes may share it); the report names a pool it kept.
 //
-// internal/devplane makes clusters on it; internal/testenv, the integration
+// internal/devplane makes clusters on it; internal/testharness/testenv, the integration
 // tests' harness, is a thin layer over StartEnvironment.
 package plane

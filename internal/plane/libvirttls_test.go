@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testprereq"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 

@@ -16,7 +16,7 @@ import (
 
 	"github.com/kdomanski/iso9660"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testprereq"
 )
 
 func TestBuildISO(t *testing.T) {

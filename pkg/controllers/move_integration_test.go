@@ -15,8 +15,8 @@ import (
 	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testenv"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 )
 

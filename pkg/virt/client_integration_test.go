@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testlibvirt"
 )
 
 func TestDialAndClose(t *testing.T) {

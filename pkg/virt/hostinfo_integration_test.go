@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testprereq"
 )
 
 // TestHostMemoryMatchesMeminfo compares libvirtd's idea of the host's

@@ -17,7 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testprereq"
 )
 
 // dhcpTestClient is a minimal DHCPv4 client that joins a libvirt network's

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testlibvirt"
 )
 
 // TestMain asserts, after every test of the package ran its cleanups, that

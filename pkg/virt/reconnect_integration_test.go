@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testlibvirt"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testprereq"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 

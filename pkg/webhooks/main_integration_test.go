@@ -14,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testenv"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/webhooks"

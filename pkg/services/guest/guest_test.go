@@ -14,7 +14,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/servicetest"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/servicetest"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"

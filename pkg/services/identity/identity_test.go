@@ -7,7 +7,7 @@ import (
 	"github.com/google/uuid"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/servicetest"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/servicetest"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/identity"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testprereq"
 )
 
 func backend(machine, address string, state infrav1.BackendState) infrav1.LoadBalancerBackend {

@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/fakehost"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/fakehost"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"

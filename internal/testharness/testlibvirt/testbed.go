@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testprereq"
 )
 
 // Testbed is hack/testbed-hosts.sh's homelab on this machine: libvirt

@@ -25,7 +25,7 @@ import (
 
 	"libvirt.org/go/libvirt"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testprereq"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testprereq"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
