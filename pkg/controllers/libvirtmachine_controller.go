@@ -198,7 +198,7 @@ func (r *LibvirtMachineReconciler) reconcileDelete(ctx context.Context, s *scope
 // plan is the machine's services in the order they create things, each
 // with the condition its outcome sets; reconcile runs it forward, delete
 // backward. Once the machine is provisioned, the reservation, root disk
-// and seed (the Setup steps) belong to the running domain: ensuring them
+// and seed (the SkipOnceProvisioned steps) belong to the running domain: ensuring them
 // again would cost libvirt calls on every reconcile and recreate a
 // vanished root disk as a blank one, so only the domain step and those
 // after it watch over the machine from then on.
@@ -206,11 +206,11 @@ func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
 	return services.Plan{
 		// The reference check names the condition of the step a refused
 		// reference belongs to.
-		{Service: references.NewMachine(s, r.Tenancy, r.Quota), Setup: true},
+		{Service: references.NewMachine(s, r.Tenancy, r.Quota), SkipOnceProvisioned: true},
 		{Service: identity.New(s)},
-		{Service: address.New(s), Condition: infrav1.AddressReservedCondition, Setup: true},
-		{Service: disk.New(s, r.Images).WithMaxBytes(r.Tenancy.Machine.DiskBytes()), Condition: infrav1.DiskReadyCondition, Setup: true},
-		{Service: seed.New(s), Condition: infrav1.BootstrapDataReadyCondition, Setup: true},
+		{Service: address.New(s), Condition: infrav1.AddressReservedCondition, SkipOnceProvisioned: true},
+		{Service: disk.New(s, r.Images).WithMaxBytes(r.Tenancy.Machine.DiskBytes()), Condition: infrav1.DiskReadyCondition, SkipOnceProvisioned: true},
+		{Service: seed.New(s), Condition: infrav1.BootstrapDataReadyCondition, SkipOnceProvisioned: true},
 		{Service: domain.New(s, domain.Options{ShutdownTimeout: r.ShutdownTimeout, TrafficFilter: r.Tenancy.TrafficFilter}), Condition: infrav1.DomainReadyCondition},
 		{Service: guest.NewAddresses(s, r.events), Condition: infrav1.AddressAssignedCondition},
 		{Service: loadBalancerMembership{s: s, lb: r.LoadBalancer}, Condition: infrav1.DomainReadyCondition},

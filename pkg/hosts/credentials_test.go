@@ -193,7 +193,7 @@ func TestPlacementHelpers(t *testing.T) {
 		{Name: "cp-1", URI: "qemu+ssh://kvm2/system", ControlPlane: ptr.To(true)},
 		{Name: "same-as-manager", URI: "qemu:///system"},
 	}
-	if got := Hosts(lc, "qemu:///system"); got != 3 {
+	if got := CountHosts(lc, "qemu:///system"); got != 3 {
 		t.Errorf("Hosts = %d; want 3 (the manager's, kvm1, kvm2)", got)
 	}
 	if got := LoadBalancerFailureDomain(lc); got != "cp-1" {

@@ -81,9 +81,9 @@ func refOf(namespace string, fd infrav1.FailureDomainSpec) Ref {
 	return r
 }
 
-// Hosts counts the distinct hosts lc's failure domains name, the
+// CountHosts counts the distinct hosts lc's failure domains name, the
 // manager's own counting once however it is named.
-func Hosts(lc *infrav1.LibvirtCluster, managerURI string) int {
+func CountHosts(lc *infrav1.LibvirtCluster, managerURI string) int {
 	seen := map[string]bool{}
 	for _, r := range ClusterRefs(lc) {
 		uri := r.URI

@@ -98,9 +98,6 @@ func (s *LoadBalancerScope) Hostname() string {
 // Owner is the LibvirtCluster.
 func (s *LoadBalancerScope) Owner() virt.Owner { return s.c.Owner() }
 
-// MACSeed is what the VM's candidate MACs derive from: its UUID.
-func (s *LoadBalancerScope) MACSeed() string { return s.DomainUUID() }
-
 // Pool is the cluster's pool (see ClusterScope.Pool).
 func (s *LoadBalancerScope) Pool() virt.PoolSpec { return s.c.Pool() }
 

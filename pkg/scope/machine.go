@@ -140,9 +140,6 @@ func (s *MachineScope) SetDomainUUID(uuid string) {
 	}
 }
 
-// MACSeed is what the NIC's candidate MACs derive from: the domain's UUID.
-func (s *MachineScope) MACSeed() string { return s.DomainUUID() }
-
 // ForgetSeed drops the record of a complete seed upload: a seed uploaded
 // before the UUID was chosen (by a provider that derived it otherwise)
 // carries another instance-id and is written again.

@@ -17,11 +17,12 @@ type Step struct {
 	// the service sets none of its own (it runs a plan of its own, or
 	// names the condition in each ConditionError).
 	Condition string
-	// Setup marks a step whose objects, once the object is provisioned,
-	// belong to what later steps made of them: ensuring them again would
-	// cost libvirt calls on every reconcile and could recreate a vanished
-	// root disk as a blank one, so a provisioned object skips them.
-	Setup bool
+	// SkipOnceProvisioned marks a step whose objects, once the object is
+	// provisioned, belong to what later steps made of them: ensuring them
+	// again would cost libvirt calls on every reconcile and could recreate
+	// a vanished root disk as a blank one, so a provisioned object skips
+	// them.
+	SkipOnceProvisioned bool
 }
 
 // Plan is an object's services in the order they create things. Written
@@ -41,14 +42,14 @@ type FailureRecorder interface {
 }
 
 // Run runs the steps forward until one fails or waits; provisioned skips
-// the Setup steps. Each step's outcome sets its condition on s as soon as
+// the SkipOnceProvisioned steps. Each step's outcome sets its condition on s as soon as
 // the step returns, so conditions and events come in the order of the
 // steps. The failing step's error is returned as it is: a plan run inside
 // a service leaves it to the service's caller.
 func (p Plan) Run(ctx context.Context, s Reporter, provisioned bool) error {
 	log := ctrl.LoggerFrom(ctx)
 	for _, st := range p {
-		if provisioned && st.Setup {
+		if provisioned && st.SkipOnceProvisioned {
 			continue
 		}
 		start := time.Now()

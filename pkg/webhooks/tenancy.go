@@ -75,7 +75,7 @@ func (r references) hosts(spec *infrav1.LibvirtClusterSpec, path *field.Path) fi
 			errs = append(errs, field.Invalid(path.Child("failureDomains").Index(i).Child("uri"), fd.URI, err.Error()))
 		}
 	}
-	if n := hosts.Hosts(&infrav1.LibvirtCluster{Spec: *spec}, r.policy.ManagerURI); n > 1 && spec.Network.Bridge == "" {
+	if n := hosts.CountHosts(&infrav1.LibvirtCluster{Spec: *spec}, r.policy.ManagerURI); n > 1 && spec.Network.Bridge == "" {
 		errs = append(errs, field.Invalid(path.Child("network"), spec.Network,
 			fmt.Sprintf("the failure domains name %d libvirt hosts: machines on several hosts share a LAN only through a host bridge on each (network.bridge); a NAT or libvirt network lives on one host", n)))
 	}

@@ -33,9 +33,9 @@ type Scope interface {
 	Owner() virt.Owner
 	// Network is the VM's network; zero until known.
 	Network() scope.NetworkRef
-	// MACSeed is what the VM's candidate MACs derive from: its domain
-	// UUID, which the identity step chose.
-	MACSeed() string
+	// DomainUUID is the VM's domain UUID, which the identity step chose:
+	// its candidate MACs derive from it (naming.MACCandidates).
+	DomainUUID() string
 	// MAC is the NIC's MAC once chosen; SetMAC and RecordPlacement
 	// record it and where the VM's objects go, and PatchObject persists
 	// them before anything is created in libvirt.
@@ -127,11 +127,11 @@ func (svc *Service) ensureMAC(ctx context.Context, network scope.NetworkRef) err
 			return services.Fail(infrav1.LibvirtErrorReason, err, "Listing reservations: %v", err)
 		}
 	}
-	if s.MACSeed() == "" {
+	if s.DomainUUID() == "" {
 		return fmt.Errorf("choosing a MAC: the VM has no domain UUID yet (the identity step runs first)")
 	}
 	mac := ""
-	for _, c := range naming.MACCandidates(s.MACSeed(), macCandidates) {
+	for _, c := range naming.MACCandidates(s.DomainUUID(), macCandidates) {
 		if !reserved(taken, c.String()) {
 			mac = c.String()
 			break

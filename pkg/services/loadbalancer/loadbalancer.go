@@ -89,7 +89,7 @@ func (*Service) Name() string { return "load balancer" }
 // plan is the load balancer's steps, every one reported on
 // LoadBalancerReady: with HAProxy, the VM's (its address being the
 // endpoint), then the configuration; with type None, the user's endpoint.
-// The VM's address, disk and seed are Setup: once the VM ran
+// The VM's address, disk and seed are SkipOnceProvisioned: once the VM ran
 // (provisioned) they are settled, and ensuring them on every reconcile
 // would only cost libvirt calls.
 func (svc *Service) plan(haproxy bool) services.Plan {
@@ -102,9 +102,9 @@ func (svc *Service) plan(haproxy bool) services.Plan {
 	}
 	return services.Plan{
 		{Service: haproxyVM{identity.New(svc.vm), svc.vm}, Condition: ready},
-		{Service: endpoint{svc}, Condition: ready, Setup: true},
-		{Service: haproxyVM{disk.New(svc.vm, svc.images).WithMaxBytes(svc.maxDiskBytes), svc.vm}, Condition: ready, Setup: true},
-		{Service: haproxyVM{seed.NewWithUserData(svc.vm, []byte(userData)).WithNetworkConfig(svc.networkConfig), svc.vm}, Condition: ready, Setup: true},
+		{Service: endpoint{svc}, Condition: ready, SkipOnceProvisioned: true},
+		{Service: haproxyVM{disk.New(svc.vm, svc.images).WithMaxBytes(svc.maxDiskBytes), svc.vm}, Condition: ready, SkipOnceProvisioned: true},
+		{Service: haproxyVM{seed.NewWithUserData(svc.vm, []byte(userData)).WithNetworkConfig(svc.networkConfig), svc.vm}, Condition: ready, SkipOnceProvisioned: true},
 		{Service: haproxyVM{domain.New(svc.vm, domain.Options{ShutdownTimeout: shutdownTimeout, TrafficFilter: svc.trafficFilter}), svc.vm}, Condition: ready},
 		{Service: provisioned{svc}, Condition: ready},
 		{Service: configSync{svc}, Condition: ready},
