@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/fakehost"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -39,7 +40,7 @@ func TestProgress(t *testing.T) {
 // gateHost's ImportImage reports progress, then waits for its outcome on
 // a channel (or for its context to end).
 type gateHost struct {
-	virt.Host
+	fakehost.Host
 	mu       sync.Mutex
 	calls    int
 	started  chan context.Context

@@ -9,13 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/fakehost"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // fakeVM plays an HAProxy VM behind the guest agent: files, haproxy -c,
-// mv, systemctl reload and the stats socket. Unfaked methods panic.
+// mv, systemctl reload and the stats socket; the rest is fakehost's.
 type fakeVM struct {
-	virt.Host
+	fakehost.Host
 	files map[string][]byte
 	// running is the description of the running configuration; pending
 	// the one a reload is starting.
