@@ -247,6 +247,13 @@ type LibvirtClusterStatus struct {
 	// +optional
 	Network *NetworkStatus `json:"network,omitempty"`
 
+	// storagePool is the pool spec.storagePool asked for, once the provider
+	// defined, started and autostarted it: later reconciles leave the pool
+	// alone until spec.storagePool names another (after clusterctl move,
+	// which carries no status, it is ensured once more).
+	// +optional
+	StoragePool *StoragePoolStatus `json:"storagePool,omitempty"`
+
 	// loadBalancer shows the HAProxy VM and the backends it serves.
 	// +optional
 	LoadBalancer *LoadBalancerStatus `json:"loadBalancer,omitempty"`
@@ -276,6 +283,14 @@ type NetworkStatus struct {
 	// it with the cluster.
 	// +optional
 	Managed bool `json:"managed,omitempty"`
+}
+
+// StoragePoolStatus is a storage pool the provider ensured.
+type StoragePoolStatus struct {
+	// name of the libvirt pool.
+	Name string `json:"name"`
+	// path of the pool's directory.
+	Path string `json:"path"`
 }
 
 // LoadBalancerStatus shows the HAProxy VM.

@@ -5,13 +5,11 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
@@ -127,13 +125,15 @@ func PoolEnsuredMessage(spec virt.PoolSpec) string {
 	return fmt.Sprintf("Pool %s at %s", spec.Name, spec.Path)
 }
 
-// PoolEnsured tells whether spec was ensured already: StoragePoolReady is
-// True with spec's PoolEnsuredMessage. The condition is the only record of
-// it that outlives the manager, and the message the only part of it that
-// names the pool.
+// PoolEnsured tells whether spec was ensured already (status.storagePool).
 func (s *ClusterScope) PoolEnsured(spec virt.PoolSpec) bool {
-	c := conditions.Get(s.LibvirtCluster, infrav1.StoragePoolReadyCondition)
-	return c != nil && c.Status == metav1.ConditionTrue && c.Message == PoolEnsuredMessage(spec)
+	st := s.LibvirtCluster.Status.StoragePool
+	return st != nil && st.Name == spec.Name && st.Path == spec.Path
+}
+
+// SetPoolEnsured records that spec was ensured (status.storagePool).
+func (s *ClusterScope) SetPoolEnsured(spec virt.PoolSpec) {
+	s.LibvirtCluster.Status.StoragePool = &infrav1.StoragePoolStatus{Name: spec.Name, Path: spec.Path}
 }
 
 // SetNetwork records the network the cluster's machines join.

@@ -16,9 +16,10 @@ import (
 type Scope interface {
 	LibvirtHost() virt.Host
 	// SpecPool is the pool the cluster asks for; PoolEnsured tells
-	// whether it was ensured already.
+	// whether it was ensured already, SetPoolEnsured records that it was.
 	SpecPool() virt.PoolSpec
 	PoolEnsured(spec virt.PoolSpec) bool
+	SetPoolEnsured(spec virt.PoolSpec)
 }
 
 // Service ensures the pool; its outcome is StoragePoolReady's.
@@ -53,6 +54,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, fmt.Errorf("ensuring storage pool %s: %w", spec.Name, err),
 			"Ensuring pool %s at %s: %v", spec.Name, spec.Path, err)
 	}
+	s.SetPoolEnsured(spec)
 	return services.Done(infrav1.ReadyReason, scope.PoolEnsuredMessage(spec)), nil
 }
 
