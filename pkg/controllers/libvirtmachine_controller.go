@@ -178,7 +178,7 @@ func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope
 	// From here until the domain is defined, the machine's creation is in
 	// flight: a move now would leave half of it behind.
 	defer func() {
-		setMoveBlocked(s.LibvirtMachine, !s.IsProvisioned() && !s.IsTrue(infrav1.DomainReadyCondition))
+		setMoveBlocked(s.LibvirtMachine, !s.IsProvisioned() && !s.DomainDefined())
 	}()
 	return r.plan(s).Reconcile(ctx, s, s.IsProvisioned())
 }

@@ -157,6 +157,10 @@ func (s *MachineScope) DomainSeen() bool {
 // was defined on are complete, whatever the status says.
 func (s *MachineScope) SetDomainFound() { s.domainFound = true }
 
+// DomainDefined tells whether the machine's domain exists in libvirt: this
+// reconcile found it, or status.domain holds the state libvirt reported.
+func (s *MachineScope) DomainDefined() bool { return s.domainFound || s.DomainSeen() }
+
 // Hostname is the guest's hostname and so its Node name: the Machine's name.
 func (s *MachineScope) Hostname() string {
 	if s.Machine != nil {
