@@ -13,6 +13,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -130,7 +131,7 @@ func (r *recorder) observe(ctx context.Context) {
 	r.mu.Unlock()
 	for _, q := range queries {
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		addrs, err := r.s.host.Addresses(qctx, virt.AddressQuery{Network: q.net, MAC: q.tl.mac})
+		addrs, err := r.s.host.Addresses(qctx, virt.AddressQuery{Network: q.net, MAC: netalloc.MAC(q.tl.mac)})
 		cancel()
 		if err != nil {
 			continue

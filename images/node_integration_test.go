@@ -94,11 +94,11 @@ func TestNodeImageReadyForKubeadm(t *testing.T) {
 		t.Fatal(err)
 	}
 	mac := hw.String()
-	ip, err := c.ReserveAddress(ctx, network.Name, virt.Reservation{MAC: mac, Hostname: name})
+	ip, err := c.ReserveAddress(ctx, network.Name, virt.Reservation{MAC: netalloc.MAC(mac), Hostname: name})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = c.ReleaseAddress(context.Background(), network.Name, mac) })
+	t.Cleanup(func() { _ = c.ReleaseAddress(context.Background(), network.Name, netalloc.MAC(mac)) })
 
 	disk, err := c.EnsureOverlay(ctx, virt.OverlaySpec{Pool: pool, Name: pool + "-disk.qcow2", BackingPool: pool,
 		BackingVolume: base.Name, CapacityBytes: 8 << 30})
@@ -136,13 +136,13 @@ func TestNodeImageReadyForKubeadm(t *testing.T) {
 		MemoryMiB:   2048,
 		TCGCacheMiB: 256,
 		DiskPath:    disk.Path, DiskBackingPath: disk.BackingPath, DiskBackingFormat: disk.BackingFormat, SeedISOPath: seed.Path,
-		Network: network.Name, MAC: mac,
+		Network: network.Name, MAC: netalloc.MAC(mac),
 		ConsoleLogPath: consoleLog.Path,
 	}); err != nil {
 		t.Fatal(err)
 	}
 	events := c.Subscribe(ctx)
-	if err := c.WatchLease(ctx, network.Name, mac); err != nil {
+	if err := c.WatchLease(ctx, network.Name, netalloc.MAC(mac)); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -441,7 +441,7 @@ func waitLease(t *testing.T, events <-chan virt.Event, vm, mac string, timeout t
 				t.Fatal("event stream closed before the lease")
 			}
 			switch {
-			case ev.Kind == virt.EventLease && netalloc.SameMAC(ev.MAC, mac):
+			case ev.Kind == virt.EventLease && netalloc.SameMAC(ev.MAC.String(), mac):
 				return time.Since(start)
 			case ev.Domain == vm && (ev.Kind == virt.EventDomainCrashed || ev.Kind == virt.EventDomainStopped):
 				t.Fatalf("domain %s: %s (%s) before its lease", vm, ev.Kind, ev.Detail)

@@ -91,7 +91,7 @@ func TestMoveMarkerCannotOrphan(t *testing.T) {
 		t.Errorf("orphans of %s: %v, want its domain, root disk and seed", orphan, mine)
 	}
 	must(t, plane.RemoveOrphans(h.ctx, h.host, mine))
-	must(t, h.host.ReleaseAddress(h.ctx, h.network.Name, macB))
+	must(t, h.host.ReleaseAddress(h.ctx, h.network.Name, netalloc.MAC(macB)))
 	h.assertClean("b", macB)
 }
 
@@ -128,7 +128,7 @@ func TestForgedMACAnnotation(t *testing.T) {
 		entries, err := h.host.Reservations(h.ctx, h.network.Name)
 		must(t, err)
 		for _, e := range entries {
-			if netalloc.SameMAC(e.MAC, mac) {
+			if netalloc.SameMAC(e.MAC.String(), mac) {
 				return e.IP.String()
 			}
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -79,7 +80,7 @@ func TestLoadBalancerOnBridge(t *testing.T) {
 	if _, err := h.host.DomainInfo(h.ctx, domain); !virt.IsNotFound(err) {
 		t.Errorf("the HAProxy VM is on the manager's host (%v)", err)
 	}
-	addrs, err := hostA.Addresses(h.ctx, virt.AddressQuery{Domain: domain, MAC: lc.Status.LoadBalancer.Domain.MAC})
+	addrs, err := hostA.Addresses(h.ctx, virt.AddressQuery{Domain: domain, MAC: netalloc.MAC(lc.Status.LoadBalancer.Domain.MAC)})
 	must(t, err)
 	var leased, static bool
 	for _, a := range addrs {

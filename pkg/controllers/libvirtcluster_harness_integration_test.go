@@ -463,7 +463,7 @@ func (w *crashHost) EnsureNetwork(ctx context.Context, spec virt.NetworkSpec) (v
 
 func (w *crashHost) ReserveAddress(ctx context.Context, network string, r virt.Reservation) (netip.Addr, error) {
 	ip, err := w.Host.ReserveAddress(ctx, network, r)
-	return ip, w.after(ctx, "ReserveAddress", r.MAC, err)
+	return ip, w.after(ctx, "ReserveAddress", r.MAC.String(), err)
 }
 
 func (w *crashHost) ImportImage(ctx context.Context, img virt.ImageImport) (virt.VolumeInfo, error) {
@@ -511,7 +511,7 @@ func (w *crashHost) DeleteVolume(ctx context.Context, pool, name string) error {
 }
 
 func (w *crashHost) ReleaseOwnedAddress(ctx context.Context, network string, r virt.Reservation) error {
-	return w.after(ctx, "ReleaseOwnedAddress", r.MAC, w.Host.ReleaseOwnedAddress(ctx, network, r))
+	return w.after(ctx, "ReleaseOwnedAddress", r.MAC.String(), w.Host.ReleaseOwnedAddress(ctx, network, r))
 }
 
 func (w *crashHost) DeleteNetwork(ctx context.Context, name string) error {

@@ -454,7 +454,7 @@ func (h *harness) assertClean(name, mac string) {
 		h.t.Fatal(err)
 	}
 	for _, e := range entries {
-		if mac != "" && netalloc.SameMAC(e.MAC, mac) {
+		if mac != "" && netalloc.SameMAC(e.MAC.String(), mac) {
 			h.t.Errorf("reservation %s→%s left behind", e.MAC, e.IP)
 		}
 	}
@@ -489,7 +489,7 @@ func (h *harness) poolVolumes() []string {
 
 // leaseIP is the address dnsmasq leased to mac, if any.
 func (h *harness) leaseIP(mac string) (netip.Addr, bool) {
-	addrs, err := h.host.Addresses(h.ctx, virt.AddressQuery{Network: h.network.Name, MAC: mac})
+	addrs, err := h.host.Addresses(h.ctx, virt.AddressQuery{Network: h.network.Name, MAC: netalloc.MAC(mac)})
 	if err != nil {
 		return netip.Addr{}, false
 	}
@@ -626,7 +626,7 @@ func (w *hookHost) run(ctx context.Context, method, object string, fn func() err
 }
 
 func (w *hookHost) ReserveAddress(ctx context.Context, network string, r virt.Reservation) (ip netip.Addr, err error) {
-	err = w.run(ctx, "ReserveAddress", r.MAC, func() error { ip, err = w.Host.ReserveAddress(ctx, network, r); return err })
+	err = w.run(ctx, "ReserveAddress", r.MAC.String(), func() error { ip, err = w.Host.ReserveAddress(ctx, network, r); return err })
 	return ip, err
 }
 

@@ -262,7 +262,7 @@ func testRestarts(h *harness, cluster string) {
 	// and one seed next to the base image, and no import marker.
 	entries, err := h.host.Reservations(h.ctx, h.network.Name)
 	must(h.t, err)
-	if len(entries) != 1 || !netalloc.SameMAC(entries[0].MAC, lm.Status.Domain.MAC) {
+	if len(entries) != 1 || !netalloc.SameMAC(entries[0].MAC.String(), lm.Status.Domain.MAC) {
 		h.t.Errorf("host entries %v, want exactly one for %s", entries, lm.Status.Domain.MAC)
 	}
 	info, err := h.host.DomainInfo(h.ctx, domain)
@@ -559,7 +559,7 @@ func (h *harness) reservation(mac string) (virt.Reservation, bool) {
 	entries, err := h.host.Reservations(h.ctx, h.network.Name)
 	must(h.t, err)
 	for _, e := range entries {
-		if netalloc.SameMAC(e.MAC, mac) {
+		if netalloc.SameMAC(e.MAC.String(), mac) {
 			return e, true
 		}
 	}

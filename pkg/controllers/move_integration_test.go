@@ -103,11 +103,11 @@ func (h *clusterHarness) libvirtIdentity(cluster, machine, network string) moved
 	var id movedIdentity
 	lb, err := h.host.DomainInfo(h.ctx, naming.LoadBalancerDomainName(h.ns, cluster))
 	must(h.t, err)
-	id.LBUUID, id.LBMAC = lb.UUID, strings.ToLower(lb.MAC)
+	id.LBUUID, id.LBMAC = lb.UUID, strings.ToLower(lb.MAC.String())
 	dom := naming.DomainName(h.ns, machine)
 	m, err := h.host.DomainInfo(h.ctx, dom)
 	must(h.t, err)
-	id.MachineUUID, id.MachineMAC = m.UUID, strings.ToLower(m.MAC)
+	id.MachineUUID, id.MachineMAC = m.UUID, strings.ToLower(m.MAC.String())
 	objs, err := testlibvirt.Scan(h.uri)
 	must(h.t, err)
 	for _, o := range objs {
@@ -119,7 +119,7 @@ func (h *clusterHarness) libvirtIdentity(cluster, machine, network string) moved
 	entries, err := h.host.Reservations(h.ctx, network)
 	must(h.t, err)
 	for _, e := range entries {
-		id.Reservations = append(id.Reservations, strings.ToLower(e.MAC)+"="+e.IP.String())
+		id.Reservations = append(id.Reservations, strings.ToLower(e.MAC.String())+"="+e.IP.String())
 	}
 	slices.Sort(id.Domains)
 	slices.Sort(id.Reservations)

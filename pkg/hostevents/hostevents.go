@@ -55,8 +55,9 @@ type Source struct {
 
 // leaseKey is one lease watch: a MAC on a network of a host.
 type leaseKey struct {
-	host         virt.NetworkHost
-	network, mac string
+	host    virt.NetworkHost
+	network string
+	mac     netalloc.MAC
 }
 
 // New returns a Source; c should read from the manager's cache, which
@@ -85,20 +86,20 @@ func (s *Source) Start(ctx context.Context) error {
 		}
 		s.mu.Lock()
 		for k := range s.watching {
-			if k.network == ev.Network && k.mac == netalloc.CanonicalMAC(ev.MAC).String() {
+			if k.network == ev.Network && k.mac == ev.MAC {
 				delete(s.watching, k)
 			}
 		}
 		s.mu.Unlock()
-		s.EnqueueList(ctx, client.MatchingFields{MACIndex: netalloc.CanonicalMAC(ev.MAC).String()})
+		s.EnqueueList(ctx, client.MatchingFields{MACIndex: ev.MAC.String()})
 	}
 	return nil
 }
 
 // WatchLease asks host to publish a lease event for mac on network,
 // once per outstanding wait: repeated calls while a watch runs are free.
-func (s *Source) WatchLease(host virt.NetworkHost, network, mac string) {
-	key := leaseKey{host: host, network: network, mac: netalloc.CanonicalMAC(mac).String()}
+func (s *Source) WatchLease(host virt.NetworkHost, network string, mac netalloc.MAC) {
+	key := leaseKey{host: host, network: network, mac: mac}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if until, ok := s.watching[key]; ok && time.Now().Before(until) {
@@ -107,7 +108,7 @@ func (s *Source) WatchLease(host virt.NetworkHost, network, mac string) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.leaseTimeout)
 	if err := host.WatchLease(ctx, network, mac); err != nil {
 		cancel()
-		ctrl.Log.WithName("hostevents").Error(err, "Watching for a lease", "network", network, "mac", mac)
+		ctrl.Log.WithName("hostevents").Error(err, "Watching for a lease", "network", network, "mac", mac.String())
 		return
 	}
 	context.AfterFunc(ctx, cancel) // releases the timer once the watch ends

@@ -8,7 +8,6 @@ package naming
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"net"
 	"strconv"
 	"strings"
 
@@ -121,14 +120,14 @@ func NameNamespace(name string) (namespace string, ok bool) {
 // the others are only tried when another host entry on the network
 // already uses an earlier one. The one chosen is recorded (status and an
 // annotation), never derived again.
-func MACCandidates(domainUUID string, n int) []net.HardwareAddr {
-	out := make([]net.HardwareAddr, 0, n)
+func MACCandidates(domainUUID string, n int) []netalloc.MAC {
+	out := make([]netalloc.MAC, 0, n)
 	for i := range n {
 		seed := domainUUID
 		if i > 0 {
 			seed = domainUUID + "/" + strconv.Itoa(i)
 		}
-		out = append(out, netalloc.MACFromSeed(seed))
+		out = append(out, netalloc.CanonicalMAC(netalloc.MACFromSeed(seed).String()))
 	}
 	return out
 }

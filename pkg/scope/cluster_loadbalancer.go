@@ -146,19 +146,18 @@ func (s *LoadBalancerScope) domainStatus() *infrav1.DomainStatus {
 }
 
 // MAC is the NIC's MAC once chosen, else "".
-func (s *LoadBalancerScope) MAC() string {
+func (s *LoadBalancerScope) MAC() netalloc.MAC {
 	if lb := s.c.LibvirtCluster.Status.LoadBalancer; lb != nil && lb.Domain != nil && lb.Domain.MAC != "" {
-		return lb.Domain.MAC
+		return netalloc.CanonicalMAC(lb.Domain.MAC)
 	}
-	return s.c.LibvirtCluster.Annotations[LoadBalancerMACAnnotation]
+	return canonicalOrZero(s.c.LibvirtCluster.Annotations[LoadBalancerMACAnnotation])
 }
 
 // SetMAC records the chosen MAC in status.loadBalancer.domain and (once)
 // in its annotation.
-func (s *LoadBalancerScope) SetMAC(mac string) {
-	mac = netalloc.CanonicalMAC(mac).String()
-	s.domainStatus().MAC = mac
-	annotateOnce(s.c.LibvirtCluster, LoadBalancerMACAnnotation, mac)
+func (s *LoadBalancerScope) SetMAC(mac netalloc.MAC) {
+	s.domainStatus().MAC = mac.String()
+	annotateOnce(s.c.LibvirtCluster, LoadBalancerMACAnnotation, mac.String())
 }
 
 // RecordPlacement records the pool of the VM's volumes (once), so that

@@ -323,11 +323,11 @@ func (s *MachineScope) DiskSizeBytes() uint64 {
 
 // MAC is the NIC's MAC once chosen (status.domain.mac, else the
 // annotation it was recorded in), else "".
-func (s *MachineScope) MAC() string {
+func (s *MachineScope) MAC() netalloc.MAC {
 	if d := s.LibvirtMachine.Status.Domain; d != nil && d.MAC != "" {
-		return d.MAC
+		return netalloc.CanonicalMAC(d.MAC)
 	}
-	return s.LibvirtMachine.Annotations[MACAnnotation]
+	return canonicalOrZero(s.LibvirtMachine.Annotations[MACAnnotation])
 }
 
 // domainStatus returns status.domain, creating it with the derived
@@ -344,10 +344,18 @@ func (s *MachineScope) domainStatus() *infrav1.DomainStatus {
 }
 
 // SetMAC records the chosen MAC in status.domain and in its annotation.
-func (s *MachineScope) SetMAC(mac string) {
-	mac = netalloc.CanonicalMAC(mac).String()
-	s.domainStatus().MAC = mac
-	annotateOnce(s.LibvirtMachine, MACAnnotation, mac)
+func (s *MachineScope) SetMAC(mac netalloc.MAC) {
+	s.domainStatus().MAC = mac.String()
+	annotateOnce(s.LibvirtMachine, MACAnnotation, mac.String())
+}
+
+// canonicalOrZero is the MAC an annotation or status field holds, in
+// canonical form; zero when it holds none.
+func canonicalOrZero(s string) netalloc.MAC {
+	if s == "" {
+		return ""
+	}
+	return netalloc.CanonicalMAC(s)
 }
 
 // annotateOnce sets an annotation of obj unless it is set: what it records

@@ -47,9 +47,9 @@ type AddressQuery struct {
 	// Network is the libvirt network of the NIC; empty for a host bridge,
 	// where only the guest agent knows the addresses.
 	Network string
-	// MAC is the NIC's address, compared case-insensitively. Required on
-	// libvirt networks; on bridges it narrows the agent's interfaces.
-	MAC string
+	// MAC is the NIC's address. Required on libvirt networks; on bridges
+	// it narrows the agent's interfaces.
+	MAC netalloc.MAC
 }
 
 // Addresses reports the NIC's addresses: current leases first, then a
@@ -60,11 +60,13 @@ func (c *Client) Addresses(ctx context.Context, q AddressQuery) ([]Address, erro
 	if q.Network == "" {
 		return c.agentAddresses(ctx, q)
 	}
-	if _, err := netalloc.ParseMAC(q.MAC); err != nil {
+	mac, err := netalloc.ParseMAC(q.MAC.String())
+	if err != nil {
 		return nil, err
 	}
+	q.MAC = mac
 	var out []Address
-	err := c.withNetwork(ctx, "Addresses", q.Network, func(_ *libvirt.Connect, net *libvirt.Network) error {
+	err = c.withNetwork(ctx, "Addresses", q.Network, func(_ *libvirt.Connect, net *libvirt.Network) error {
 		v, err := readViews(net, q.Network, true)
 		if err != nil {
 			return err
@@ -79,11 +81,11 @@ func (c *Client) Addresses(ctx context.Context, q AddressQuery) ([]Address, erro
 }
 
 // networkAddresses matches leases and reservations to mac.
-func networkAddresses(leases []dhcpLease, hosts []Reservation, mac string, now time.Time) []Address {
+func networkAddresses(leases []dhcpLease, hosts []Reservation, mac netalloc.MAC, now time.Time) []Address {
 	var out []Address
 	seen := map[netip.Addr]bool{}
 	for _, l := range leases {
-		if netalloc.SameMAC(l.MAC, mac) && l.current(now) && !seen[l.IP] {
+		if l.MAC == mac && l.current(now) && !seen[l.IP] {
 			seen[l.IP] = true
 			out = append(out, Address{IP: l.IP, Source: AddressSourceLease, Hostname: l.Hostname})
 		}
@@ -108,10 +110,10 @@ func (c *Client) agentAddresses(ctx context.Context, q AddressQuery) ([]Address,
 
 // agentAddresses keeps the global addresses of the interface with mac (all
 // interfaces when mac is empty, except loopback).
-func agentAddresses(ifaces []GuestInterface, mac string) []Address {
+func agentAddresses(ifaces []GuestInterface, mac netalloc.MAC) []Address {
 	var out []Address
 	for _, i := range ifaces {
-		if mac != "" && !netalloc.SameMAC(i.MAC, mac) {
+		if mac != "" && i.MAC != mac {
 			continue
 		}
 		for _, p := range i.Addresses {
@@ -127,8 +129,7 @@ func agentAddresses(ifaces []GuestInterface, mac string) []Address {
 
 // Reservation is a DHCP host entry: MAC always gets IP.
 type Reservation struct {
-	// MAC is compared case-insensitively.
-	MAC string
+	MAC netalloc.MAC
 	// IP is the pinned address; zero asks ReserveAddress to pick the next
 	// one that is neither reserved nor leased.
 	IP netip.Addr
@@ -228,11 +229,11 @@ func updateFlags(live, config bool) libvirt.NetworkUpdateFlags {
 // were named) and a domain of r.Owner's uses that MAC; otherwise the MAC is
 // someone else's (ConflictMACOwned), whatever the caller recorded.
 func (c *Client) ReserveAddress(ctx context.Context, network string, r Reservation) (netip.Addr, error) {
-	mac, err := netalloc.ParseMAC(r.MAC)
+	mac, err := netalloc.ParseMAC(r.MAC.String())
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	r.MAC = mac.String()
+	r.MAC = mac
 	if r.Owner != nil {
 		r.Hostname = ReservationName(*r.Owner)
 	}
@@ -278,13 +279,14 @@ func (c *Client) ReserveAddress(ctx context.Context, network string, r Reservati
 // expires, at most reservationLease later. Until then ReserveAddress
 // refuses that IP to another MAC (ConflictLeased, with the expiry) and
 // never picks it by itself.
-func (c *Client) ReleaseAddress(ctx context.Context, network, mac string) error {
+func (c *Client) ReleaseAddress(ctx context.Context, network string, mac netalloc.MAC) error {
 	return c.releaseAddress(ctx, network, mac, nil)
 }
 
 // releaseAddress removes mac's host entry when mine (nil: always) says
 // it may.
-func (c *Client) releaseAddress(ctx context.Context, network, mac string, mine func(*libvirt.Connect, Reservation) (bool, error)) error {
+func (c *Client) releaseAddress(ctx context.Context, network string, mac netalloc.MAC, mine func(*libvirt.Connect, Reservation) (bool, error)) error {
+	mac = netalloc.CanonicalMAC(mac.String())
 	unlock, err := c.lockPool(ctx, networksLockKey+network)
 	if err != nil {
 		return err
@@ -352,7 +354,7 @@ func checkEntryOwner(conn *libvirt.Connect, network string, entries []Reservatio
 
 // macUsers are the owners of the domains with a NIC of mac (nil for a
 // domain that is not ours).
-func macUsers(conn *libvirt.Connect, mac string) ([]*Owner, error) {
+func macUsers(conn *libvirt.Connect, mac netalloc.MAC) ([]*Owner, error) {
 	doms, err := conn.ListAllDomains(0)
 	if err != nil {
 		return nil, fmt.Errorf("listing domains: %w", err)
@@ -377,13 +379,13 @@ func macUsers(conn *libvirt.Connect, mac string) ([]*Owner, error) {
 }
 
 // domainUsesMAC tells whether d has a NIC of mac, and d's owner.
-func domainUsesMAC(d *libvirt.Domain, mac string) (bool, *Owner, error) {
+func domainUsesMAC(d *libvirt.Domain, mac netalloc.MAC) (bool, *Owner, error) {
 	x, err := decodeXML[libvirtxml.Domain](d.GetXMLDesc(libvirt.DOMAIN_XML_INACTIVE))
 	if err != nil || x.Devices == nil {
 		return false, nil, err
 	}
 	for _, iface := range x.Devices.Interfaces {
-		if iface.MAC != nil && netalloc.SameMAC(iface.MAC.Address, mac) {
+		if iface.MAC != nil && netalloc.CanonicalMAC(iface.MAC.Address) == mac {
 			o, err := domainOwner(d)
 			return true, o, err
 		}

@@ -51,7 +51,7 @@ func TestBootGuestThroughReservedLease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mac := hw.String()
+	mac := netalloc.CanonicalMAC(hw.String())
 	ip, err := e.c.ReserveAddress(ctx, netSpec.Name, virt.Reservation{MAC: mac, Hostname: hostname})
 	if err != nil {
 		t.Fatal(err)
@@ -147,7 +147,7 @@ func TestBootGuestThroughReservedLease(t *testing.T) {
 		t.Fatalf("guest hostname %q, want %q from meta-data", gotHostname, hostname)
 	}
 
-	addrs, err := e.c.Addresses(ctx, virt.AddressQuery{Domain: name, Network: netSpec.Name, MAC: strings.ToUpper(mac)})
+	addrs, err := e.c.Addresses(ctx, virt.AddressQuery{Domain: name, Network: netSpec.Name, MAC: netalloc.MAC(strings.ToUpper(mac.String()))})
 	if err != nil || len(addrs) == 0 || addrs[0].IP != ip || addrs[0].Source != virt.AddressSourceLease {
 		t.Fatalf("Addresses: %+v, %v", addrs, err)
 	}
@@ -206,7 +206,7 @@ func randomToken(t *testing.T) string {
 
 // waitBootLease waits for the lease event of mac, failing fast when the
 // domain stops or crashes instead.
-func waitBootLease(t *testing.T, events <-chan virt.Event, domain, mac string, timeout time.Duration) virt.Event {
+func waitBootLease(t *testing.T, events <-chan virt.Event, domain string, mac netalloc.MAC, timeout time.Duration) virt.Event {
 	t.Helper()
 	deadline := time.After(timeout)
 	for {
@@ -216,7 +216,7 @@ func waitBootLease(t *testing.T, events <-chan virt.Event, domain, mac string, t
 				t.Fatal("event channel closed")
 			}
 			switch {
-			case ev.Kind == virt.EventLease && netalloc.SameMAC(ev.MAC, mac):
+			case ev.Kind == virt.EventLease && ev.MAC == mac:
 				return ev
 			case ev.Domain == domain && (ev.Kind == virt.EventDomainCrashed || ev.Kind == virt.EventDomainStopped):
 				t.Fatalf("domain %s: %s (%s) before its lease", domain, ev.Kind, ev.Detail)
@@ -249,7 +249,7 @@ func waitGuestFile(t *testing.T, c virt.Host, domain, path string, timeout time.
 // leaseGone waits up to wait for the DHCP lease of mac on network to
 // disappear, reading the leases through conn (not through the engine under
 // test), and says what it last saw when it does not.
-func leaseGone(conn *libvirt.Connect, network, mac string, wait time.Duration) error {
+func leaseGone(conn *libvirt.Connect, network string, mac netalloc.MAC, wait time.Duration) error {
 	n, err := conn.LookupNetworkByName(network)
 	if err != nil {
 		return err
@@ -262,7 +262,7 @@ func leaseGone(conn *libvirt.Connect, network, mac string, wait time.Duration) e
 		}
 		var held []string
 		for _, l := range leases {
-			if netalloc.SameMAC(l.Mac, mac) {
+			if netalloc.CanonicalMAC(l.Mac) == mac {
 				held = append(held, l.IPaddr)
 			}
 		}

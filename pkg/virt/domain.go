@@ -61,7 +61,7 @@ type DomainSpec struct {
 	Bridge  string
 	// MAC is the NIC's address (52:54:00:…), chosen and persisted by the
 	// caller so DHCP reservations can be made before the first start.
-	MAC string
+	MAC netalloc.MAC
 	// TrafficFilter is the libvirt nwfilter bound to the NIC (e.g.
 	// CleanTrafficFilter), empty for none. The guest's address is learned
 	// from its own DHCP exchange; before that it sends nothing but DHCP.
@@ -82,7 +82,7 @@ type DomainInfo struct {
 	Reason    string
 	VCPUs     uint
 	MemoryMiB uint64
-	MAC       string
+	MAC       netalloc.MAC
 	Owner     *Owner
 }
 
@@ -189,7 +189,7 @@ func describeDomain(dom *libvirt.Domain) (DomainInfo, error) {
 		info.MemoryMiB = memoryMiB(d.Memory)
 	}
 	if d.Devices != nil && len(d.Devices.Interfaces) > 0 && d.Devices.Interfaces[0].MAC != nil {
-		info.MAC = netalloc.CanonicalMAC(d.Devices.Interfaces[0].MAC.Address).String()
+		info.MAC = netalloc.CanonicalMAC(d.Devices.Interfaces[0].MAC.Address)
 	}
 	if d.Metadata != nil {
 		o, err := ParseOwner(d.Metadata.XML)

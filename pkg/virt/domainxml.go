@@ -6,10 +6,9 @@ import (
 	"path"
 	"strings"
 
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/google/uuid"
 	"libvirt.org/go/libvirtxml"
-
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 )
 
 // Domain types and CPU modes a DomainSpec may name.
@@ -86,7 +85,7 @@ func validateDomainSpec(s DomainSpec) error {
 		errs = append(errs, "both network and bridge are set")
 	}
 	if s.Network != "" || s.Bridge != "" {
-		if hw, err := net.ParseMAC(s.MAC); err != nil || len(hw) != 6 || hw[0]&1 != 0 {
+		if hw, err := net.ParseMAC(s.MAC.String()); err != nil || len(hw) != 6 || hw[0]&1 != 0 {
 			errs = append(errs, fmt.Sprintf("mac %q is not a unicast Ethernet address", s.MAC))
 		}
 	}
@@ -225,7 +224,7 @@ func domainCPU(s DomainSpec) *libvirtxml.DomainCPU {
 // the spec names neither (used by lifecycle tests that need no network).
 func domainInterface(s DomainSpec) *libvirtxml.DomainInterface {
 	nic := &libvirtxml.DomainInterface{
-		MAC:   &libvirtxml.DomainInterfaceMAC{Address: netalloc.CanonicalMAC(s.MAC).String()},
+		MAC:   &libvirtxml.DomainInterfaceMAC{Address: netalloc.CanonicalMAC(s.MAC.String()).String()},
 		Model: &libvirtxml.DomainInterfaceModel{Type: "virtio"},
 	}
 	switch {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"libvirt.org/go/libvirt"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 )
 
 // Sentinel errors for the conditions controllers report on their objects.
@@ -298,7 +300,7 @@ const (
 // AddressConflictError details ErrAddressConflict.
 type AddressConflictError struct {
 	Network string
-	MAC     string
+	MAC     netalloc.MAC
 	IP      netip.Addr
 	Reason  AddressConflictReason
 	// HeldBy names the conflicting holder (a MAC) or gives details.

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 
 	"libvirt.org/go/libvirt"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 )
 
 // EventKind says what happened.
@@ -60,7 +62,7 @@ type Event struct {
 	Owner  *Owner
 	// Network, MAC and IP describe lease events.
 	Network string
-	MAC     string
+	MAC     netalloc.MAC
 	IP      string
 	// Detail is libvirt's reason (e.g. "shutdown", "destroyed", "crashed")
 	// or a lease's state.

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"libvirt.org/go/libvirt"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 )
 
 // ExecResult is the outcome of a command run through the guest agent.
@@ -23,7 +25,7 @@ type ExecResult struct {
 // GuestInterface is one network interface as the guest agent reports it.
 type GuestInterface struct {
 	Name string
-	MAC  string
+	MAC  netalloc.MAC
 	// Addresses are the interface's addresses with their prefix lengths.
 	Addresses []netip.Prefix
 }
@@ -294,7 +296,7 @@ func (c *Client) GuestInterfaces(ctx context.Context, domain string) ([]GuestInt
 func guestInterfaces(in []libvirt.DomainInterface) []GuestInterface {
 	out := make([]GuestInterface, 0, len(in))
 	for _, i := range in {
-		gi := GuestInterface{Name: i.Name, MAC: strings.ToLower(i.Hwaddr)}
+		gi := GuestInterface{Name: i.Name, MAC: netalloc.CanonicalMAC(i.Hwaddr)}
 		for _, a := range i.Addrs {
 			ip, err := netip.ParseAddr(a.Addr)
 			if err != nil || int(a.Prefix) > ip.BitLen() {

@@ -42,7 +42,7 @@ func networkLeases(net *libvirt.Network) ([]dhcpLease, error) {
 		if err != nil {
 			continue
 		}
-		lease := dhcpLease{MAC: l.Mac, IP: ip, Hostname: l.Hostname}
+		lease := dhcpLease{MAC: netalloc.CanonicalMAC(l.Mac), IP: ip, Hostname: l.Hostname}
 		// libvirt reports a lease without expiry ("infinite") as 0.
 		if l.ExpiryTime.Unix() > 0 {
 			lease.Expiry = l.ExpiryTime
@@ -73,9 +73,9 @@ type leaseWatcher struct {
 // watchedNetwork is the waiting list of one network; it exists exactly as
 // long as its poll goroutine runs.
 type watchedNetwork struct {
-	// waiters maps a normalised MAC to the registrations waiting for it,
-	// each with the function that cancels its context hook.
-	waiters map[string]map[uint64]func() bool
+	// waiters maps a MAC to the registrations waiting for it, each with
+	// the function that cancels its context hook.
+	waiters map[netalloc.MAC]map[uint64]func() bool
 }
 
 func newLeaseWatcher(interval time.Duration, fetch func(context.Context, string) ([]dhcpLease, error),
@@ -83,14 +83,14 @@ func newLeaseWatcher(interval time.Duration, fetch func(context.Context, string)
 	return &leaseWatcher{interval: interval, fetch: fetch, publish: publish, start: start, nets: map[string]*watchedNetwork{}}
 }
 
-// watch registers interest in mac (normalised) on network until ctx ends
+// watch registers interest in mac on network until ctx ends
 // or its lease is seen, starting the network's poll loop if none runs.
-func (w *leaseWatcher) watch(ctx context.Context, network, mac string) {
+func (w *leaseWatcher) watch(ctx context.Context, network string, mac netalloc.MAC) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n, running := w.nets[network]
 	if !running {
-		n = &watchedNetwork{waiters: map[string]map[uint64]func() bool{}}
+		n = &watchedNetwork{waiters: map[netalloc.MAC]map[uint64]func() bool{}}
 		w.nets[network] = n
 	}
 	if n.waiters[mac] == nil {
@@ -108,7 +108,7 @@ func (w *leaseWatcher) watch(ctx context.Context, network, mac string) {
 
 // unwatch drops one registration; the poll loop notices an empty list on
 // its next round and ends.
-func (w *leaseWatcher) unwatch(network, mac string, id uint64) {
+func (w *leaseWatcher) unwatch(network string, mac netalloc.MAC, id uint64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := w.nets[network]
@@ -171,9 +171,8 @@ func (w *leaseWatcher) deliver(network string, leases []dhcpLease, now time.Time
 	w.mu.Lock()
 	if n := w.nets[network]; n != nil {
 		for _, l := range leases {
-			parsed, err := netalloc.ParseMAC(l.MAC)
-			mac := parsed.String()
-			if err != nil || !l.current(now) || n.waiters[mac] == nil {
+			mac := l.MAC
+			if !l.current(now) || n.waiters[mac] == nil {
 				continue
 			}
 			for _, stop := range n.waiters[mac] {
@@ -223,12 +222,11 @@ func (c *Client) leaseWatcher() *leaseWatcher {
 // so registering and then waiting for the event cannot race. The network
 // must be a libvirt network with DHCP (ErrNoDHCP otherwise: on a host
 // bridge, watch the guest agent instead).
-func (c *Client) WatchLease(ctx context.Context, network, mac string) error {
-	parsed, err := netalloc.ParseMAC(mac)
+func (c *Client) WatchLease(ctx context.Context, network string, mac netalloc.MAC) error {
+	mac, err := netalloc.ParseMAC(mac.String())
 	if err != nil {
 		return err
 	}
-	norm := parsed.String()
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -245,6 +243,6 @@ func (c *Client) WatchLease(ctx context.Context, network, mac string) error {
 	if err != nil {
 		return err
 	}
-	c.leaseWatcher().watch(ctx, network, norm)
+	c.leaseWatcher().watch(ctx, network, mac)
 	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 )
 
 // fakeLeases is a lease table per network that counts the reads and the
@@ -170,9 +172,9 @@ func TestLeaseWatcherOwnerShutdown(t *testing.T) {
 
 func TestNetworkAddresses(t *testing.T) {
 	now := time.Now()
-	mac := "52:54:00:00:00:0a"
+	mac := netalloc.MAC("52:54:00:00:00:0a")
 	leases := []dhcpLease{
-		{MAC: "52:54:00:00:00:0A", IP: netip.MustParseAddr("10.0.0.5"), Hostname: "debian", Expiry: now.Add(time.Hour)},
+		{MAC: netalloc.CanonicalMAC("52:54:00:00:00:0A"), IP: netip.MustParseAddr("10.0.0.5"), Hostname: "debian", Expiry: now.Add(time.Hour)},
 		{MAC: mac, IP: netip.MustParseAddr("fe80::5054:ff:fe00:a")},
 		{MAC: mac, IP: netip.MustParseAddr("10.0.0.4"), Expiry: now.Add(-time.Hour)},
 		{MAC: "52:54:00:00:00:0b", IP: netip.MustParseAddr("10.0.0.6")},
@@ -207,7 +209,7 @@ func TestNetworkAddresses(t *testing.T) {
 func TestAgentAddresses(t *testing.T) {
 	ifaces := []GuestInterface{
 		{Name: "lo", MAC: "00:00:00:00:00:00", Addresses: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/8"), netip.MustParsePrefix("::1/128")}},
-		{Name: "ens3", MAC: "52:54:00:AA:00:01", Addresses: []netip.Prefix{netip.MustParsePrefix("192.168.1.20/24"), netip.MustParsePrefix("fe80::1/64"), netip.MustParsePrefix("2001:db8::20/64")}},
+		{Name: "ens3", MAC: netalloc.CanonicalMAC("52:54:00:AA:00:01"), Addresses: []netip.Prefix{netip.MustParsePrefix("192.168.1.20/24"), netip.MustParsePrefix("fe80::1/64"), netip.MustParsePrefix("2001:db8::20/64")}},
 		{Name: "cni0", MAC: "52:54:00:aa:00:02", Addresses: []netip.Prefix{netip.MustParsePrefix("10.244.0.1/24")}},
 	}
 	got := agentAddresses(ifaces, "52:54:00:aa:00:01")

@@ -37,7 +37,7 @@ type NetworkHost interface {
 	// are *AddressConflictError.
 	ReserveAddress(ctx context.Context, network string, r Reservation) (netip.Addr, error)
 	// ReleaseAddress removes the MAC's host entry; none is success.
-	ReleaseAddress(ctx context.Context, network, mac string) error
+	ReleaseAddress(ctx context.Context, network string, mac netalloc.MAC) error
 	// ReleaseOwnedAddress removes r.MAC's host entry only when it is
 	// r.Owner's; none, or another's, is success.
 	ReleaseOwnedAddress(ctx context.Context, network string, r Reservation) error
@@ -52,7 +52,7 @@ type NetworkHost interface {
 	// lease on network, polling only while someone waits. It returns at
 	// once; ctx bounds the watch, so it must outlive the caller's
 	// reconcile.
-	WatchLease(ctx context.Context, network, mac string) error
+	WatchLease(ctx context.Context, network string, mac netalloc.MAC) error
 }
 
 // NetworkSpec asks for a NAT network.

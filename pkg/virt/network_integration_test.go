@@ -309,7 +309,7 @@ func TestReservations(t *testing.T) {
 	ctx := testCtx(t)
 	macA, macB := testMAC(t), testMAC(t)
 
-	ipA, err := e.c.ReserveAddress(ctx, spec.Name, virt.Reservation{MAC: strings.ToUpper(macA)})
+	ipA, err := e.c.ReserveAddress(ctx, spec.Name, virt.Reservation{MAC: netalloc.MAC(strings.ToUpper(macA.String()))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +346,7 @@ func TestReservations(t *testing.T) {
 		t.Fatalf("Addresses: %+v, %v", addrs, err)
 	}
 
-	if err := e.c.ReleaseAddress(ctx, spec.Name, strings.ToUpper(macA)); err != nil {
+	if err := e.c.ReleaseAddress(ctx, spec.Name, netalloc.MAC(strings.ToUpper(macA.String()))); err != nil {
 		t.Fatal(err)
 	}
 	assertHost(t, e, spec.Name, macA, ipA, false, false)
@@ -375,23 +375,23 @@ func TestReservations(t *testing.T) {
 	assertHost(t, e, spec.Name, macC, ipC, false, false)
 }
 
-func testMAC(t *testing.T) string {
+func testMAC(t *testing.T) netalloc.MAC {
 	t.Helper()
 	mac, err := testlibvirt.NewMAC()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return mac.String()
+	return netalloc.CanonicalMAC(mac.String())
 }
 
 // assertHost checks a host entry's presence in the live and the persistent
 // definition.
-func assertHost(t *testing.T, e networkEnv, network, mac string, ip netip.Addr, wantLive, wantConfig bool) {
+func assertHost(t *testing.T, e networkEnv, network string, mac netalloc.MAC, ip netip.Addr, wantLive, wantConfig bool) {
 	t.Helper()
 	live, config := e.hosts(t, network)
 	find := func(hosts []libvirtxml.NetworkDHCPHost) bool {
 		for _, h := range hosts {
-			if netalloc.SameMAC(h.MAC, mac) {
+			if netalloc.CanonicalMAC(h.MAC) == mac {
 				if h.IP != ip.String() {
 					t.Errorf("host entry %s has IP %s, want %s", mac, h.IP, ip)
 				}
@@ -507,8 +507,8 @@ func TestLeaseEventsAndStaleLease(t *testing.T) {
 	info := e.ensure(t, spec)
 	ctx := testCtx(t)
 	macA, macB := testMAC(t), testMAC(t)
-	hwA, _ := net.ParseMAC(macA)
-	hwB, _ := net.ParseMAC(macB)
+	hwA, _ := net.ParseMAC(macA.String())
+	hwB, _ := net.ParseMAC(macB.String())
 	clientA := newDHCPTestClient(t, info.Bridge, hwA)
 
 	ipA, err := e.c.ReserveAddress(ctx, spec.Name, virt.Reservation{MAC: macA, Hostname: "capltest-a"})
@@ -518,7 +518,7 @@ func TestLeaseEventsAndStaleLease(t *testing.T) {
 	events := e.c.Subscribe(ctx)
 	watchCtx, stopWatch := context.WithTimeout(ctx, time.Minute)
 	defer stopWatch()
-	if err := e.c.WatchLease(watchCtx, spec.Name, strings.ToUpper(macA)); err != nil {
+	if err := e.c.WatchLease(watchCtx, spec.Name, netalloc.MAC(strings.ToUpper(macA.String()))); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -532,10 +532,10 @@ func TestLeaseEventsAndStaleLease(t *testing.T) {
 	// Lease events carry no domain UUID; only macA is watched here.
 	ev := waitEvent(t, events, virt.EventLease, "")
 	t.Logf("lease event %v after the DHCP ACK", time.Since(start).Round(time.Millisecond))
-	if !netalloc.SameMAC(ev.MAC, macA) || ev.IP != ipA.String() || ev.Network != spec.Name || ev.Detail != virt.LeaseAcquired {
+	if ev.MAC != macA || ev.IP != ipA.String() || ev.Network != spec.Name || ev.Detail != virt.LeaseAcquired {
 		t.Fatalf("lease event %+v", ev)
 	}
-	addrs, err := e.c.Addresses(ctx, virt.AddressQuery{Network: spec.Name, MAC: strings.ToUpper(macA)})
+	addrs, err := e.c.Addresses(ctx, virt.AddressQuery{Network: spec.Name, MAC: netalloc.MAC(strings.ToUpper(macA.String()))})
 	if err != nil || len(addrs) != 1 || addrs[0].IP != ipA || addrs[0].Source != virt.AddressSourceLease {
 		t.Fatalf("Addresses: %+v, %v", addrs, err)
 	}
@@ -550,7 +550,7 @@ func TestLeaseEventsAndStaleLease(t *testing.T) {
 	}
 	_, err = e.c.ReserveAddress(ctx, spec.Name, virt.Reservation{MAC: macB, IP: ipA})
 	ae := assertAddressConflict(t, err, virt.ConflictLeased)
-	if !netalloc.SameMAC(ae.HeldBy, macA) || ae.Until.Before(time.Now()) || ae.Until.After(time.Now().Add(11*time.Minute)) {
+	if !netalloc.SameMAC(ae.HeldBy, macA.String()) || ae.Until.Before(time.Now()) || ae.Until.After(time.Now().Add(11*time.Minute)) {
 		t.Fatalf("stale lease conflict %+v: want held by %s, expiring within the reservation lease time", ae, macA)
 	}
 	t.Logf("stale lease: %v", ae)

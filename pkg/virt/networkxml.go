@@ -42,9 +42,9 @@ func networkXML(spec NetworkSpec, bridge string, subnet netip.Prefix) (*libvirtx
 // hostEntryXML renders the <host> element that virNetworkUpdate adds to a
 // network's DHCP section: it pins ip to mac (and names it in the network's
 // DNS when hostname is set).
-func hostEntryXML(mac string, ip netip.Addr, hostname string) (string, error) {
+func hostEntryXML(mac netalloc.MAC, ip netip.Addr, hostname string) (string, error) {
 	h := libvirtxml.NetworkDHCPHost{
-		MAC:   mac,
+		MAC:   mac.String(),
 		IP:    ip.String(),
 		Name:  hostname,
 		Lease: &libvirtxml.NetworkDHCPLease{Expiry: uint(reservationLease / time.Minute), Unit: "minutes"},
@@ -54,8 +54,8 @@ func hostEntryXML(mac string, ip netip.Addr, hostname string) (string, error) {
 
 // hostDeleteXML renders the <host> element that selects an entry for
 // deletion: libvirt matches on every attribute given, so only the MAC is.
-func hostDeleteXML(mac string) (string, error) {
-	h := libvirtxml.NetworkDHCPHost{MAC: mac}
+func hostDeleteXML(mac netalloc.MAC) (string, error) {
+	h := libvirtxml.NetworkDHCPHost{MAC: mac.String()}
 	return h.Marshal()
 }
 
@@ -114,7 +114,7 @@ func parseNetwork(doc string) (networkFacts, error) {
 		f.dhcp = len(ip.DHCP.Ranges) > 0 || len(ip.DHCP.Hosts) > 0
 		for _, h := range ip.DHCP.Hosts {
 			addr, _ := netip.ParseAddr(h.IP)
-			f.hosts = append(f.hosts, Reservation{MAC: h.MAC, IP: addr, Hostname: h.Name})
+			f.hosts = append(f.hosts, Reservation{MAC: netalloc.CanonicalMAC(h.MAC), IP: addr, Hostname: h.Name})
 		}
 	}
 	return f, nil

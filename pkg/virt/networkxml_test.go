@@ -68,15 +68,18 @@ func TestParseNetwork(t *testing.T) {
 		wantIndex  int
 		wantDHCP   bool
 		wantHosts  int
-		wantOwner  bool
-		wantPrefix int
+		// wantHostMAC is the first host entry's MAC, read in canonical
+		// form whatever case the XML has it in.
+		wantHostMAC netalloc.MAC
+		wantOwner   bool
+		wantPrefix  int
 	}{
 		{
 			name: "default network with netmask",
 			doc: `<network><name>default</name><forward mode='nat'/><bridge name='virbr0'/>
 <ip address='192.168.122.1' netmask='255.255.255.0'><dhcp><range start='192.168.122.2' end='192.168.122.254'/>
-<host mac='52:54:00:00:00:01' ip='192.168.122.5' name='a'/></dhcp></ip></network>`,
-			wantSubnet: "192.168.122.0/24", wantIndex: 0, wantDHCP: true, wantHosts: 1, wantPrefix: 1,
+<host mac='52:54:00:00:00:0A' ip='192.168.122.5' name='a'/></dhcp></ip></network>`,
+			wantSubnet: "192.168.122.0/24", wantIndex: 0, wantDHCP: true, wantHosts: 1, wantHostMAC: "52:54:00:00:00:0a", wantPrefix: 1,
 		},
 		{
 			name: "IPv6 first, IPv4 second",
@@ -110,6 +113,9 @@ func TestParseNetwork(t *testing.T) {
 			if subnet != tt.wantSubnet || f.ipIndex != tt.wantIndex || f.dhcp != tt.wantDHCP ||
 				len(f.hosts) != tt.wantHosts || (f.owner != nil) != tt.wantOwner || len(f.prefixes) != tt.wantPrefix {
 				t.Errorf("got %+v", f)
+			}
+			if tt.wantHosts > 0 && f.hosts[0].MAC != tt.wantHostMAC {
+				t.Errorf("host entry MAC %q, want %q", f.hosts[0].MAC, tt.wantHostMAC)
 			}
 		})
 	}
@@ -221,7 +227,7 @@ func TestPlanReservation(t *testing.T) {
 	subnet := netip.MustParsePrefix("10.0.0.0/24")
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	ip := netip.MustParseAddr
-	macA, macB := "52:54:00:00:00:0a", "52:54:00:00:00:0b"
+	macA, macB := netalloc.MAC("52:54:00:00:00:0a"), netalloc.MAC("52:54:00:00:00:0b")
 	entries := func(rs ...Reservation) reservationState { return &rs }
 	tests := []struct {
 		name       string
@@ -255,13 +261,13 @@ func TestPlanReservation(t *testing.T) {
 		{
 			name: "keeps the address the MAC already leases",
 			live: entries(), config: entries(),
-			leases: []dhcpLease{{MAC: "52:54:00:00:00:0A", IP: ip("10.0.0.77")}},
+			leases: []dhcpLease{{MAC: netalloc.CanonicalMAC("52:54:00:00:00:0A"), IP: ip("10.0.0.77")}},
 			r:      Reservation{MAC: macA},
 			want:   reservationPlan{ip: ip("10.0.0.77"), addLive: true, addConfig: true},
 		},
 		{
-			name: "idempotent, MAC compared case-insensitively",
-			live: entries(Reservation{MAC: "52:54:00:00:00:0A", IP: ip("10.0.0.9")}), config: entries(Reservation{MAC: macA, IP: ip("10.0.0.9")}),
+			name: "idempotent, the MAC read back in another case",
+			live: entries(Reservation{MAC: netalloc.CanonicalMAC("52:54:00:00:00:0A"), IP: ip("10.0.0.9")}), config: entries(Reservation{MAC: macA, IP: ip("10.0.0.9")}),
 			r:    Reservation{MAC: macA},
 			want: reservationPlan{ip: ip("10.0.0.9")},
 		},
@@ -405,7 +411,7 @@ func TestSameOwnerIgnoresUID(t *testing.T) {
 func TestMergeReservations(t *testing.T) {
 	a := Reservation{MAC: "52:54:00:00:00:0a", IP: netip.MustParseAddr("10.0.0.9")}
 	b := Reservation{MAC: "52:54:00:00:00:0b", IP: netip.MustParseAddr("10.0.0.3")}
-	got := mergeReservations([]Reservation{a}, []Reservation{b, {MAC: "52:54:00:00:00:0A", IP: a.IP}})
+	got := mergeReservations([]Reservation{a}, []Reservation{b, {MAC: netalloc.CanonicalMAC("52:54:00:00:00:0A"), IP: a.IP}})
 	if len(got) != 2 || got[0] != b || got[1] != a {
 		t.Errorf("got %v", got)
 	}

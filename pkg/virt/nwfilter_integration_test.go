@@ -16,6 +16,7 @@ import (
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/cloudinit"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -98,7 +99,7 @@ func TestCleanTrafficDropsSpoofedARP(t *testing.T) {
 		Owner: virt.Owner{Kind: "LibvirtMachine", Namespace: "capltest", Name: name, UID: uuid.NewString()},
 		Type:  virt.DomainTypeQEMU, CPUMode: virt.CPUModeMaximum, VCPUs: 1, MemoryMiB: 512, TCGCacheMiB: 128,
 		DiskPath: disk.Path, DiskBackingPath: disk.BackingPath, DiskBackingFormat: disk.BackingFormat,
-		SeedISOPath: seed.Path, Bridge: bridge, MAC: hw.String(), TrafficFilter: virt.CleanTrafficFilter,
+		SeedISOPath: seed.Path, Bridge: bridge, MAC: netalloc.CanonicalMAC(hw.String()), TrafficFilter: virt.CleanTrafficFilter,
 	}
 	if _, err := e.c.EnsureDomain(ctx, spec); err != nil {
 		t.Fatal(err)

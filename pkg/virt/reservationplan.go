@@ -19,7 +19,7 @@ const reservationLease = 10 * time.Minute
 
 // dhcpLease is a lease as the engine uses it.
 type dhcpLease struct {
-	MAC      string
+	MAC      netalloc.MAC
 	IP       netip.Addr
 	Hostname string
 	// Expiry is zero for a lease that never expires.
@@ -66,17 +66,17 @@ func planReservation(network string, subnet netip.Prefix, live, config reservati
 	var plan reservationPlan
 	for _, h := range all {
 		switch {
-		case netalloc.SameMAC(h.MAC, r.MAC):
+		case h.MAC == r.MAC:
 			if plan.ip.IsValid() && plan.ip != h.IP {
 				return plan, conflict(ConflictMACReserved, h.IP, fmt.Sprintf("%s and %s in the live and persistent definitions", plan.ip, h.IP))
 			}
 			plan.ip = h.IP
 		case r.Hostname != "" && h.Hostname == r.Hostname:
-			return plan, conflict(ConflictHostnameReserved, h.IP, h.MAC)
+			return plan, conflict(ConflictHostnameReserved, h.IP, h.MAC.String())
 		}
 	}
 	if plan.ip.IsValid() && r.IP.IsValid() && r.IP != plan.ip {
-		return plan, conflict(ConflictMACReserved, plan.ip, r.MAC)
+		return plan, conflict(ConflictMACReserved, plan.ip, r.MAC.String())
 	}
 	if !plan.ip.IsValid() {
 		ip, err := chooseAddress(network, subnet, all, leases, r, now)
@@ -102,12 +102,12 @@ func chooseAddress(network string, subnet netip.Prefix, hosts []Reservation, lea
 		}
 		for _, h := range hosts {
 			if h.IP == r.IP {
-				return conflict(ConflictIPReserved, r.IP, h.MAC)
+				return conflict(ConflictIPReserved, r.IP, h.MAC.String())
 			}
 		}
 		for _, l := range leases {
-			if l.IP == r.IP && l.current(now) && !netalloc.SameMAC(l.MAC, r.MAC) {
-				err := &AddressConflictError{Network: network, MAC: r.MAC, IP: r.IP, Reason: ConflictLeased, HeldBy: l.MAC, Until: l.Expiry}
+			if l.IP == r.IP && l.current(now) && l.MAC != r.MAC {
+				err := &AddressConflictError{Network: network, MAC: r.MAC, IP: r.IP, Reason: ConflictLeased, HeldBy: l.MAC.String(), Until: l.Expiry}
 				return netip.Addr{}, err
 			}
 		}
@@ -122,7 +122,7 @@ func chooseAddress(network string, subnet netip.Prefix, hosts []Reservation, lea
 		if !l.current(now) {
 			continue
 		}
-		if netalloc.SameMAC(l.MAC, r.MAC) {
+		if l.MAC == r.MAC {
 			own = append(own, l.IP)
 			continue
 		}
@@ -151,14 +151,14 @@ func containsAddr(list []netip.Addr, a netip.Addr) bool {
 	return false
 }
 
-func hasMAC(hosts []Reservation, mac string) bool {
+func hasMAC(hosts []Reservation, mac netalloc.MAC) bool {
 	_, ok := findMAC(hosts, mac)
 	return ok
 }
 
-func findMAC(hosts []Reservation, mac string) (Reservation, bool) {
+func findMAC(hosts []Reservation, mac netalloc.MAC) (Reservation, bool) {
 	for _, h := range hosts {
-		if netalloc.SameMAC(h.MAC, mac) {
+		if h.MAC == mac {
 			return h, true
 		}
 	}

@@ -25,9 +25,11 @@ func (h *Host) ReserveAddress(_ context.Context, network string, r virt.Reservat
 	if !ok {
 		return netip.Addr{}, notFound("network " + network)
 	}
+	// As libvirt's client does, whatever the caller's case and style.
+	r.MAC = netalloc.CanonicalMAC(r.MAC.String())
 	used := []netip.Addr{}
 	for _, e := range entries {
-		if netalloc.SameMAC(e.MAC, r.MAC) {
+		if e.MAC == r.MAC {
 			return e.IP, nil
 		}
 		used = append(used, e.IP)
@@ -36,7 +38,7 @@ func (h *Host) ReserveAddress(_ context.Context, network string, r virt.Reservat
 	if err != nil {
 		return netip.Addr{}, err
 	}
-	h.Entries[network] = append(entries, virt.Reservation{MAC: netalloc.CanonicalMAC(r.MAC).String(), IP: ip})
+	h.Entries[network] = append(entries, virt.Reservation{MAC: r.MAC, IP: ip})
 	return ip, nil
 }
 
@@ -46,11 +48,12 @@ func (h *Host) ReleaseOwnedAddress(ctx context.Context, network string, r virt.R
 }
 
 // ReleaseAddress removes mac's entry.
-func (h *Host) ReleaseAddress(_ context.Context, network, mac string) error {
+func (h *Host) ReleaseAddress(_ context.Context, network string, mac netalloc.MAC) error {
 	return h.release("ReleaseAddress", network, mac)
 }
 
-func (h *Host) release(method, network, mac string) error {
+func (h *Host) release(method, network string, mac netalloc.MAC) error {
+	mac = netalloc.CanonicalMAC(mac.String())
 	if err := h.call(method); err != nil {
 		return err
 	}
@@ -58,7 +61,7 @@ func (h *Host) release(method, network, mac string) error {
 	defer h.mu.Unlock()
 	var keep []virt.Reservation
 	for _, e := range h.Entries[network] {
-		if !netalloc.SameMAC(e.MAC, mac) {
+		if e.MAC != mac {
 			keep = append(keep, e)
 		}
 	}
@@ -82,7 +85,14 @@ func (h *Host) Reservations(_ context.Context, network string) ([]virt.Reservati
 	if !ok {
 		return nil, notFound("network " + network)
 	}
-	return append([]virt.Reservation(nil), entries...), nil
+	// As libvirt's client reads them: in canonical form, whatever case a
+	// test wrote them in.
+	out := make([]virt.Reservation, 0, len(entries))
+	for _, e := range entries {
+		e.MAC = netalloc.CanonicalMAC(e.MAC.String())
+		out = append(out, e)
+	}
+	return out, nil
 }
 
 // Addresses reports leases first, then the reservation.
@@ -94,12 +104,12 @@ func (h *Host) Addresses(_ context.Context, q virt.AddressQuery) ([]virt.Address
 	defer h.mu.Unlock()
 	var out []virt.Address
 	for mac, ip := range h.Leases[q.Network] {
-		if netalloc.SameMAC(mac, q.MAC) {
+		if netalloc.CanonicalMAC(mac) == netalloc.CanonicalMAC(q.MAC.String()) {
 			out = append(out, virt.Address{IP: ip, Source: virt.AddressSourceLease})
 		}
 	}
 	for _, e := range h.Entries[q.Network] {
-		if netalloc.SameMAC(e.MAC, q.MAC) && (len(out) == 0 || out[0].IP != e.IP) {
+		if e.MAC == netalloc.CanonicalMAC(q.MAC.String()) && (len(out) == 0 || out[0].IP != e.IP) {
 			out = append(out, virt.Address{IP: e.IP, Source: virt.AddressSourceReservation})
 		}
 	}
@@ -107,12 +117,12 @@ func (h *Host) Addresses(_ context.Context, q virt.AddressQuery) ([]virt.Address
 }
 
 // WatchLease records the call.
-func (h *Host) WatchLease(_ context.Context, network, mac string) error {
+func (h *Host) WatchLease(_ context.Context, network string, mac netalloc.MAC) error {
 	if err := h.call("WatchLease"); err != nil {
 		return err
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.Watches = append(h.Watches, network+"/"+netalloc.CanonicalMAC(mac).String())
+	h.Watches = append(h.Watches, network+"/"+netalloc.CanonicalMAC(mac.String()).String())
 	return nil
 }

@@ -39,8 +39,8 @@ type Scope interface {
 	// MAC is the NIC's MAC once chosen; SetMAC and RecordPlacement
 	// record it and where the VM's objects go, and PatchObject persists
 	// them before anything is created in libvirt.
-	MAC() string
-	SetMAC(mac string)
+	MAC() netalloc.MAC
+	SetMAC(mac netalloc.MAC)
 	RecordPlacement()
 	PatchObject(ctx context.Context) error
 }
@@ -130,10 +130,10 @@ func (svc *Service) ensureMAC(ctx context.Context, network scope.NetworkRef) err
 	if s.DomainUUID() == "" {
 		return fmt.Errorf("choosing a MAC: the VM has no domain UUID yet (the identity step runs first)")
 	}
-	mac := ""
+	var mac netalloc.MAC
 	for _, c := range naming.MACCandidates(s.DomainUUID(), macCandidates) {
-		if !reserved(taken, c.String()) {
-			mac = c.String()
+		if !reserved(taken, c) {
+			mac = c
 			break
 		}
 	}
@@ -146,9 +146,9 @@ func (svc *Service) ensureMAC(ctx context.Context, network scope.NetworkRef) err
 	return s.PatchObject(ctx)
 }
 
-func reserved(entries []virt.Reservation, mac string) bool {
+func reserved(entries []virt.Reservation, mac netalloc.MAC) bool {
 	for _, e := range entries {
-		if netalloc.SameMAC(e.MAC, mac) {
+		if e.MAC == mac {
 			return true
 		}
 	}

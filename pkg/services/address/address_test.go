@@ -12,6 +12,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/servicetest"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/address"
@@ -24,7 +25,7 @@ func TestAddressPersistsMACBeforeReserving(t *testing.T) {
 	s.SetDomainUUID("0b9d6c86-1111-4e2e-9c55-3b6f1b0d7a11")
 	first := naming.MACCandidates(s.DomainUUID(), 2)
 	// Someone else's entry holds the first candidate.
-	f.Host.Entries["net"] = []virt.Reservation{{MAC: strings.ToUpper(first[0].String()), IP: netip.MustParseAddr("192.168.100.2")}}
+	f.Host.Entries["net"] = []virt.Reservation{{MAC: netalloc.MAC(strings.ToUpper(first[0].String())), IP: netip.MustParseAddr("192.168.100.2")}}
 	f.Host.OnCall = func(method string) {
 		if method == "ReserveAddress" && f.Stored().Status.Domain == nil {
 			t.Error("ReserveAddress ran before the MAC was persisted")
@@ -33,7 +34,7 @@ func TestAddressPersistsMACBeforeReserving(t *testing.T) {
 	if err := servicetest.Reconcile(s, infrav1.AddressReservedCondition, address.New(s)); err != nil {
 		t.Fatal(err)
 	}
-	if s.MAC() != first[1].String() {
+	if s.MAC() != first[1] {
 		t.Errorf("MAC = %s, want the second candidate %s", s.MAC(), first[1])
 	}
 	stored := f.Stored()

@@ -11,6 +11,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -38,7 +39,7 @@ type Scope interface {
 	// the volumes the disk and seed steps of this reconcile ensured.
 	Hardware() infrav1.VirtualHardware
 	Network() scope.NetworkRef
-	MAC() string
+	MAC() netalloc.MAC
 	RootDisk() (virt.VolumeInfo, bool)
 	Seed() (virt.VolumeInfo, bool)
 	// Pool and ConsoleLogVolume place the serial console's log.

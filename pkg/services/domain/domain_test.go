@@ -11,6 +11,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/fakehost"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
@@ -51,7 +52,7 @@ func (v *vm) Network() scope.NetworkRef { return scope.NetworkRef{Name: "net"} }
 func (v *vm) Hardware() infrav1.VirtualHardware {
 	return infrav1.VirtualHardware{CPUs: 1, MemoryMiB: v.memoryMiB, DomainType: "qemu", CPUMode: "maximum"}
 }
-func (v *vm) MAC() string                             { return "52:54:00:00:00:01" }
+func (v *vm) MAC() netalloc.MAC                       { return "52:54:00:00:00:01" }
 func (v *vm) SetDomainState(state string)             { v.state = state }
 func (v *vm) IsProvisioned() bool                     { return false }
 func (v *vm) Event(eventType, reason, message string) {}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -36,7 +37,7 @@ const (
 // LeaseWatcher asks the host to publish an event once mac has a lease on
 // network; the reconcile it triggers then finds the address.
 type LeaseWatcher interface {
-	WatchLease(host virt.NetworkHost, network, mac string)
+	WatchLease(host virt.NetworkHost, network string, mac netalloc.MAC)
 }
 
 // Scope is what the guest services need of the machine whose guest they
@@ -45,7 +46,7 @@ type Scope interface {
 	LibvirtHost() virt.Host
 	DomainName() string
 	Network() scope.NetworkRef
-	MAC() string
+	MAC() netalloc.MAC
 	// IsProvisioned tells whether the machine was reported provisioned:
 	// from then on, a guest that stops answering keeps what it last said.
 	IsProvisioned() bool

@@ -15,6 +15,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/servicetest"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -22,8 +23,8 @@ import (
 
 type leaseRecorder struct{ watched []string }
 
-func (l *leaseRecorder) WatchLease(_ virt.NetworkHost, network, mac string) {
-	l.watched = append(l.watched, network+"/"+mac)
+func (l *leaseRecorder) WatchLease(_ virt.NetworkHost, network string, mac netalloc.MAC) {
+	l.watched = append(l.watched, network+"/"+mac.String())
 }
 
 func TestGuestAddressesNeedALease(t *testing.T) {
@@ -36,10 +37,10 @@ func TestGuestAddressesNeedALease(t *testing.T) {
 		t.Fatalf("err = %v, want to wait for a lease", err)
 	}
 	servicetest.WantCondition(t, f.LM, infrav1.AddressAssignedCondition, metav1.ConditionFalse, infrav1.WaitingForAddressReason)
-	if len(leases.watched) != 1 || leases.watched[0] != "net/"+s.MAC() {
+	if len(leases.watched) != 1 || leases.watched[0] != "net/"+s.MAC().String() {
 		t.Errorf("lease watches = %v", leases.watched)
 	}
-	f.Host.Leases["net"] = map[string]netip.Addr{strings.ToUpper(s.MAC()): netip.MustParseAddr("192.168.100.2")}
+	f.Host.Leases["net"] = map[string]netip.Addr{strings.ToUpper(s.MAC().String()): netip.MustParseAddr("192.168.100.2")}
 	if err := servicetest.Reconcile(s, infrav1.AddressAssignedCondition, g); err != nil {
 		t.Fatal(err)
 	}

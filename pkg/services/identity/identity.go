@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -28,8 +29,8 @@ type Scope interface {
 	DomainUUID() string
 	SetDomainUUID(uuid string)
 	// MAC is "" until chosen; SetMAC records it.
-	MAC() string
-	SetMAC(mac string)
+	MAC() netalloc.MAC
+	SetMAC(mac netalloc.MAC)
 	// SetDomainFound says the domain exists, so the volumes it was defined
 	// on are complete; DomainSeen tells whether the status recorded the
 	// domain's state (it did not after a move or a restore).

@@ -8,6 +8,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/servicetest"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/identity"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -32,7 +33,7 @@ func TestIdentity(t *testing.T) {
 		seedUploaded bool
 		domain       *virt.DomainInfo
 		wantUUID     string // "" for a new random one
-		wantMAC      string
+		wantMAC      netalloc.MAC
 		wantFound    bool
 		wantCalls    int
 	}{

@@ -102,7 +102,7 @@ func (svc *Service) networkConfig() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return cloudinit.DHCPWithStaticAddress{MAC: svc.vm.MAC(), InterfaceName: guestInterface, Static: ip}.NetworkConfig()
+	return cloudinit.DHCPWithStaticAddress{MAC: svc.vm.MAC().String(), InterfaceName: guestInterface, Static: ip}.NetworkConfig()
 }
 
 // Delete releases the VM's address reservation.
