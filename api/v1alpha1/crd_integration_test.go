@@ -199,6 +199,7 @@ func TestRoundTrip(t *testing.T) {
 			Ready:          true,
 			FailureDomains: []clusterv1.FailureDomain{{Name: "host-a", ControlPlane: ptr.To(true), Attributes: map[string]string{"rack": "r1"}}},
 			Network:        &infrav1.NetworkStatus{Name: "capl-default.roundtrip", Bridge: "capl0123456789a", CIDR: "192.168.150.0/24", Managed: true},
+			StoragePool:    &infrav1.StoragePoolStatus{Name: "capl-pool", Path: "/var/lib/libvirt/capl-pool"},
 			LoadBalancer: &infrav1.LoadBalancerStatus{
 				Domain:         domain,
 				Address:        "192.168.150.2",
