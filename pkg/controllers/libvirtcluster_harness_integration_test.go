@@ -12,13 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -54,17 +52,9 @@ func newClusterHarness(t *testing.T) *clusterHarness {
 	if h.lbImage == "" {
 		h.lbImage = filepath.Join(filepath.Dir(h.image), "capl-debian-12-haproxy.qcow2")
 	}
-	logFile, err := os.CreateTemp("", "capl-libvirtcluster-test-*.log")
-	must(t, err)
-	t.Cleanup(func() { logFile.Close() })
-	setLoggerOnce.Do(func() {
-		// V(4): the reconcilers' steps. This test has no bootstrap secrets
-		// beyond the stand-in API server's user-data.
-		ctrl.SetLogger(funcr.New(func(prefix, args string) {
-			fmt.Fprintf(logFile, "%s %s %s\n", time.Now().Format("15:04:05.000"), prefix, args)
-		}, funcr.Options{Verbosity: 4}))
-		t.Logf("controller logs: %s", logFile.Name())
-	})
+	useControllerLog(t)
+	h.logs, h.logPath = controllerLog, controllerLogPath
+	var err error
 	for _, img := range []struct{ path, sum *string }{{&h.image, &h.imageSum}, {&h.lbImage, &h.lbImageSum}} {
 		if *img.sum, err = fileSHA256(*img.path); err != nil {
 			t.Fatalf("test image: %v (build it with `make images`)", err)

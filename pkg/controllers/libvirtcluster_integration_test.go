@@ -109,13 +109,21 @@ func (h *clusterHarness) assertUntouched(name string, before testenv.Activity) {
 // is left to whoever manages it.
 func testExternallyManaged(h *clusterHarness) {
 	name := testlibvirt.Name(h.t)
-	before := testenv.ActivityOf(h.t, "libvirtcluster")
 	h.createCluster(name, clusterOpts{spec: userEndpoint(infrav1.ClusterNetwork{}),
 		annotations: map[string]string{clusterv1.ManagedByAnnotation: "someone-else"}})
 	h.waitCluster(name, "owned by its Cluster", time.Minute, func(lc *infrav1.LibvirtCluster) (bool, string) {
 		return len(lc.OwnerReferences) > 0, "no owner reference"
 	})
+	// The controller's predicate drops every event of an externally
+	// managed object before it reaches the queue. A second object created
+	// after it is the mark: the informer hands events over in order, so
+	// once the controller took the marker up, it had seen (and dropped)
+	// everything of the first.
+	before := testenv.ActivityOf(h.t, "libvirtcluster")
+	marker := testlibvirt.Name(h.t)
+	h.createCluster(marker, clusterOpts{spec: userEndpoint(infrav1.ClusterNetwork{}), noCluster: true})
 	h.assertUntouched(name, before)
+	h.deleteAndWait(&infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: marker}}, time.Minute)
 	h.deleteAndWait(&clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: name}}, time.Minute)
 }
 

@@ -95,28 +95,41 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-var setLoggerOnce sync.Once
+// The controllers' logger is process-wide (ctrl.SetLogger), so every
+// harness of the test process shares one log: the leak check of each
+// reads all that the controllers logged since the process started.
+var (
+	controllerLogOnce sync.Once
+	controllerLog     = &syncBuffer{}
+	controllerLogPath string
+)
 
-func newHarness(t *testing.T) *harness {
+// useControllerLog starts the process's controller log once, and tells t
+// where it is kept (outside t.TempDir, for post-mortems).
+func useControllerLog(t *testing.T) {
 	t.Helper()
-	h := &harness{t: t, ctx: context.Background(), uri: testlibvirt.URI(t), image: testlibvirt.Image(t), logs: &syncBuffer{}}
-	// Kept after the run (outside t.TempDir) for post-mortems.
-	logFile, err := os.CreateTemp("", "capl-libvirtmachine-test-*.log")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.logPath = logFile.Name()
-	t.Cleanup(func() { logFile.Close() })
-	setLoggerOnce.Do(func() {
+	controllerLogOnce.Do(func() {
+		f, err := os.CreateTemp("", "capl-controllers-test-*.log")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Open for the life of the process, as the logger is.
+		controllerLogPath = f.Name()
+		w := io.MultiWriter(controllerLog, f)
 		// Down to V(7), so the leak check sees debug lines too. From V(8) on
 		// client-go dumps HTTP bodies, Secrets included (base64), as it
 		// does for every controller; nobody runs a manager at that level.
-		w := io.MultiWriter(h.logs, logFile)
 		ctrl.SetLogger(funcr.New(func(prefix, args string) {
 			fmt.Fprintf(w, "%s %s %s\n", time.Now().Format("15:04:05.000"), prefix, args)
 		}, funcr.Options{Verbosity: 7}))
 	})
-	t.Logf("controller logs: %s", h.logPath)
+	t.Logf("controller logs: %s", controllerLogPath)
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	useControllerLog(t)
+	h := &harness{t: t, ctx: context.Background(), uri: testlibvirt.URI(t), image: testlibvirt.Image(t), logs: controllerLog, logPath: controllerLogPath}
 
 	sum, err := fileSHA256(h.image)
 	if err != nil {

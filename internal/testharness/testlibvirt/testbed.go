@@ -33,7 +33,7 @@ func StartTestbed(t testing.TB, hosts ...string) *Testbed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tb := &Testbed{t: t, script: filepath.Join(filepath.Dir(self), "..", "..", "hack", "testbed-hosts.sh"), dir: dir}
+	tb := &Testbed{t: t, script: filepath.Join(filepath.Dir(self), "..", "..", "..", "hack", "testbed-hosts.sh"), dir: dir}
 	t.Cleanup(tb.down)
 	tb.must(append([]string{"up"}, hosts...)...)
 	return tb
