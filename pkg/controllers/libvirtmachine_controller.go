@@ -198,10 +198,10 @@ func (r *LibvirtMachineReconciler) reconcileDelete(ctx context.Context, s *scope
 // plan is the machine's services in the order they create things, each
 // with the condition its outcome sets; reconcile runs it forward, delete
 // backward. Once the machine is provisioned, the reservation, root disk
-// and seed (the SkipOnceProvisioned steps) belong to the running domain: ensuring them
-// again would cost libvirt calls on every reconcile and recreate a
-// vanished root disk as a blank one, so only the domain step and those
-// after it watch over the machine from then on.
+// and seed (the SkipOnceProvisioned steps) belong to the running domain:
+// ensuring them again would cost libvirt calls on every reconcile and
+// recreate a vanished root disk as a blank one, so only the domain step
+// and those after it watch over the machine from then on.
 func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
 	return services.Plan{
 		// The reference check names the condition of the step a refused

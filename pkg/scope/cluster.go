@@ -98,7 +98,7 @@ func (s *ClusterScope) LibvirtHost() virt.Host { return s.Host }
 func (s *ClusterScope) NetworkSpec() infrav1.ClusterNetwork { return s.LibvirtCluster.Spec.Network }
 
 // NetworkName is the NAT network the provider creates for the cluster
-// (see ClusterNetworkName).
+// (see naming.ClusterNetworkName).
 func (s *ClusterScope) NetworkName() string {
 	return naming.ClusterNetworkName(s.Namespace(), s.Name())
 }
