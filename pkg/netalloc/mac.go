@@ -37,6 +37,11 @@ func CanonicalMAC(s string) MAC {
 // String is the canonical form.
 func (m MAC) String() string { return string(m) }
 
+// Canonical is m in canonical form (CanonicalMAC of its text): for a MAC
+// a caller may have built from text it did not parse, at an exported
+// call's edge.
+func (m MAC) Canonical() MAC { return CanonicalMAC(string(m)) }
+
 // qemuMAC returns a MAC in 52:54:00, the prefix QEMU and libvirt give guest
 // NICs: locally administered and unicast, so it cannot clash with a vendor's.
 func qemuMAC(nic [3]byte) net.HardwareAddr {

@@ -85,4 +85,11 @@ func TestParseMAC(t *testing.T) {
 	if got := CanonicalMAC("Not-A-MAC"); got != "not-a-mac" {
 		t.Errorf("CanonicalMAC of a malformed value = %q, want it lower-cased", got)
 	}
+	// The scopes read an unset annotation or status field through it.
+	if got := CanonicalMAC(""); got != "" {
+		t.Errorf("CanonicalMAC(\"\") = %q, want the zero MAC", got)
+	}
+	if got := MAC("52-54-00-AB-CD-EF").Canonical(); got != "52:54:00:ab:cd:ef" {
+		t.Errorf("Canonical = %q", got)
+	}
 }

@@ -150,7 +150,7 @@ func (s *LoadBalancerScope) MAC() netalloc.MAC {
 	if lb := s.c.LibvirtCluster.Status.LoadBalancer; lb != nil && lb.Domain != nil && lb.Domain.MAC != "" {
 		return netalloc.CanonicalMAC(lb.Domain.MAC)
 	}
-	return canonicalOrZero(s.c.LibvirtCluster.Annotations[LoadBalancerMACAnnotation])
+	return netalloc.CanonicalMAC(s.c.LibvirtCluster.Annotations[LoadBalancerMACAnnotation])
 }
 
 // SetMAC records the chosen MAC in status.loadBalancer.domain and (once)

@@ -327,7 +327,7 @@ func (s *MachineScope) MAC() netalloc.MAC {
 	if d := s.LibvirtMachine.Status.Domain; d != nil && d.MAC != "" {
 		return netalloc.CanonicalMAC(d.MAC)
 	}
-	return canonicalOrZero(s.LibvirtMachine.Annotations[MACAnnotation])
+	return netalloc.CanonicalMAC(s.LibvirtMachine.Annotations[MACAnnotation])
 }
 
 // domainStatus returns status.domain, creating it with the derived
@@ -347,15 +347,6 @@ func (s *MachineScope) domainStatus() *infrav1.DomainStatus {
 func (s *MachineScope) SetMAC(mac netalloc.MAC) {
 	s.domainStatus().MAC = mac.String()
 	annotateOnce(s.LibvirtMachine, MACAnnotation, mac.String())
-}
-
-// canonicalOrZero is the MAC an annotation or status field holds, in
-// canonical form; zero when it holds none.
-func canonicalOrZero(s string) netalloc.MAC {
-	if s == "" {
-		return ""
-	}
-	return netalloc.CanonicalMAC(s)
 }
 
 // annotateOnce sets an annotation of obj unless it is set: what it records

@@ -58,6 +58,7 @@ type AddressQuery struct {
 // which fails with ErrAgentUnavailable while the guest boots.
 func (c *Client) Addresses(ctx context.Context, q AddressQuery) ([]Address, error) {
 	if q.Network == "" {
+		q.MAC = q.MAC.Canonical()
 		return c.agentAddresses(ctx, q)
 	}
 	mac, err := netalloc.ParseMAC(q.MAC.String())
@@ -286,7 +287,7 @@ func (c *Client) ReleaseAddress(ctx context.Context, network string, mac netallo
 // releaseAddress removes mac's host entry when mine (nil: always) says
 // it may.
 func (c *Client) releaseAddress(ctx context.Context, network string, mac netalloc.MAC, mine func(*libvirt.Connect, Reservation) (bool, error)) error {
-	mac = netalloc.CanonicalMAC(mac.String())
+	mac = mac.Canonical()
 	unlock, err := c.lockPool(ctx, networksLockKey+network)
 	if err != nil {
 		return err

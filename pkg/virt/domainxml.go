@@ -6,7 +6,6 @@ import (
 	"path"
 	"strings"
 
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/google/uuid"
 	"libvirt.org/go/libvirtxml"
 )
@@ -224,7 +223,7 @@ func domainCPU(s DomainSpec) *libvirtxml.DomainCPU {
 // the spec names neither (used by lifecycle tests that need no network).
 func domainInterface(s DomainSpec) *libvirtxml.DomainInterface {
 	nic := &libvirtxml.DomainInterface{
-		MAC:   &libvirtxml.DomainInterfaceMAC{Address: netalloc.CanonicalMAC(s.MAC.String()).String()},
+		MAC:   &libvirtxml.DomainInterfaceMAC{Address: s.MAC.Canonical().String()},
 		Model: &libvirtxml.DomainInterfaceModel{Type: "virtio"},
 	}
 	switch {

@@ -26,7 +26,7 @@ func (h *Host) ReserveAddress(_ context.Context, network string, r virt.Reservat
 		return netip.Addr{}, notFound("network " + network)
 	}
 	// As libvirt's client does, whatever the caller's case and style.
-	r.MAC = netalloc.CanonicalMAC(r.MAC.String())
+	r.MAC = r.MAC.Canonical()
 	used := []netip.Addr{}
 	for _, e := range entries {
 		if e.MAC == r.MAC {
@@ -53,7 +53,7 @@ func (h *Host) ReleaseAddress(_ context.Context, network string, mac netalloc.MA
 }
 
 func (h *Host) release(method, network string, mac netalloc.MAC) error {
-	mac = netalloc.CanonicalMAC(mac.String())
+	mac = mac.Canonical()
 	if err := h.call(method); err != nil {
 		return err
 	}
@@ -89,7 +89,7 @@ func (h *Host) Reservations(_ context.Context, network string) ([]virt.Reservati
 	// test wrote them in.
 	out := make([]virt.Reservation, 0, len(entries))
 	for _, e := range entries {
-		e.MAC = netalloc.CanonicalMAC(e.MAC.String())
+		e.MAC = e.MAC.Canonical()
 		out = append(out, e)
 	}
 	return out, nil
@@ -104,12 +104,12 @@ func (h *Host) Addresses(_ context.Context, q virt.AddressQuery) ([]virt.Address
 	defer h.mu.Unlock()
 	var out []virt.Address
 	for mac, ip := range h.Leases[q.Network] {
-		if netalloc.CanonicalMAC(mac) == netalloc.CanonicalMAC(q.MAC.String()) {
+		if netalloc.CanonicalMAC(mac) == q.MAC.Canonical() {
 			out = append(out, virt.Address{IP: ip, Source: virt.AddressSourceLease})
 		}
 	}
 	for _, e := range h.Entries[q.Network] {
-		if e.MAC == netalloc.CanonicalMAC(q.MAC.String()) && (len(out) == 0 || out[0].IP != e.IP) {
+		if e.MAC == q.MAC.Canonical() && (len(out) == 0 || out[0].IP != e.IP) {
 			out = append(out, virt.Address{IP: e.IP, Source: virt.AddressSourceReservation})
 		}
 	}
@@ -123,6 +123,6 @@ func (h *Host) WatchLease(_ context.Context, network string, mac netalloc.MAC) e
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.Watches = append(h.Watches, network+"/"+netalloc.CanonicalMAC(mac.String()).String())
+	h.Watches = append(h.Watches, network+"/"+mac.Canonical().String())
 	return nil
 }
