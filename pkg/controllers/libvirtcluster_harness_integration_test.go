@@ -47,13 +47,13 @@ type clusterHarness struct {
 
 func newClusterHarness(t *testing.T) *clusterHarness {
 	t.Helper()
-	h := &clusterHarness{harness: &harness{t: t, ctx: context.Background(), uri: testlibvirt.URI(t), image: testlibvirt.Image(t)}}
+	useControllerLog(t)
+	h := &clusterHarness{harness: &harness{t: t, ctx: context.Background(), uri: testlibvirt.URI(t), image: testlibvirt.Image(t),
+		logs: controllerLog, logPath: controllerLogPath}}
 	h.lbImage = os.Getenv(envHAProxyImage)
 	if h.lbImage == "" {
 		h.lbImage = filepath.Join(filepath.Dir(h.image), "capl-debian-12-haproxy.qcow2")
 	}
-	useControllerLog(t)
-	h.logs, h.logPath = controllerLog, controllerLogPath
 	var err error
 	for _, img := range []struct{ path, sum *string }{{&h.image, &h.imageSum}, {&h.lbImage, &h.lbImageSum}} {
 		if *img.sum, err = fileSHA256(*img.path); err != nil {
