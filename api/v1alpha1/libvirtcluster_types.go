@@ -314,6 +314,11 @@ type LoadBalancerStatus struct {
 	// lastReloadTime is when HAProxy last loaded a new configuration.
 	// +optional
 	LastReloadTime *metav1.Time `json:"lastReloadTime,omitempty"`
+	// notServingSince is when the endpoint was first found not accepting
+	// connections since it last did; unset while it does. Past a bound
+	// (15 minutes) LoadBalancerReady says LoadBalancerNotServing.
+	// +optional
+	NotServingSince *metav1.Time `json:"notServingSince,omitempty"`
 }
 
 // BackendState tells whether HAProxy sends new connections to a backend.

@@ -154,8 +154,8 @@ func (r *LibvirtClusterReconciler) reconcileNormal(ctx context.Context, s *scope
 func (r *LibvirtClusterReconciler) plan(s *scope.ClusterScope) services.Plan {
 	return services.Plan{
 		{Service: references.NewCluster(s, r.Tenancy, r.Quota)},
-		{Service: pool.New(s), Condition: infrav1.StoragePoolReadyCondition},
-		{Service: network.New(s, netalloc.CandidatesWithin(r.Tenancy.NetworkCIDRs)), Condition: infrav1.NetworkReadyCondition},
+		{Service: pool.New(s, s.Host), Condition: infrav1.StoragePoolReadyCondition},
+		{Service: network.New(s, s.Host, netalloc.CandidatesWithin(r.Tenancy.NetworkCIDRs)), Condition: infrav1.NetworkReadyCondition},
 		{Service: loadbalancer.New(s, r.Images, r.Tenancy.TrafficFilter).WithMaxDiskBytes(r.Tenancy.Machine.DiskBytes())},
 	}
 }

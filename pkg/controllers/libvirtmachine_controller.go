@@ -207,16 +207,16 @@ func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
 		// The reference check names the condition of the step a refused
 		// reference belongs to.
 		{Service: references.NewMachine(s, r.Tenancy, r.Quota), SkipOnceProvisioned: true},
-		{Service: identity.New(s)},
-		{Service: address.New(s), Condition: infrav1.AddressReservedCondition, SkipOnceProvisioned: true},
-		{Service: disk.New(s, r.Images).WithMaxBytes(r.Tenancy.Machine.DiskBytes()), Condition: infrav1.DiskReadyCondition, SkipOnceProvisioned: true},
-		{Service: seed.New(s), Condition: infrav1.BootstrapDataReadyCondition, SkipOnceProvisioned: true},
-		{Service: domain.New(s, domain.Options{ShutdownTimeout: r.ShutdownTimeout, TrafficFilter: r.Tenancy.TrafficFilter}), Condition: infrav1.DomainReadyCondition},
-		{Service: guest.NewAddresses(s, r.events), Condition: infrav1.AddressAssignedCondition},
+		{Service: identity.New(s, s.Host)},
+		{Service: address.New(s, s.Host), Condition: infrav1.AddressReservedCondition, SkipOnceProvisioned: true},
+		{Service: disk.New(s, s.Host, r.Images).WithMaxBytes(r.Tenancy.Machine.DiskBytes()), Condition: infrav1.DiskReadyCondition, SkipOnceProvisioned: true},
+		{Service: seed.New(s, s.Host), Condition: infrav1.BootstrapDataReadyCondition, SkipOnceProvisioned: true},
+		{Service: domain.New(s, s.Host, domain.Options{ShutdownTimeout: r.ShutdownTimeout, TrafficFilter: r.Tenancy.TrafficFilter}), Condition: infrav1.DomainReadyCondition},
+		{Service: guest.NewAddresses(s, s.Host, r.events), Condition: infrav1.AddressAssignedCondition},
 		{Service: loadBalancerMembership{s: s, lb: r.LoadBalancer}, Condition: infrav1.DomainReadyCondition},
 		{Service: provisioned{s}},
-		{Service: guest.NewBootstrap(s, func(ctx context.Context) (bool, error) { return seed.Emptied(ctx, s) }), Condition: infrav1.BootstrapSucceededCondition},
-		{Service: seed.NewRemoval(s)},
+		{Service: guest.NewBootstrap(s, s.Host, func(ctx context.Context) (bool, error) { return seed.Emptied(ctx, s, s.Host) }), Condition: infrav1.BootstrapSucceededCondition},
+		{Service: seed.NewRemoval(s, s.Host)},
 	}
 }
 

@@ -90,9 +90,6 @@ func (s *ClusterScope) Owner() virt.Owner {
 	}
 }
 
-// LibvirtHost is the cluster's libvirt host.
-func (s *ClusterScope) LibvirtHost() virt.Host { return s.Host }
-
 // NetworkSpec is spec.network: the network or bridge the user names, or
 // the CIDR of the one the provider creates.
 func (s *ClusterScope) NetworkSpec() infrav1.ClusterNetwork { return s.LibvirtCluster.Spec.Network }

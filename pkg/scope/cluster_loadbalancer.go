@@ -42,9 +42,6 @@ func (s *ClusterScope) LoadBalancerStatus() *infrav1.LoadBalancerStatus {
 // Cluster is the scope of the cluster the VM serves.
 func (s *LoadBalancerScope) Cluster() *ClusterScope { return s.c }
 
-// LibvirtHost is the cluster's libvirt host.
-func (s *LoadBalancerScope) LibvirtHost() virt.Host { return s.c.Host }
-
 // DomainName is the VM's domain (see LoadBalancerDomainName).
 func (s *LoadBalancerScope) DomainName() string {
 	return naming.LoadBalancerDomainName(s.c.Namespace(), s.c.Name())
@@ -60,11 +57,6 @@ func (s *LoadBalancerScope) DomainUUID() string {
 func (s *LoadBalancerScope) SetDomainUUID(uuid string) {
 	annotateOnce(s.c.LibvirtCluster, LoadBalancerUUIDAnnotation, strings.ToLower(uuid))
 }
-
-// ForgetSeed does nothing: the VM's seed is rebuilt whenever its domain is
-// not known to have booted from it (SeedUploaded), and its instance-id
-// names no Machine.
-func (s *LoadBalancerScope) ForgetSeed() {}
 
 // DomainSeen tells whether the status recorded the VM's state.
 func (s *LoadBalancerScope) DomainSeen() bool {
@@ -184,12 +176,9 @@ func (s *LoadBalancerScope) SetDomainState(state string) { s.domainStatus().Stat
 // recreated or restarted rather than given up on.
 func (s *LoadBalancerScope) IsProvisioned() bool { return false }
 
-// SeedUploaded tells whether the seed's upload completed: once the domain
-// was seen (its state recorded), it had booted from a complete seed.
-func (s *LoadBalancerScope) SeedUploaded() bool {
-	lb := s.c.LibvirtCluster.Status.LoadBalancer
-	return s.domainFound || lb != nil && lb.Domain != nil && lb.Domain.State != ""
-}
+// DomainDefined tells whether the VM's domain exists in libvirt: this
+// reconcile found it, or the status recorded the state libvirt reported.
+func (s *LoadBalancerScope) DomainDefined() bool { return s.domainFound || s.DomainSeen() }
 
 // Event records an event on the LibvirtCluster.
 func (s *LoadBalancerScope) Event(eventType, reason, message string) {

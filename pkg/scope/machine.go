@@ -89,6 +89,9 @@ type MachineScope struct {
 	vmVolumes
 	// domainFound is set when this reconcile found the machine's domain.
 	domainFound bool
+	// bootstrapSucceeded is set when this reconcile's bootstrap check
+	// found the bootstrap done.
+	bootstrapSucceeded bool
 }
 
 // NewMachineScope builds the scope and snapshots the LibvirtMachine for
@@ -138,13 +141,6 @@ func (s *MachineScope) SetDomainUUID(uuid string) {
 	if s.LibvirtMachine.Spec.ProviderID == "" {
 		s.LibvirtMachine.Spec.ProviderID = infrav1.ProviderIDPrefix + strings.ToLower(uuid)
 	}
-}
-
-// ForgetSeed drops the record of a complete seed upload: a seed uploaded
-// before the UUID was chosen (by a provider that derived it otherwise)
-// carries another instance-id and is written again.
-func (s *MachineScope) ForgetSeed() {
-	conditions.Delete(s.LibvirtMachine, infrav1.BootstrapDataReadyCondition)
 }
 
 // DomainSeen tells whether the status recorded the domain's state.
@@ -376,24 +372,19 @@ func (s *MachineScope) SetAddresses(ips []string) {
 	s.LibvirtMachine.Status.Addresses = out
 }
 
-// SeedUploaded tells whether an upload of the seed completed:
-// BootstrapDataReady is True, which the seed step's success sets, or the
-// domain exists, which is defined only on a complete seed (a moved or
-// restored machine has no status).
-func (s *MachineScope) SeedUploaded() bool {
-	return s.domainFound || s.IsTrue(infrav1.BootstrapDataReadyCondition)
-}
-
 // Spec is the machine's spec.
 func (s *MachineScope) Spec() *infrav1.LibvirtMachineSpec { return &s.LibvirtMachine.Spec }
 
 // Object is the LibvirtMachine.
 func (s *MachineScope) Object() *infrav1.LibvirtMachine { return s.LibvirtMachine }
 
-// BootstrapSucceeded tells whether the guest reported its bootstrap done.
-func (s *MachineScope) BootstrapSucceeded() bool {
-	return s.IsTrue(infrav1.BootstrapSucceededCondition)
-}
+// SetBootstrapSucceeded records that this reconcile's bootstrap check
+// found the bootstrap done (in the guest, or in the emptied seed).
+func (s *MachineScope) SetBootstrapSucceeded() { s.bootstrapSucceeded = true }
+
+// BootstrapSucceeded tells whether this reconcile's bootstrap check found
+// the bootstrap done.
+func (s *MachineScope) BootstrapSucceeded() bool { return s.bootstrapSucceeded }
 
 // BootstrapDataRemoved tells whether the seed was rewritten without the
 // bootstrap data.

@@ -3,7 +3,6 @@ package scope
 import (
 	"context"
 	"fmt"
-	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -65,18 +64,6 @@ func (o objectScope) MarkTrue(condType, reason, message string) {
 // MarkFalse sets condType False with reason.
 func (o objectScope) MarkFalse(condType, reason, format string, args ...any) {
 	o.SetCondition(condType, metav1.ConditionFalse, reason, fmt.Sprintf(format, args...))
-}
-
-// IsTrue tells whether the object's condition is True.
-func (o objectScope) IsTrue(condType string) bool { return conditions.IsTrue(o.obj, condType) }
-
-// LastTransitionTime is when the object's condition last changed status;
-// zero when it is not set.
-func (o objectScope) LastTransitionTime(condType string) time.Time {
-	if t := conditions.GetLastTransitionTime(o.obj, condType); t != nil {
-		return t.Time
-	}
-	return time.Time{}
 }
 
 // Event records an event on the object.

@@ -37,9 +37,6 @@ func (v *vmVolumes) Seed() (virt.VolumeInfo, bool) {
 	return *v.seed, true
 }
 
-// LibvirtHost is the machine's libvirt host.
-func (s *MachineScope) LibvirtHost() virt.Host { return s.Host }
-
 // Image is the machine's base image.
 func (s *MachineScope) Image() infrav1.ImageSource { return s.LibvirtMachine.Spec.Image }
 

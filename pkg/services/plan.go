@@ -7,6 +7,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 )
 
 // Step is one entry of a Plan: a service and the condition its outcome
@@ -23,6 +25,35 @@ type Step struct {
 	// a vanished root disk as a blank one, so a provisioned object skips
 	// them.
 	SkipOnceProvisioned bool
+	// PartOf names the larger thing the step builds one part of, which
+	// Condition reports on as a whole (the load balancer's HAProxy VM,
+	// built by the machine services, on LoadBalancerReady): the step's
+	// successes leave Condition to the later step that finds the whole
+	// ready, and its failures name the whole ("HAProxy VM capl-a.b_lb:
+	// ...").
+	PartOf string
+}
+
+// report sets the step's condition from its service's outcome (Report),
+// on behalf of the whole the step is part of, if any.
+func (st Step) report(s Reporter, res Result, err error) {
+	if st.PartOf != "" {
+		res = Result{}
+		if ce, ok := err.(*ConditionError); ok { //nolint:errorlint // services return it unwrapped
+			err = &ConditionError{Condition: ce.Condition, Reason: ce.Reason, Message: st.PartOf + ": " + ce.Message, Err: ce.Err}
+		}
+	}
+	Report(s, st.Condition, res, err)
+}
+
+// deleteFailed is the failure of a step's Delete. A part's is reported on
+// the whole's condition, which has no step left to say why it is not
+// gone; a step's own is the reconcile's error.
+func (st Step) deleteFailed(s Reporter, err error) {
+	if st.PartOf != "" {
+		err = Fail(infrav1.LibvirtErrorReason, err, "Deleting the %s: %v", st.PartOf, err)
+	}
+	Report(s, st.Condition, Result{}, err)
 }
 
 // Plan is an object's services in the order they create things. Written
@@ -55,7 +86,7 @@ func (p Plan) Run(ctx context.Context, s Reporter, provisioned bool) error {
 		start := time.Now()
 		res, err := st.Service.Reconcile(ctx)
 		log.V(4).Info("Step", "step", st.Service.Name(), "took", time.Since(start).String(), "outcome", fmt.Sprint(err))
-		Report(s, st.Condition, res, err)
+		st.report(s, res, err)
 		if err != nil {
 			return err
 		}
@@ -75,7 +106,7 @@ func (p Plan) Delete(ctx context.Context, s Reporter) error {
 	for i := len(p) - 1; i >= 0; i-- {
 		st := p[i]
 		if err := st.Service.Delete(ctx); err != nil {
-			Report(s, st.Condition, Result{}, err)
+			st.deleteFailed(s, err)
 			return err
 		}
 	}

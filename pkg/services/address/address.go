@@ -27,7 +27,6 @@ const waitForNetwork = 30 * time.Second
 // Scope is what the service needs of the VM it reserves an address for:
 // a machine or the load balancer's HAProxy VM.
 type Scope interface {
-	LibvirtHost() virt.Host
 	// Owner is whose the VM's DHCP host entry is: the entry is named
 	// after it, and only its own entry is shared with or released by it.
 	Owner() virt.Owner
@@ -57,7 +56,7 @@ type Service struct {
 var _ services.Service = (*Service)(nil)
 
 // New returns the address reservation service of s.
-func New(s Scope) *Service { return &Service{scope: s, host: s.LibvirtHost()} }
+func New(s Scope, host virt.NetworkHost) *Service { return &Service{scope: s, host: host} }
 
 // Name labels the service in logs.
 func (*Service) Name() string { return "address" }

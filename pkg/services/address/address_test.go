@@ -31,7 +31,7 @@ func TestAddressPersistsMACBeforeReserving(t *testing.T) {
 			t.Error("ReserveAddress ran before the MAC was persisted")
 		}
 	}
-	if err := servicetest.Reconcile(s, infrav1.AddressReservedCondition, address.New(s)); err != nil {
+	if err := servicetest.Reconcile(s, infrav1.AddressReservedCondition, address.New(s, s.Host)); err != nil {
 		t.Fatal(err)
 	}
 	if s.MAC() != first[1] {
@@ -44,14 +44,14 @@ func TestAddressPersistsMACBeforeReserving(t *testing.T) {
 	servicetest.WantCondition(t, f.LM, infrav1.AddressReservedCondition, metav1.ConditionTrue, infrav1.ReadyReason)
 	// Idempotent: a second run keeps the MAC and the one entry.
 	fs := f.Scope()
-	if err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs)); err != nil {
+	if err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs, fs.Host)); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(f.Host.Entries["net"]); n != 2 {
 		t.Errorf("%d entries, want 2", n)
 	}
 	fs = f.Scope()
-	if err := address.New(fs).Delete(context.Background()); err != nil {
+	if err := address.New(fs, fs.Host).Delete(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(f.Host.Entries["net"]); n != 1 {
@@ -63,7 +63,7 @@ func TestAddressWaitsForNetworkAndHandlesBridges(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	f.LC.Status.Network = nil
 	fs := f.Scope()
-	err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs))
+	err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs, fs.Host))
 	if rq, ok := services.AsRequeue(err); !ok || rq.After == 0 {
 		t.Fatalf("err = %v, want a timed requeue", err)
 	}
@@ -71,7 +71,7 @@ func TestAddressWaitsForNetworkAndHandlesBridges(t *testing.T) {
 
 	f.LM.Spec.Network = &infrav1.NetworkAttachment{Bridge: "br0"}
 	fs = f.Scope()
-	if err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs)); err != nil {
+	if err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs, fs.Host)); err != nil {
 		t.Fatal(err)
 	}
 	servicetest.WantCondition(t, f.LM, infrav1.AddressReservedCondition, metav1.ConditionTrue, infrav1.ReservationNotSupportedReason)
@@ -84,7 +84,7 @@ func TestAddressConflict(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	f.Host.Errs["ReserveAddress"] = &virt.AddressConflictError{Network: "net", Reason: virt.ConflictLeased, HeldBy: "52:54:00:00:00:01", Until: time.Now().Add(time.Minute)}
 	fs := f.Scope()
-	err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs))
+	err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs, fs.Host))
 	if _, ok := services.AsRequeue(err); !ok {
 		t.Fatalf("err = %v, want a requeue until the lease expires", err)
 	}

@@ -38,7 +38,6 @@ type Importer interface {
 // Scope is what the service needs of the VM whose root disk it makes: a
 // machine or the load balancer's HAProxy VM.
 type Scope interface {
-	LibvirtHost() virt.Host
 	// Pool, OverlayVolume, DiskSizeBytes and Image say where the root
 	// disk goes, its name, its size (zero: the image's) and what it is a
 	// copy of.
@@ -65,8 +64,8 @@ type Service struct {
 var _ services.Service = (*Service)(nil)
 
 // New returns the disk service of s; images imports base images given by URL.
-func New(s Scope, images Importer) *Service {
-	return &Service{scope: s, host: s.LibvirtHost(), images: images}
+func New(s Scope, host virt.StorageHost, images Importer) *Service {
+	return &Service{scope: s, host: host, images: images}
 }
 
 // WithMaxBytes bounds the root disk at n bytes (the operator's

@@ -30,7 +30,6 @@ var ErrVolumesUnknown = fmt.Errorf("the root disk and seed were not ensured in t
 // Scope is what the service needs of the VM whose domain it runs: a
 // machine or the load balancer's HAProxy VM.
 type Scope interface {
-	LibvirtHost() virt.Host
 	// DomainName, DomainUUID and Owner are the domain's identity.
 	DomainName() string
 	DomainUUID() string
@@ -51,6 +50,13 @@ type Scope interface {
 	// failure (a bootstrapped machine) rather than something to recreate.
 	IsProvisioned() bool
 	Event(eventType, reason, message string)
+}
+
+// Host is what the service needs of the libvirt host: its domains, and
+// the pool that keeps the serial console's log.
+type Host interface {
+	virt.DomainHost
+	virt.StorageHost
 }
 
 // Options are the operator's settings of the domains.
@@ -76,12 +82,11 @@ type Service struct {
 var _ services.Service = (*Service)(nil)
 
 // New returns the domain service of s.
-func New(s Scope, opts Options) *Service {
+func New(s Scope, host Host, opts Options) *Service {
 	if opts.ShutdownTimeout <= 0 {
 		opts.ShutdownTimeout = DefaultShutdownTimeout
 	}
-	h := s.LibvirtHost()
-	return &Service{scope: s, domains: h, volumes: h, opts: opts}
+	return &Service{scope: s, domains: host, volumes: host, opts: opts}
 }
 
 // Reconcile makes the domain exist with the provider-chosen UUID and run.

@@ -42,9 +42,8 @@ func newVM(host *fakehost.Host, memoryMiB int32) *vm {
 	return &vm{host: host, memoryMiB: memoryMiB, conditions: map[string]condition{}}
 }
 
-func (v *vm) LibvirtHost() virt.Host { return v.host }
-func (v *vm) DomainName() string     { return "capl-ns.m0" }
-func (v *vm) DomainUUID() string     { return "0b9d6c86-1111-4e2e-9c55-3b6f1b0d7a11" }
+func (v *vm) DomainName() string { return "capl-ns.m0" }
+func (v *vm) DomainUUID() string { return "0b9d6c86-1111-4e2e-9c55-3b6f1b0d7a11" }
 func (v *vm) Owner() virt.Owner {
 	return virt.Owner{Kind: "LibvirtMachine", Namespace: "ns", Name: "m0"}
 }
@@ -109,7 +108,7 @@ func TestDomainChecksHostMemory(t *testing.T) {
 				host.Errs["HostMemory"] = tc.hostErr
 			}
 			v := newVM(host, tc.memoryMiB)
-			svc := domain.New(v, domain.Options{})
+			svc := domain.New(v, host, domain.Options{})
 			// The second reconcile is the controller's retry: it must not
 			// define the domain either.
 			for attempt := range 2 {
@@ -155,7 +154,7 @@ func TestDomainChecksHostMemory(t *testing.T) {
 func TestDomainLogsConsoleToAPoolVolume(t *testing.T) {
 	host := fakehost.New()
 	v := newVM(host, 512)
-	if err := v.reconcile(domain.New(v, domain.Options{})); err != nil {
+	if err := v.reconcile(domain.New(v, host, domain.Options{})); err != nil {
 		t.Fatal(err)
 	}
 	log, ok := host.Volumes["pool/"+v.ConsoleLogVolume()]
@@ -173,7 +172,7 @@ func TestDomainLogsConsoleToAPoolVolume(t *testing.T) {
 func TestDomainSteadyStateAsksOnce(t *testing.T) {
 	host := fakehost.New()
 	v := newVM(host, 512)
-	svc := domain.New(v, domain.Options{})
+	svc := domain.New(v, host, domain.Options{})
 	if err := v.reconcile(svc); err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +211,7 @@ func TestDomainFiltersSharedSegments(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			host := fakehost.New()
 			v := netVM{newVM(host, 512), tc.network}
-			err := services.Plan{{Service: domain.New(v, domain.Options{TrafficFilter: tc.filter}), Condition: infrav1.DomainReadyCondition}}.
+			err := services.Plan{{Service: domain.New(v, host, domain.Options{TrafficFilter: tc.filter}), Condition: infrav1.DomainReadyCondition}}.
 				Run(context.Background(), v.vm, false)
 			if err != nil {
 				t.Fatal(err)
@@ -238,7 +237,7 @@ func (v customCPUVM) Hardware() infrav1.VirtualHardware {
 func TestDomainGetsTheCustomCPU(t *testing.T) {
 	host := fakehost.New()
 	v := customCPUVM{newVM(host, 512)}
-	plan := services.Plan{{Service: domain.New(v, domain.Options{}), Condition: infrav1.DomainReadyCondition}}
+	plan := services.Plan{{Service: domain.New(v, host, domain.Options{}), Condition: infrav1.DomainReadyCondition}}
 	if err := plan.Run(context.Background(), v.vm, false); err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ func TestDomainDefinesAndStarts(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	f.LM.Spec.DomainType, f.LM.Spec.TCGTranslationCacheMiB = infrav1.DomainTypeQEMU, 128
 	s := servicetest.Provision(t, f)
-	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s, domain.Options{})); err != nil {
+	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s, s.Host, domain.Options{})); err != nil {
 		t.Fatal(err)
 	}
 	spec := f.Host.Specs[s.DomainName()]
@@ -41,7 +41,7 @@ func TestDomainStartFailureCarriesLibvirtMessage(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	s := servicetest.Provision(t, f)
 	f.Host.Errs["StartDomain"] = &virt.DomainStartError{Name: s.DomainName(), Message: "Cannot get interface MTU on 'br9': No such device"}
-	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s, domain.Options{})); err == nil {
+	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s, s.Host, domain.Options{})); err == nil {
 		t.Fatal("no error")
 	}
 	c := servicetest.WantCondition(t, f.LM, infrav1.DomainReadyCondition, metav1.ConditionFalse, infrav1.DomainFailedToStartReason)
@@ -72,12 +72,12 @@ func TestDomainTerminalFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := servicetest.NewFixture(t)
 			s := servicetest.Provision(t, f)
-			if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s, domain.Options{})); err != nil {
+			if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s, s.Host, domain.Options{})); err != nil {
 				t.Fatal(err)
 			}
 			s.SetProvisioned()
 			tc.break_(f, s)
-			err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s, domain.Options{}))
+			err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s, s.Host, domain.Options{}))
 			te, ok := services.AsTerminal(err)
 			if !ok || te.FailureReason != scope.FailureReasonUpdate {
 				t.Fatalf("err = %v, want a terminal UpdateError", err)
@@ -93,14 +93,14 @@ func TestDomainTerminalFailures(t *testing.T) {
 func TestDomainRestartsAfterStopAndReportsDrift(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	s := servicetest.Provision(t, f)
-	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s, domain.Options{})); err != nil {
+	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s, s.Host, domain.Options{})); err != nil {
 		t.Fatal(err)
 	}
 	s.SetProvisioned()
 	d := f.Host.Domains[s.DomainName()]
 	d.State, d.Reason, d.VCPUs = "shutoff", "shutdown", 4
 	f.Host.Domains[s.DomainName()] = d
-	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s, domain.Options{})); err != nil {
+	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s, s.Host, domain.Options{})); err != nil {
 		t.Fatal(err)
 	}
 	if f.Host.Domains[s.DomainName()].State != "running" {
@@ -119,7 +119,7 @@ func TestDomainDeleteLeavesForeignDomain(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	s := f.Scope()
 	f.Host.Domains[s.DomainName()] = virt.DomainInfo{Name: s.DomainName(), UUID: "00000000-0000-0000-0000-000000000001", State: "running"}
-	if err := domain.New(s, domain.Options{ShutdownTimeout: time.Second}).Delete(context.Background()); err != nil {
+	if err := domain.New(s, s.Host, domain.Options{ShutdownTimeout: time.Second}).Delete(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := f.Host.Domains[s.DomainName()]; !ok {

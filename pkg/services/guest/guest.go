@@ -30,8 +30,11 @@ const (
 const (
 	recheckLease = time.Minute
 	recheckAgent = 15 * time.Second
-	minBackoff   = 10 * time.Second
-	maxBackoff   = time.Minute
+	// bootstrapPoll is how often the sentinel is looked for while the
+	// bootstrap runs; a failed bootstrap is looked at again every
+	// maxBackoff, in case the guest is mended by hand.
+	bootstrapPoll = 15 * time.Second
+	maxBackoff    = time.Minute
 )
 
 // LeaseWatcher asks the host to publish an event once mac has a lease on
@@ -43,7 +46,6 @@ type LeaseWatcher interface {
 // Scope is what the guest services need of the machine whose guest they
 // read.
 type Scope interface {
-	LibvirtHost() virt.Host
 	DomainName() string
 	Network() scope.NetworkRef
 	MAC() netalloc.MAC
@@ -52,11 +54,12 @@ type Scope interface {
 	IsProvisioned() bool
 	// SetAddresses records the guest's addresses.
 	SetAddresses(ips []string)
-	// IsTrue and LastTransitionTime read the machine's conditions: the
-	// sentinel is read until BootstrapSucceeded is True, and polled less
-	// the longer ago AddressAssigned changed.
-	IsTrue(condType string) bool
-	LastTransitionTime(condType string) time.Time
+	// BootstrapDataRemoved tells whether the seed lost its bootstrap
+	// data, which happens only once the bootstrap succeeded: the sentinel
+	// is read until then. SetBootstrapSucceeded records that the check
+	// found the bootstrap done, for the removal after it.
+	BootstrapDataRemoved() bool
+	SetBootstrapSucceeded()
 }
 
 // Addresses reads the guest's addresses; its outcome is AddressAssigned's.
@@ -70,8 +73,8 @@ type Addresses struct {
 var _ services.Service = (*Addresses)(nil)
 
 // NewAddresses returns the address reader of s; leases may be nil.
-func NewAddresses(s Scope, leases LeaseWatcher) *Addresses {
-	return &Addresses{scope: s, host: s.LibvirtHost(), leases: leases}
+func NewAddresses(s Scope, host virt.NetworkHost, leases LeaseWatcher) *Addresses {
+	return &Addresses{scope: s, host: host, leases: leases}
 }
 
 // Name labels the service in logs.
@@ -136,8 +139,8 @@ var _ services.Service = (*Bootstrap)(nil)
 
 // NewBootstrap returns the bootstrap check of s; succeededOnce is asked
 // when cloud-init finished without the sentinel.
-func NewBootstrap(s Scope, succeededOnce SucceededOnce) *Bootstrap {
-	return &Bootstrap{scope: s, host: s.LibvirtHost(), succeededOnce: succeededOnce}
+func NewBootstrap(s Scope, host virt.GuestHost, succeededOnce SucceededOnce) *Bootstrap {
+	return &Bootstrap{scope: s, host: host, succeededOnce: succeededOnce}
 }
 
 // Name labels the service in logs.
@@ -149,13 +152,13 @@ func (*Bootstrap) Delete(context.Context) error { return nil }
 // Reconcile checks the sentinel until it is seen once.
 func (svc *Bootstrap) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.scope
-	if s.IsTrue(infrav1.BootstrapSucceededCondition) {
+	if s.BootstrapDataRemoved() {
 		return services.Result{}, nil
 	}
 	_, err := svc.host.GuestReadFile(ctx, s.DomainName(), SentinelPath)
 	switch {
 	case err == nil:
-		return services.Done(infrav1.ReadyReason, ""), nil
+		return svc.succeeded("")
 	case virt.IsNotFound(err):
 		if errs, done := svc.cloudInitResult(ctx); done {
 			// cloud-init writes its result after the per-boot scripts, one
@@ -163,21 +166,21 @@ func (svc *Bootstrap) Reconcile(ctx context.Context) (services.Result, error) {
 			// earlier boot is kept (cloudinit.BootstrapSentinelVendorData):
 			// read again, the sentinel is there by now if it exists.
 			if _, err := svc.host.GuestReadFile(ctx, s.DomainName(), SentinelPath); err == nil {
-				return services.Done(infrav1.ReadyReason, ""), nil
+				return svc.succeeded("")
 			}
 			if once, err := svc.succeededOnce(ctx); err != nil {
 				return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, err, "Reading the seed: %v", err)
 			} else if once {
-				return services.Done(infrav1.ReadyReason, "The bootstrap succeeded at an earlier boot: the seed no longer holds the bootstrap data"), nil
+				return svc.succeeded("The bootstrap succeeded at an earlier boot: the seed no longer holds the bootstrap data")
 			}
 			return services.Result{}, services.Fail(infrav1.BootstrapFailedReason, services.Requeue(maxBackoff, "bootstrap failed"),
 				"cloud-init finished (%d errors) without writing %s: the bootstrap failed, or the guest went down before it ended and "+
 					"cloud-init does not run it again; see /var/log/cloud-init-output.log in the guest", errs, SentinelPath)
 		}
-		return services.Result{}, services.Fail(infrav1.WaitingForBootstrapReason, services.Requeue(svc.backoff(), "bootstrap not finished"),
+		return services.Result{}, services.Fail(infrav1.WaitingForBootstrapReason, services.Requeue(bootstrapPoll, "bootstrap not finished"),
 			"cloud-init has not written %s yet", SentinelPath)
 	default:
-		return services.Result{}, services.Fail(infrav1.GuestAgentUnavailableReason, services.Requeue(svc.backoff(), "bootstrap not finished"),
+		return services.Result{}, services.Fail(infrav1.GuestAgentUnavailableReason, services.Requeue(bootstrapPoll, "bootstrap not finished"),
 			"Reading %s: %v", SentinelPath, err)
 	}
 }
@@ -201,13 +204,8 @@ func (svc *Bootstrap) cloudInitResult(ctx context.Context) (errs int, done bool)
 	return len(result.V1.Errors), true
 }
 
-// backoff grows with the time since the guest got its address (cloud-init
-// runs after that): polls are frequent when the sentinel is due soon and
-// rare when something is slow.
-func (svc *Bootstrap) backoff() time.Duration {
-	since := time.Duration(0)
-	if t := svc.scope.LastTransitionTime(infrav1.AddressAssignedCondition); !t.IsZero() {
-		since = time.Since(t)
-	}
-	return min(max(since/4, minBackoff), maxBackoff)
+// succeeded reports the bootstrap done, for the removal step after it.
+func (svc *Bootstrap) succeeded(message string) (services.Result, error) {
+	svc.scope.SetBootstrapSucceeded()
+	return services.Done(infrav1.ReadyReason, message), nil
 }

@@ -31,7 +31,7 @@ func TestGuestAddressesNeedALease(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	s := servicetest.Provision(t, f)
 	leases := &leaseRecorder{}
-	g := guest.NewAddresses(s, leases)
+	g := guest.NewAddresses(s, s.Host, leases)
 	err := servicetest.Reconcile(s, infrav1.AddressAssignedCondition, g)
 	if _, ok := services.AsRequeue(err); !ok {
 		t.Fatalf("err = %v, want to wait for a lease", err)
@@ -53,7 +53,7 @@ func TestGuestAddressesNeedALease(t *testing.T) {
 func TestGuestBootstrapSentinel(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	s := f.Scope()
-	g := guest.NewBootstrap(s, neverBefore)
+	g := guest.NewBootstrap(s, s.Host, neverBefore)
 	err := servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, g)
 	if rq, ok := services.AsRequeue(err); !ok || rq.After < 10*time.Second {
 		t.Fatalf("err = %v, want a requeue with backoff", err)
@@ -72,8 +72,13 @@ func TestGuestBootstrapSentinel(t *testing.T) {
 		t.Fatal(err)
 	}
 	servicetest.WantCondition(t, f.LM, infrav1.BootstrapSucceededCondition, metav1.ConditionTrue, infrav1.ReadyReason)
+	if !s.BootstrapSucceeded() {
+		t.Error("the success is not handed to the removal step")
+	}
 	f.NoLeaks()
 
+	// The removal step after it empties the seed: the check is done.
+	s.SetBootstrapDataRemoved()
 	f.Host.Errs["GuestReadFile"] = errors.New("must not be called again")
 	if err := servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, g); err != nil {
 		t.Errorf("sentinel re-read after success: %v", err)
@@ -103,7 +108,7 @@ func TestGuestBootstrapAfterReboot(t *testing.T) {
 			f := servicetest.NewFixture(t)
 			s := f.Scope()
 			f.Host.Files[s.DomainName()+":/run/cloud-init/result.json"] = []byte(`{"v1": {"errors": []}}`)
-			_ = servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, guest.NewBootstrap(s, tc.once))
+			_ = servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, guest.NewBootstrap(s, s.Host, tc.once))
 			servicetest.WantCondition(t, f.LM, infrav1.BootstrapSucceededCondition, tc.status, tc.reason)
 		})
 	}
@@ -127,7 +132,7 @@ func TestGuestBootstrapSentinelShownDuringTheCheck(t *testing.T) {
 			f.Host.Files[s.DomainName()+":"+guest.SentinelPath] = []byte("success\n")
 		}
 	}
-	if err := servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, guest.NewBootstrap(s, neverBefore)); err != nil {
+	if err := servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, guest.NewBootstrap(s, s.Host, neverBefore)); err != nil {
 		t.Fatal(err)
 	}
 	servicetest.WantCondition(t, f.LM, infrav1.BootstrapSucceededCondition, metav1.ConditionTrue, infrav1.ReadyReason)

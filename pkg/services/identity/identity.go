@@ -19,7 +19,6 @@ import (
 // Scope is what the service needs of a VM: a machine or the load
 // balancer's HAProxy VM.
 type Scope interface {
-	LibvirtHost() virt.Host
 	DomainName() string
 	// Owner is who the domain's ownership metadata must name for the
 	// domain to be this VM's (kind, namespace and name; not the UID).
@@ -36,9 +35,6 @@ type Scope interface {
 	// domain's state (it did not after a move or a restore).
 	SetDomainFound()
 	DomainSeen() bool
-	// ForgetSeed says a seed made before the UUID was chosen is stale: it
-	// carries another instance-id.
-	ForgetSeed()
 }
 
 // Service chooses or adopts the identity; it reports no condition.
@@ -50,7 +46,7 @@ type Service struct {
 var _ services.Service = (*Service)(nil)
 
 // New returns the identity step of s.
-func New(s Scope) *Service { return &Service{scope: s, host: s.LibvirtHost()} }
+func New(s Scope, host virt.DomainHost) *Service { return &Service{scope: s, host: host} }
 
 // Name labels the step in logs.
 func (*Service) Name() string { return "identity" }
@@ -74,7 +70,6 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	if err != nil || !info.Owner.IsObject(s.Owner()) {
 		if s.DomainUUID() == "" {
 			s.SetDomainUUID(uuid.NewString())
-			s.ForgetSeed()
 		}
 		return services.Result{}, nil
 	}

@@ -29,21 +29,18 @@ func TestIdentity(t *testing.T) {
 		providerID string
 		mac        string
 		seen       bool
-		// seedUploaded: BootstrapDataReady was True before the identity step.
-		seedUploaded bool
 		domain       *virt.DomainInfo
 		wantUUID     string // "" for a new random one
 		wantMAC      netalloc.MAC
-		wantFound    bool
+		wantDefined    bool
 		wantCalls    int
 	}{
 		{name: "new machine", wantCalls: 1},
-		{name: "a seed uploaded before the UUID was chosen is written again", seedUploaded: true, wantCalls: 1},
 		{name: "moved: new UID, no status, providerID kept", providerID: oldUUID,
 			domain:   &virt.DomainInfo{UUID: oldUUID, MAC: oldMAC, Owner: ours("old-uid")},
-			wantUUID: oldUUID, wantMAC: oldMAC, wantFound: true, wantCalls: 1},
+			wantUUID: oldUUID, wantMAC: oldMAC, wantDefined: true, wantCalls: 1},
 		{name: "restored before providerID was persisted", domain: &virt.DomainInfo{UUID: oldUUID, MAC: oldMAC, Owner: ours("old-uid")},
-			wantUUID: oldUUID, wantMAC: oldMAC, wantFound: true, wantCalls: 1},
+			wantUUID: oldUUID, wantMAC: oldMAC, wantDefined: true, wantCalls: 1},
 		{name: "a domain of our name that is another object's",
 			domain:    &virt.DomainInfo{UUID: oldUUID, MAC: oldMAC, Owner: &virt.Owner{Kind: "LibvirtMachine", Namespace: "other", Name: "m0"}},
 			wantCalls: 1},
@@ -52,8 +49,8 @@ func TestIdentity(t *testing.T) {
 			wantUUID: "11111111-2222-4333-8444-555555555555", wantCalls: 1},
 		{name: "moved: identity in spec and annotations, no status: the domain is looked up", providerID: oldUUID, mac: oldMAC,
 			domain:   &virt.DomainInfo{UUID: oldUUID, MAC: oldMAC, Owner: ours("old-uid")},
-			wantUUID: oldUUID, wantMAC: oldMAC, wantFound: true, wantCalls: 1},
-		{name: "known and seen: no libvirt call", providerID: oldUUID, mac: oldMAC, seen: true, wantUUID: oldUUID, wantMAC: oldMAC},
+			wantUUID: oldUUID, wantMAC: oldMAC, wantDefined: true, wantCalls: 1},
+		{name: "known and seen: no libvirt call", providerID: oldUUID, mac: oldMAC, seen: true, wantUUID: oldUUID, wantMAC: oldMAC, wantDefined: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := servicetest.NewFixture(t)
@@ -68,14 +65,11 @@ func TestIdentity(t *testing.T) {
 				f.LM.Status.Domain = &infrav1.DomainStatus{State: "running", MAC: tc.mac}
 			}
 			s := f.Scope()
-			if tc.seedUploaded {
-				s.MarkTrue(infrav1.BootstrapDataReadyCondition, infrav1.ReadyReason, "")
-			}
 			if tc.domain != nil {
 				f.Host.Domains[s.DomainName()] = *tc.domain
 			}
 			f.Host.Calls = nil
-			if _, err := identity.New(s).Reconcile(context.Background()); err != nil {
+			if _, err := identity.New(s, s.Host).Reconcile(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			got := s.DomainUUID()
@@ -88,8 +82,8 @@ func TestIdentity(t *testing.T) {
 			if s.MAC() != tc.wantMAC {
 				t.Errorf("MAC %q, want %q", s.MAC(), tc.wantMAC)
 			}
-			if s.SeedUploaded() != tc.wantFound {
-				t.Errorf("domain found (seed known complete) %v, want %v", s.SeedUploaded(), tc.wantFound)
+			if s.DomainDefined() != tc.wantDefined {
+				t.Errorf("domain defined %v, want %v", s.DomainDefined(), tc.wantDefined)
 			}
 			if len(f.Host.Calls) != tc.wantCalls {
 				t.Errorf("libvirt calls %v, want %d", f.Host.Calls, tc.wantCalls)

@@ -13,7 +13,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
@@ -100,11 +99,11 @@ func TestDesiredBackends(t *testing.T) {
 }
 
 func TestDeregisterMachine(t *testing.T) {
-	ready := metav1.Condition{Type: infrav1.LoadBalancerReadyCondition, Status: metav1.ConditionTrue, Reason: infrav1.ReadyReason}
 	tests := []struct {
 		name        string
 		backends    []infrav1.LoadBalancerBackend
 		lbNotReady  bool
+		neverLoaded bool
 		typeNone    bool
 		clusterGone bool
 		deletedAgo  time.Duration
@@ -127,6 +126,10 @@ func TestDeregisterMachine(t *testing.T) {
 		backends:   []infrav1.LoadBalancerBackend{backend("cp-0", "10.0.0.1", infrav1.BackendActive), backend("cp-1", "10.0.0.2", infrav1.BackendActive)},
 		lbNotReady: true,
 	}, {
+		name:        "no configuration of ours loaded yet: not waited for",
+		backends:    []infrav1.LoadBalancerBackend{backend("cp-0", "10.0.0.1", infrav1.BackendActive), backend("cp-1", "10.0.0.2", infrav1.BackendActive)},
+		neverLoaded: true,
+	}, {
 		name:     "type None",
 		backends: []infrav1.LoadBalancerBackend{backend("cp-0", "10.0.0.1", infrav1.BackendActive), backend("cp-1", "10.0.0.2", infrav1.BackendActive)},
 		typeNone: true,
@@ -145,9 +148,12 @@ func TestDeregisterMachine(t *testing.T) {
 			lm.DeletionTimestamp = &metav1.Time{Time: time.Now().Add(-tt.deletedAgo)}
 			lm.Finalizers = []string{infrav1.MachineFinalizer}
 			lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c-infra"}}
-			lc.Status.LoadBalancer = &infrav1.LoadBalancerStatus{Backends: tt.backends}
-			if !tt.lbNotReady {
-				conditions.Set(lc, ready)
+			lc.Status.LoadBalancer = &infrav1.LoadBalancerStatus{Backends: tt.backends, ConfigHash: "cfg-1"}
+			if tt.lbNotReady {
+				lc.Status.LoadBalancer.NotServingSince = &metav1.Time{Time: time.Now().Add(-time.Minute)}
+			}
+			if tt.neverLoaded {
+				lc.Status.LoadBalancer.ConfigHash = ""
 			}
 			if tt.typeNone {
 				lc.Spec.LoadBalancer.Type = infrav1.LoadBalancerNone

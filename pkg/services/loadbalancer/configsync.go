@@ -13,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
@@ -78,13 +77,13 @@ func (c configSync) Reconcile(ctx context.Context) (services.Result, error) {
 
 // notServing reports LoadBalancerReady False while HAProxy does not serve:
 // WaitingForLoadBalancer, or LoadBalancerNotServing once that has lasted
-// longer than servingBound.
+// longer than servingBound since status.loadBalancer.notServingSince.
 func (c configSync) notServing(message string, wait error) error {
-	s := c.lb.scope
-	var since time.Time
-	if cond := conditions.Get(s.LibvirtCluster, infrav1.LoadBalancerReadyCondition); cond != nil && cond.Status == metav1.ConditionFalse {
-		since = cond.LastTransitionTime.Time
+	st := c.lb.scope.LoadBalancerStatus()
+	if st.NotServingSince == nil {
+		st.NotServingSince = ptrNow()
 	}
+	since := st.NotServingSince.Time
 	reason := notServingReason(since, time.Now(), servingBound)
 	if reason == infrav1.LoadBalancerNotServingReason {
 		message = fmt.Sprintf("HAProxy has not served for %s (since %s): %s; look at the VM's console (virsh console %s)",
@@ -94,7 +93,7 @@ func (c configSync) notServing(message string, wait error) error {
 }
 
 // notServingReason is LoadBalancerReady's reason when the endpoint has not
-// served since since (zero: it just stopped, or never was False before).
+// served since since (zero: it was never found not serving).
 func notServingReason(since, now time.Time, bound time.Duration) string {
 	if !since.IsZero() && now.Sub(since) > bound {
 		return infrav1.LoadBalancerNotServingReason
@@ -140,6 +139,7 @@ func (c configSync) serving() (services.Result, error) {
 		return services.Result{}, err
 	}
 	_ = conn.Close()
+	s.LoadBalancerStatus().NotServingSince = nil
 	backends := s.LoadBalancerStatus().Backends
 	return services.Done(infrav1.ReadyReason, fmt.Sprintf("HAProxy accepts connections on %s; backends [%s]", addr, describe(backends))), nil
 }

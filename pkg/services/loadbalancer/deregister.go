@@ -6,7 +6,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
@@ -23,6 +22,14 @@ const (
 	// reconfigured (its VM broken) must not block machine deletion forever.
 	DefaultDrainTimeout = 3 * time.Minute
 )
+
+// serving tells whether HAProxy runs a configuration of ours and accepted
+// connections when last checked: only then can it drain a machine. A VM
+// that broke since (its steps fail before the check) counts as serving
+// until DefaultDrainTimeout.
+func serving(lb *infrav1.LoadBalancerStatus) bool {
+	return lb != nil && lb.ConfigHash != "" && lb.NotServingSince == nil
+}
 
 // Deregisterer holds back the deletion of a control-plane machine's domain
 // until HAProxy sends it no new connections. The LibvirtCluster controller
@@ -47,7 +54,7 @@ func (d *Deregisterer) DeregisterMachine(_ context.Context, s *scope.MachineScop
 	lc := s.LibvirtCluster
 	if (s.Cluster != nil && !s.Cluster.DeletionTimestamp.IsZero()) ||
 		lc == nil || !lc.DeletionTimestamp.IsZero() || lc.Spec.LoadBalancer.Type == infrav1.LoadBalancerNone ||
-		lc.Status.LoadBalancer == nil || !conditions.IsTrue(lc, infrav1.LoadBalancerReadyCondition) {
+		!serving(lc.Status.LoadBalancer) {
 		return nil
 	}
 	backends := lc.Status.LoadBalancer.Backends

@@ -15,8 +15,9 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
 
-// endpoint reserves the HAProxy VM's address before it first boots and
-// publishes it as the control-plane endpoint at once. On a host bridge,
+// endpoint publishes the HAProxy VM's address, which the address step
+// before it reserved, as the control-plane endpoint before the VM first
+// boots. On a host bridge,
 // where no DHCP server of ours can reserve it, the endpoint is the user's
 // (a free address of the LAN) and the VM holds it as a static address.
 type endpoint struct{ lb *Service }
@@ -24,17 +25,11 @@ type endpoint struct{ lb *Service }
 // Name labels the step in logs.
 func (endpoint) Name() string { return "address" }
 
-// Reconcile reserves the address and publishes the endpoint.
+// Reconcile publishes the endpoint.
 func (e endpoint) Reconcile(ctx context.Context) (services.Result, error) {
 	svc := e.lb
 	s := svc.scope
 	network := svc.vm.Network()
-	if network.IsZero() {
-		return services.Result{}, services.Fail(infrav1.WaitingForNetworkReason, services.Requeue(0, "no network"), "Waiting for the cluster network")
-	}
-	if _, err := svc.address.Reconcile(ctx); err != nil {
-		return services.Result{}, onVM(svc.vm, err)
-	}
 	if network.Bridge != "" {
 		return e.static()
 	}
@@ -105,10 +100,9 @@ func (svc *Service) networkConfig() ([]byte, error) {
 	return cloudinit.DHCPWithStaticAddress{MAC: svc.vm.MAC().String(), InterfaceName: guestInterface, Static: ip}.NetworkConfig()
 }
 
-// Delete releases the VM's address reservation.
-func (e endpoint) Delete(ctx context.Context) error {
-	return haproxyVM{e.lb.address, e.lb.vm}.Delete(ctx)
-}
+// Delete does nothing: the address step releases the reservation, and
+// the endpoint stays in spec.
+func (endpoint) Delete(context.Context) error { return nil }
 
 // userEndpoint: with type None the user serves the endpoint, which must be
 // set; the infrastructure is provisioned with the network.

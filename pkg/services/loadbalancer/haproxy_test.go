@@ -17,8 +17,12 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testprereq"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 )
 
 func backend(machine, address string, state infrav1.BackendState) infrav1.LoadBalancerBackend {
@@ -276,4 +280,38 @@ func freePort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// TestNotServingSinceIsKeptUntilServing: the first check that finds the
+// endpoint closed records when, later ones keep it (LoadBalancerNotServing
+// counts from it), and a check that connects clears it.
+func TestNotServingSinceIsKeptUntilServing(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().(*net.TCPAddr)
+	lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c-infra"}}
+	lc.Spec.ControlPlaneEndpoint = clusterv1.APIEndpoint{Host: "127.0.0.1", Port: int32(addr.Port)}
+	s, err := scope.NewClusterScope(scope.ClusterScopeParams{Client: fakeClient(t, lc), LibvirtCluster: lc, Host: noHost{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := configSync{New(s, nil, "")}
+	_ = c.notServing("closed", nil)
+	first := s.LoadBalancerStatus().NotServingSince
+	if first == nil {
+		t.Fatal("notServingSince not recorded")
+	}
+	_ = c.notServing("still closed", nil)
+	if got := s.LoadBalancerStatus().NotServingSince; got == nil || !got.Equal(first) {
+		t.Errorf("notServingSince moved from %v to %v: the bound would never pass", first, got)
+	}
+	if _, err := c.serving(); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.LoadBalancerStatus().NotServingSince; got != nil {
+		t.Errorf("notServingSince %v after the endpoint served", got)
+	}
+	_ = ln.Close()
 }

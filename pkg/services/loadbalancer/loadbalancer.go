@@ -10,7 +10,6 @@ package loadbalancer
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
@@ -72,7 +71,7 @@ var _ services.Service = (*Service)(nil)
 // NIC on a shared segment.
 func New(s *scope.ClusterScope, images disk.Importer, trafficFilter string) *Service {
 	vm := s.LoadBalancer()
-	return &Service{scope: s, vm: vm, images: images, address: address.New(vm), trafficFilter: trafficFilter}
+	return &Service{scope: s, vm: vm, images: images, address: address.New(vm, s.Host), trafficFilter: trafficFilter}
 }
 
 // WithMaxDiskBytes bounds the HAProxy VM's root disk at n bytes (the
@@ -87,11 +86,13 @@ func (svc *Service) WithMaxDiskBytes(n uint64) *Service {
 func (*Service) Name() string { return "load balancer" }
 
 // plan is the load balancer's steps, every one reported on
-// LoadBalancerReady: with HAProxy, the VM's (its address being the
-// endpoint), then the configuration; with type None, the user's endpoint.
-// The VM's address, disk and seed are SkipOnceProvisioned: once the VM ran
-// (provisioned) they are settled, and ensuring them on every reconcile
-// would only cost libvirt calls.
+// LoadBalancerReady: with HAProxy, the machine services building the VM
+// (their failures name it, their successes say nothing: the condition
+// turns True only once HAProxy serves), the endpoint (the VM's reserved
+// address) published between them, then the configuration; with type
+// None, the user's endpoint. The VM's address, disk and seed are
+// SkipOnceProvisioned: once the VM ran (provisioned) they are settled, and
+// ensuring them on every reconcile would only cost libvirt calls.
 func (svc *Service) plan(haproxy bool) services.Plan {
 	const ready = infrav1.LoadBalancerReadyCondition
 	if !haproxy {
@@ -100,12 +101,14 @@ func (svc *Service) plan(haproxy bool) services.Plan {
 			{Service: provisioned{svc}, Condition: ready},
 		}
 	}
+	host, vm := svc.scope.Host, "HAProxy VM "+svc.vm.DomainName()
 	return services.Plan{
-		{Service: haproxyVM{identity.New(svc.vm), svc.vm}, Condition: ready},
+		{Service: identity.New(svc.vm, host), Condition: ready, PartOf: vm},
+		{Service: svc.address, Condition: ready, PartOf: vm, SkipOnceProvisioned: true},
 		{Service: endpoint{svc}, Condition: ready, SkipOnceProvisioned: true},
-		{Service: haproxyVM{disk.New(svc.vm, svc.images).WithMaxBytes(svc.maxDiskBytes), svc.vm}, Condition: ready, SkipOnceProvisioned: true},
-		{Service: haproxyVM{seed.NewWithUserData(svc.vm, []byte(userData)).WithNetworkConfig(svc.networkConfig), svc.vm}, Condition: ready, SkipOnceProvisioned: true},
-		{Service: haproxyVM{domain.New(svc.vm, domain.Options{ShutdownTimeout: shutdownTimeout, TrafficFilter: svc.trafficFilter}), svc.vm}, Condition: ready},
+		{Service: disk.New(svc.vm, host, svc.images).WithMaxBytes(svc.maxDiskBytes), Condition: ready, PartOf: vm, SkipOnceProvisioned: true},
+		{Service: seed.NewWithUserData(svc.vm, host, []byte(userData)).WithNetworkConfig(svc.networkConfig), Condition: ready, PartOf: vm, SkipOnceProvisioned: true},
+		{Service: domain.New(svc.vm, host, domain.Options{ShutdownTimeout: shutdownTimeout, TrafficFilter: svc.trafficFilter}), Condition: ready, PartOf: vm},
 		{Service: provisioned{svc}, Condition: ready},
 		{Service: configSync{svc}, Condition: ready},
 	}
@@ -141,40 +144,6 @@ func (svc *Service) Delete(ctx context.Context) error {
 	}
 	svc.scope.LibvirtCluster.Status.LoadBalancer = nil
 	return nil
-}
-
-// haproxyVM is a machine service building the HAProxy VM. The VM has no
-// step conditions: a failure is reported on LoadBalancerReady, naming the
-// VM, and a success says nothing (LoadBalancerReady turns True only once
-// HAProxy serves).
-type haproxyVM struct {
-	services.Service
-	vm *scope.LoadBalancerScope
-}
-
-// Reconcile runs the machine service and keeps only its failure.
-func (h haproxyVM) Reconcile(ctx context.Context) (services.Result, error) {
-	_, err := h.Service.Reconcile(ctx)
-	return services.Result{}, onVM(h.vm, err)
-}
-
-// Delete runs the machine service's Delete; a failure is reported as the
-// VM's deletion failing.
-func (h haproxyVM) Delete(ctx context.Context) error {
-	if err := h.Service.Delete(ctx); err != nil {
-		return services.Fail(infrav1.LibvirtErrorReason, err, "Deleting the HAProxy VM: %v", err)
-	}
-	return nil
-}
-
-// onVM names the HAProxy VM in the message of a machine service's
-// failure, whose condition is LoadBalancerReady rather than the step's.
-func onVM(vm *scope.LoadBalancerScope, err error) error {
-	ce, ok := err.(*services.ConditionError) //nolint:errorlint // services return it unwrapped
-	if !ok {
-		return err
-	}
-	return &services.ConditionError{Reason: ce.Reason, Message: fmt.Sprintf("HAProxy VM %s: %s", vm.DomainName(), ce.Message), Err: ce.Err}
 }
 
 // provisioned reports the infrastructure provisioned once the HAProxy VM

@@ -22,7 +22,6 @@ const recheck = time.Minute
 
 // Scope is what the service needs of the cluster whose network it gives.
 type Scope interface {
-	LibvirtHost() virt.Host
 	// NetworkSpec is what the cluster asks for.
 	NetworkSpec() infrav1.ClusterNetwork
 	// NetworkName is the network the provider creates for the cluster,
@@ -48,8 +47,8 @@ var _ services.Service = (*Service)(nil)
 
 // New returns the network service of s, whose network, when the provider
 // chooses its subnet, gets one of candidates (nil: netalloc's defaults).
-func New(s Scope, candidates []netip.Prefix) *Service {
-	return &Service{scope: s, host: s.LibvirtHost(), candidates: candidates}
+func New(s Scope, host virt.NetworkHost, candidates []netip.Prefix) *Service {
+	return &Service{scope: s, host: host, candidates: candidates}
 }
 
 // Name labels the service in logs.

@@ -14,7 +14,6 @@ import (
 
 // Scope is what the service needs of the cluster whose pool it ensures.
 type Scope interface {
-	LibvirtHost() virt.Host
 	// SpecPool is the pool the cluster asks for; PoolEnsured tells
 	// whether it was ensured already, SetPoolEnsured records that it was.
 	SpecPool() virt.PoolSpec
@@ -31,7 +30,7 @@ type Service struct {
 var _ services.Service = (*Service)(nil)
 
 // New returns the storage pool service of s.
-func New(s Scope) *Service { return &Service{scope: s, host: s.LibvirtHost()} }
+func New(s Scope, host virt.StorageHost) *Service { return &Service{scope: s, host: host} }
 
 // Name labels the service in logs.
 func (*Service) Name() string { return "storage pool" }

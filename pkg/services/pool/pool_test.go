@@ -15,7 +15,6 @@ type fakeScope struct {
 	ensured *virt.PoolSpec
 }
 
-func (f *fakeScope) LibvirtHost() virt.Host  { return f.host }
 func (f *fakeScope) SpecPool() virt.PoolSpec { return f.spec }
 func (f *fakeScope) PoolEnsured(spec virt.PoolSpec) bool {
 	return f.ensured != nil && *f.ensured == spec
@@ -40,7 +39,7 @@ func TestEnsuredOncePerSpec(t *testing.T) {
 		{virt.PoolSpec{Name: "existing"}, 3},
 	} {
 		s.spec = step.spec
-		if _, err := New(s).Reconcile(context.Background()); err != nil {
+		if _, err := New(s, s.host).Reconcile(context.Background()); err != nil {
 			t.Fatalf("%+v: %v", step.spec, err)
 		}
 		got := 0

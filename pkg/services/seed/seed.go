@@ -32,16 +32,15 @@ const recheckSecret = 30 * time.Second
 // Scope is what the service needs of the VM whose seed it writes: a
 // machine or the load balancer's HAProxy VM.
 type Scope interface {
-	LibvirtHost() virt.Host
 	// Pool and SeedVolume say where the seed goes; DomainUUID and
 	// Hostname are its instance-id and local-hostname.
 	Pool() virt.PoolSpec
 	SeedVolume() string
 	DomainUUID() string
 	Hostname() string
-	// SeedUploaded tells whether an upload of the seed is known to have
-	// completed; a volume without that record may be an upload cut short.
-	SeedUploaded() bool
+	// DomainDefined tells whether the VM's domain exists, which libvirt
+	// defined on a complete seed.
+	DomainDefined() bool
 	// SetSeed hands the seed to the domain step of the same reconcile,
 	// which attaches it.
 	SetSeed(info virt.VolumeInfo)
@@ -67,16 +66,16 @@ var _ services.Service = (*Service)(nil)
 // bootstrap data. Its vendor-data keeps the bootstrap's sentinel through
 // reboots (cloudinit.BootstrapSentinelVendorData), which the bootstrap
 // check relies on when the guest went down before the sentinel was read.
-func New(s *scope.MachineScope) *Service {
-	return &Service{scope: s, host: s.LibvirtHost(), userData: func(ctx context.Context) ([]byte, error) { return bootstrapData(ctx, s) },
+func New(s *scope.MachineScope, host virt.StorageHost) *Service {
+	return &Service{scope: s, host: host, userData: func(ctx context.Context) ([]byte, error) { return bootstrapData(ctx, s) },
 		vendorData: []byte(cloudinit.BootstrapSentinelVendorData)}
 }
 
 // NewWithUserData returns the seed service of a VM whose user-data the
 // caller generates (the load balancer's). It must not be secret: it is not
 // read from a Secret and may be rebuilt at any time.
-func NewWithUserData(s Scope, userData []byte) *Service {
-	return &Service{scope: s, host: s.LibvirtHost(), userData: func(context.Context) ([]byte, error) { return userData, nil }}
+func NewWithUserData(s Scope, host virt.StorageHost, userData []byte) *Service {
+	return &Service{scope: s, host: host, userData: func(context.Context) ([]byte, error) { return userData, nil }}
 }
 
 // WithNetworkConfig gives the seed a network-config document, which
@@ -90,22 +89,24 @@ func (svc *Service) WithNetworkConfig(networkConfig func() ([]byte, error)) *Ser
 // Name labels the service in logs.
 func (*Service) Name() string { return "seed" }
 
-// Reconcile uploads the seed unless it is known complete: the volume exists
-// and the scope records a finished upload (SeedUploaded). A volume without
-// that record may be an upload cut short by a crash, so it is written
-// again (same bytes: BuildISO is deterministic). Once the seed is complete
-// the Secret is not read again.
+// Reconcile uploads the seed unless libvirt holds it complete: the VM's
+// domain exists (it was defined on the seed), or the volume holds exactly
+// the seed's bytes (BuildISO is deterministic). Anything else is written
+// again: an upload cut short by a crash, or a seed of another instance-id
+// (made before the VM's UUID was chosen). Once the domain exists the
+// Secret is not read again.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.scope
 	pool := s.Pool().Name
 	info, err := svc.host.VolumeInfo(ctx, pool, s.SeedVolume())
 	switch {
-	case err == nil && s.SeedUploaded():
+	case err == nil && s.DomainDefined():
 		s.SetSeed(info)
 		return services.Result{}, nil
 	case err != nil && !virt.IsNotFound(err):
 		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, err, "Looking up the seed volume: %v", err)
 	}
+	exists := err == nil
 	userData, err := svc.userData(ctx)
 	if err != nil {
 		return services.Result{}, err
@@ -127,6 +128,14 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		// Validation errors name the instance-id and hostname only.
 		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, services.Requeue(0, "invalid seed"), "Building the seed: %v", err)
 	}
+	if exists {
+		// One byte more than the seed: a longer volume is another seed.
+		held, err := svc.host.ReadVolume(ctx, pool, s.SeedVolume(), int64(len(iso))+1)
+		if err == nil && bytes.Equal(held, iso) {
+			s.SetSeed(info)
+			return services.Done(infrav1.ReadyReason, ""), nil
+		}
+	}
 	info, err = svc.host.UploadVolume(ctx, pool, s.SeedVolume(), iso)
 	if err != nil {
 		reason := infrav1.LibvirtErrorReason
@@ -141,13 +150,13 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 
 // RemovalScope is what Removal needs of a machine whose bootstrap is done.
 type RemovalScope interface {
-	LibvirtHost() virt.Host
 	Pool() virt.PoolSpec
 	SeedVolume() string
 	DomainUUID() string
 	Hostname() string
-	// BootstrapSucceeded tells whether the guest finished its bootstrap;
-	// BootstrapDataRemoved and SetBootstrapDataRemoved record the rewrite.
+	// BootstrapSucceeded tells whether this reconcile's bootstrap check
+	// found the bootstrap done; BootstrapDataRemoved and
+	// SetBootstrapDataRemoved record the rewrite.
 	BootstrapSucceeded() bool
 	BootstrapDataRemoved() bool
 	SetBootstrapDataRemoved()
@@ -168,7 +177,9 @@ type Removal struct {
 var _ services.Service = (*Removal)(nil)
 
 // NewRemoval returns the bootstrap data removal of s.
-func NewRemoval(s RemovalScope) *Removal { return &Removal{scope: s, host: s.LibvirtHost()} }
+func NewRemoval(s RemovalScope, host virt.StorageHost) *Removal {
+	return &Removal{scope: s, host: host}
+}
 
 // Name labels the service in logs.
 func (*Removal) Name() string { return "bootstrap data removal" }
@@ -224,12 +235,12 @@ func emptySeed(s RemovalScope) ([]byte, error) {
 // keep it (seeds of older releases, user-data that disables vendor data),
 // and BootstrapSucceeded in status (gone after clusterctl move or a
 // restore).
-func Emptied(ctx context.Context, s RemovalScope) (bool, error) {
+func Emptied(ctx context.Context, s RemovalScope, host virt.StorageHost) (bool, error) {
 	iso, err := emptySeed(s)
 	if err != nil {
 		return false, err
 	}
-	data, err := s.LibvirtHost().ReadVolume(ctx, s.Pool().Name, s.SeedVolume(), int64(len(iso)))
+	data, err := host.ReadVolume(ctx, s.Pool().Name, s.SeedVolume(), int64(len(iso)))
 	if virt.IsNotFound(err) {
 		return false, nil
 	}

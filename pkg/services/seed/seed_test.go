@@ -21,7 +21,7 @@ import (
 func TestSeedUploadsOnceAndNeverLeaks(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	s := f.Scope()
-	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s)); err != nil {
+	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s, s.Host)); err != nil {
 		t.Fatal(err)
 	}
 	servicetest.WantCondition(t, f.LM, infrav1.BootstrapDataReadyCondition, metav1.ConditionTrue, infrav1.ReadyReason)
@@ -29,17 +29,47 @@ func TestSeedUploadsOnceAndNeverLeaks(t *testing.T) {
 	if !strings.Contains(iso, "instance-id: "+s.DomainUUID()) || !strings.Contains(iso, "local-hostname: m0") || !strings.Contains(iso, servicetest.SecretMarker) {
 		t.Error("seed lacks instance-id, hostname or user-data")
 	}
-	// Known complete: neither the Secret nor libvirt is written again.
+	// The volume holds the seed's bytes: it is not written again.
 	f.Host.Calls = nil
+	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s, s.Host)); err != nil {
+		t.Fatal(err)
+	}
+	if f.Host.Called("UploadVolume") {
+		t.Error("uploaded again although the volume holds the seed")
+	}
+	// Once the domain exists (defined on the seed), the Secret is not read.
+	s.SetDomainFound()
 	f.Secret.Data = nil
 	if err := f.Client.Delete(context.Background(), f.Secret); err != nil {
 		t.Fatal(err)
 	}
-	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s)); err != nil {
+	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s, s.Host)); err != nil {
 		t.Fatal(err)
 	}
 	if f.Host.Called("UploadVolume") {
-		t.Error("uploaded again although the seed was complete")
+		t.Error("uploaded again although the domain was defined on the seed")
+	}
+	f.NoLeaks()
+}
+
+// TestSeedOfAnotherInstanceIsRewritten: a seed written before the VM's
+// UUID was chosen (by a release that derived it otherwise) carries another
+// instance-id, which would make cloud-init take the VM for another
+// instance: the volume is written again with the VM's own.
+func TestSeedOfAnotherInstanceIsRewritten(t *testing.T) {
+	f := servicetest.NewFixture(t)
+	s := f.Scope()
+	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s, s.Host)); err != nil {
+		t.Fatal(err)
+	}
+	const other = "0b7d4c1e-3f5a-4a8e-9c2d-6e1f0a9b8c7d"
+	f.LM.Spec.ProviderID = infrav1.ProviderIDPrefix + other
+	f.Host.Calls = nil
+	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s, s.Host)); err != nil {
+		t.Fatal(err)
+	}
+	if !f.Host.Called("UploadVolume") || !strings.Contains(string(f.Host.Data["pool/"+s.SeedVolume()]), "instance-id: "+other) {
+		t.Error("a seed of another instance-id was kept")
 	}
 	f.NoLeaks()
 }
@@ -49,7 +79,7 @@ func TestSeedRewritesUnconfirmedVolume(t *testing.T) {
 	s := f.Scope()
 	// A volume from an upload cut short by a crash: no True condition.
 	f.Host.Volumes["pool/"+s.SeedVolume()] = virt.VolumeInfo{Name: s.SeedVolume()}
-	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s)); err != nil {
+	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s, s.Host)); err != nil {
 		t.Fatal(err)
 	}
 	if !f.Host.Called("UploadVolume") {
@@ -61,7 +91,7 @@ func TestSeedRejectsOtherFormats(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	f.Secret.Data["format"] = []byte("ignition")
 	fs := f.Scope()
-	err := servicetest.Reconcile(fs, infrav1.BootstrapDataReadyCondition, seed.New(fs))
+	err := servicetest.Reconcile(fs, infrav1.BootstrapDataReadyCondition, seed.New(fs, fs.Host))
 	if _, ok := services.AsRequeue(err); !ok {
 		t.Fatalf("err = %v, want a requeue", err)
 	}
@@ -79,7 +109,7 @@ func TestSeedMissingSecret(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	f.Machine.Spec.Bootstrap.DataSecretName = ptr.To("other")
 	fs := f.Scope()
-	err := servicetest.Reconcile(fs, infrav1.BootstrapDataReadyCondition, seed.New(fs))
+	err := servicetest.Reconcile(fs, infrav1.BootstrapDataReadyCondition, seed.New(fs, fs.Host))
 	if rq, ok := services.AsRequeue(err); !ok || rq.After == 0 {
 		t.Fatalf("err = %v, want a timed requeue", err)
 	}
@@ -92,16 +122,16 @@ func TestSeedMissingSecret(t *testing.T) {
 func TestRemovalTakesBootstrapDataOffTheHost(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	s := f.Scope()
-	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s)); err != nil {
+	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s, s.Host)); err != nil {
 		t.Fatal(err)
 	}
-	removal := seed.NewRemoval(s)
+	removal := seed.NewRemoval(s, s.Host)
 	before := len(f.Host.Data["pool/"+s.SeedVolume()])
 	f.Host.Calls = nil
 	if _, err := removal.Reconcile(context.Background()); err != nil || f.Host.Called("UploadVolume") {
 		t.Fatalf("before bootstrap succeeded: err %v, uploaded %v", err, f.Host.Called("UploadVolume"))
 	}
-	s.MarkTrue(infrav1.BootstrapSucceededCondition, infrav1.ReadyReason, "")
+	s.SetBootstrapSucceeded()
 	if _, err := removal.Reconcile(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -137,18 +167,18 @@ func TestEmptiedTellsAnEarlierBootstrap(t *testing.T) {
 	ctx := context.Background()
 	emptied := func(when string, want bool) {
 		t.Helper()
-		got, err := seed.Emptied(ctx, s)
+		got, err := seed.Emptied(ctx, s, s.Host)
 		if err != nil || got != want {
 			t.Errorf("%s: Emptied = %v, %v; want %v", when, got, err, want)
 		}
 	}
 	emptied("no seed volume", false)
-	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s)); err != nil {
+	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s, s.Host)); err != nil {
 		t.Fatal(err)
 	}
 	emptied("seed with the bootstrap data", false)
-	s.MarkTrue(infrav1.BootstrapSucceededCondition, infrav1.ReadyReason, "")
-	if _, err := seed.NewRemoval(s).Reconcile(ctx); err != nil {
+	s.SetBootstrapSucceeded()
+	if _, err := seed.NewRemoval(s, s.Host).Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
 	emptied("seed rewritten without the bootstrap data", true)
@@ -156,7 +186,7 @@ func TestEmptiedTellsAnEarlierBootstrap(t *testing.T) {
 	f.LM.Status = infrav1.LibvirtMachineStatus{}
 	emptied("after the status was lost", true)
 	f.Host.Errs["ReadVolume"] = errors.New("libvirtd gone")
-	if _, err := seed.Emptied(ctx, s); err == nil {
+	if _, err := seed.Emptied(ctx, s, s.Host); err == nil {
 		t.Error("a failed read was taken for an answer")
 	}
 }
@@ -170,8 +200,10 @@ func TestSeedVendorData(t *testing.T) {
 		svc  func(*scope.MachineScope) *seed.Service
 		want bool
 	}{
-		{name: "machine", svc: seed.New, want: true},
-		{name: "generated user-data", svc: func(s *scope.MachineScope) *seed.Service { return seed.NewWithUserData(s, []byte("#cloud-config\n")) }},
+		{name: "machine", svc: func(s *scope.MachineScope) *seed.Service { return seed.New(s, s.Host) }, want: true},
+		{name: "generated user-data", svc: func(s *scope.MachineScope) *seed.Service {
+			return seed.NewWithUserData(s, s.Host, []byte("#cloud-config\n"))
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := servicetest.NewFixture(t)
@@ -201,7 +233,7 @@ func TestSeedCarriesGeneratedNetworkConfig(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := servicetest.NewFixture(t)
 			s := f.Scope()
-			svc := seed.NewWithUserData(s, []byte("#cloud-config\n")).WithNetworkConfig(tc.config)
+			svc := seed.NewWithUserData(s, s.Host, []byte("#cloud-config\n")).WithNetworkConfig(tc.config)
 			err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, svc)
 			if tc.wantErr {
 				if err == nil || f.Host.Called("UploadVolume") {
