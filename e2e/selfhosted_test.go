@@ -155,11 +155,23 @@ func (s *suite) scaleFromInside(t *testing.T) {
 // managementClient is a client of the management cluster of kubeconfig
 // with the suite's scheme, patient as the workload cluster's.
 func (s *suite) managementClient(kubeconfig string) (client.Client, error) {
+	return s.clientOf(kubeconfig, 20*time.Second)
+}
+
+// crdCreateTimeout bounds one CRD's create: under TCG the API server took
+// longer than the workload client's 20 s to store Cluster API's larger
+// CRDs (2026-11-28), and each retry of a create cut short by the client
+// costs the server the whole work again.
+const crdCreateTimeout = 3 * time.Minute
+
+// clientOf is a client of the cluster of kubeconfig with the suite's
+// scheme, whose requests wait up to timeout.
+func (s *suite) clientOf(kubeconfig string, timeout time.Duration) (client.Client, error) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return nil, err
 	}
-	cfg.Timeout = 20 * time.Second
+	cfg.Timeout = timeout
 	return client.New(cfg, client.Options{Scheme: s.c.Scheme()})
 }
 
@@ -377,9 +389,11 @@ func (s *suite) createCRDsOneByOne(t *testing.T, repository string) {
 	}
 	defer s.rep.phase(fmt.Sprintf("self-hosted: the providers' %d CRDs created one at a time, each Established before the next", len(crds)))()
 	wc := s.k8s.wc
+	patient, err := s.clientOf(s.selfHost.kubeconfig, crdCreateTimeout)
+	must(t, err)
 	for _, crd := range crds {
 		start := time.Now()
-		s.workloadCall(t, "creating CRD "+crd.GetName(), func() error { return client.IgnoreAlreadyExists(wc.Create(s.ctx, crd.DeepCopy())) })
+		s.workloadCall(t, "creating CRD "+crd.GetName(), func() error { return client.IgnoreAlreadyExists(patient.Create(s.ctx, crd.DeepCopy())) })
 		s.waitWorkload(t, "CRD "+crd.GetName()+" Established", 10*time.Minute, func() (bool, string) {
 			// Unstructured: the workload client's scheme is client-go's.
 			got := &unstructured.Unstructured{}
