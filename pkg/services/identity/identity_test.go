@@ -26,14 +26,14 @@ func TestIdentity(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// providerID and mac are what the object says; domain is libvirt's.
-		providerID string
-		mac        string
-		seen       bool
-		domain       *virt.DomainInfo
-		wantUUID     string // "" for a new random one
-		wantMAC      netalloc.MAC
-		wantDefined    bool
-		wantCalls    int
+		providerID  string
+		mac         string
+		seen        bool
+		domain      *virt.DomainInfo
+		wantUUID    string // "" for a new random one
+		wantMAC     netalloc.MAC
+		wantDefined bool
+		wantCalls   int
 	}{
 		{name: "new machine", wantCalls: 1},
 		{name: "moved: new UID, no status, providerID kept", providerID: oldUUID,

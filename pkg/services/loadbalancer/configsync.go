@@ -13,7 +13,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
