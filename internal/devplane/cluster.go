@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -14,24 +12,16 @@ import (
 	"slices"
 	"strconv"
 
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/yaml"
 
-	addonsv1 "sigs.k8s.io/cluster-api/api/addons/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/cmd/clusterctl/client/yamlprocessor"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // CNILabel is the Cluster label templates/cluster-template.yaml sets; the
@@ -127,88 +117,6 @@ func (o ClusterOptions) pool() (name, path string) {
 		name = infrav1.DefaultStoragePoolName
 	}
 	return name, filepath.Join("/var/lib/libvirt", name)
-}
-
-// ClusterImage is an image file of ClusterOptions.ImageDir and the volume
-// it becomes in the cluster's pool.
-type ClusterImage struct {
-	// Path and SHA256 (hex) of the file.
-	Path, SHA256 string
-	// Volume is named as the provider names imported base images: after
-	// the content, so an image rebuilt by `make node-image` gets a new
-	// volume and Down removes them like any base image.
-	Volume string
-}
-
-// ClusterImages are the node image and the load balancer's image.
-type ClusterImages struct {
-	Node, LoadBalancer ClusterImage
-}
-
-// NodeImagePath is the node image file of o: NodeImage, or the one of
-// KubernetesVersion in ImageDir.
-func (o ClusterOptions) NodeImagePath() string {
-	if o.NodeImage != "" {
-		return o.NodeImage
-	}
-	return filepath.Join(o.ImageDir, NodeImageFileFor(o.KubernetesVersion))
-}
-
-// ImageVolumes reads the node image (NodeImagePath) and the HAProxy image
-// of o.ImageDir.
-func ImageVolumes(o ClusterOptions) (ClusterImages, error) {
-	node, err := clusterImage(filepath.Dir(o.NodeImagePath()), filepath.Base(o.NodeImagePath()))
-	if err != nil {
-		return ClusterImages{}, err
-	}
-	lb, err := clusterImage(o.ImageDir, HAProxyImageFile)
-	return ClusterImages{Node: node, LoadBalancer: lb}, err
-}
-
-func clusterImage(dir, file string) (ClusterImage, error) {
-	path := filepath.Join(dir, file)
-	sum, err := fileSHA256(path)
-	if err != nil {
-		return ClusterImage{}, fmt.Errorf("cluster image: %w (build it with `make images node-image`)", err)
-	}
-	return ClusterImage{Path: path, SHA256: sum, Volume: naming.ImageVolumeName(sum)}, nil
-}
-
-// SeedImages imports the images of ImageVolumes into the cluster's storage
-// pool, creating the pool. The template names its images as volumes, as
-// image-builder users have them; this is how the one-host plane gets its
-// files there. An image already imported is not copied again. Only files
-// of o.ImageDir (and the node image's directory) are read: the import's
-// source policy, the directories the caller names.
-func SeedImages(ctx context.Context, host virt.Host, o ClusterOptions) (ClusterImages, error) {
-	poolName, poolPath := o.pool()
-	if err := host.EnsurePool(ctx, virt.PoolSpec{Name: poolName, Path: poolPath}); err != nil {
-		return ClusterImages{}, err
-	}
-	imgs, err := ImageVolumes(o)
-	if err != nil {
-		return ClusterImages{}, err
-	}
-	for _, img := range []ClusterImage{imgs.Node, imgs.LoadBalancer} {
-		if _, err := host.ImportImage(ctx, virt.ImageImport{Pool: poolName, Volume: img.Volume, Source: img.Path, SHA256: img.SHA256,
-			Policy: virt.SourcePolicy{FileDirs: []string{o.ImageDir, filepath.Dir(o.NodeImagePath())}}}); err != nil {
-			return ClusterImages{}, fmt.Errorf("importing %s into pool %s: %w", img.Path, poolName, err)
-		}
-	}
-	return imgs, nil
-}
-
-func fileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fmt.Errorf("reading %s: %w", path, err)
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // ClusterVariables are the template variables for o, as clusterctl's
@@ -339,116 +247,6 @@ func decodeObjects(data []byte) ([]*unstructured.Unstructured, error) {
 		}
 		objs = append(objs, u)
 	}
-}
-
-// CNIObjects are a ConfigMap holding the CNI manifest at o.CNI and a
-// ClusterResourceSet applying it once to every cluster of the namespace
-// labelled CNILabel=flannel. The manifest stays out of the cluster template
-// because its shell script is full of "$", which clusterctl's variable
-// substitution would take for variables.
-func CNIObjects(o ClusterOptions) ([]client.Object, error) {
-	manifest, err := os.ReadFile(o.CNI)
-	if err != nil {
-		return nil, err
-	}
-	name := "cni-flannel"
-	cm := &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: name},
-		Data:       map[string]string{filepath.Base(o.CNI): string(manifest)},
-	}
-	crs := &addonsv1.ClusterResourceSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: o.Namespace, Name: name},
-		Spec: addonsv1.ClusterResourceSetSpec{
-			ClusterSelector: metav1.LabelSelector{MatchLabels: map[string]string{CNILabel: "flannel"}},
-			Resources:       []addonsv1.ResourceRef{{Kind: "ConfigMap", Name: name}},
-			Strategy:        string(addonsv1.ClusterResourceSetStrategyApplyOnce),
-		},
-	}
-	return []client.Object{cm, crs}, nil
-}
-
-// ApplyCluster creates the namespace, the CNI objects and the rendered
-// cluster, leaving objects that exist as they are.
-func ApplyCluster(ctx context.Context, c client.Client, cni []client.Object, cluster []*unstructured.Unstructured) error {
-	objs := append([]client.Object{}, cni...)
-	for _, u := range cluster {
-		objs = append(objs, u)
-	}
-	return ApplyDemo(ctx, c, objs)
-}
-
-// FieldManager is the field manager of what ApplyClusterServerSide applies.
-const FieldManager = "capl-dev"
-
-// ApplyClusterServerSide applies the namespace, the CNI objects and the
-// rendered cluster server-side as FieldManager, taking over fields other
-// managers set: a second run with other replicas or variables converges
-// the objects to them (a `kubectl scale` in between is undone), where
-// ApplyCluster leaves existing objects as they are. What the webhooks
-// refuse to change (a LibvirtMachineTemplate's spec, a cluster's network)
-// fails with their message.
-func ApplyClusterServerSide(ctx context.Context, c client.Client, cni []client.Object, cluster []*unstructured.Unstructured) error {
-	var objs []*unstructured.Unstructured
-	namespaces := map[string]bool{}
-	for _, obj := range cni {
-		u, err := toUnstructured(c, obj)
-		if err != nil {
-			return err
-		}
-		objs = append(objs, u)
-	}
-	objs = append(objs, cluster...)
-	for _, u := range objs {
-		if ns := u.GetNamespace(); ns != "" && !namespaces[ns] {
-			namespaces[ns] = true
-			n := &unstructured.Unstructured{}
-			n.SetAPIVersion("v1")
-			n.SetKind("Namespace")
-			n.SetName(ns)
-			if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(n), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
-				return fmt.Errorf("applying namespace %s: %w", ns, err)
-			}
-		}
-	}
-	for _, u := range objs {
-		u = u.DeepCopy()
-		// Apply configurations carry no server-set fields.
-		unstructured.RemoveNestedField(u.Object, "status")
-		unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
-		u.SetResourceVersion("")
-		u.SetManagedFields(nil)
-		if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(FieldManager), client.ForceOwnership); err != nil {
-			return fmt.Errorf("applying %s %s/%s: %w", u.GetKind(), u.GetNamespace(), u.GetName(), err)
-		}
-	}
-	return nil
-}
-
-// toUnstructured converts a typed object with its kind from c's scheme.
-func toUnstructured(c client.Client, obj client.Object) (*unstructured.Unstructured, error) {
-	gvk, err := apiutil.GVKForObject(obj, c.Scheme())
-	if err != nil {
-		return nil, err
-	}
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
-	if err != nil {
-		return nil, err
-	}
-	u := &unstructured.Unstructured{Object: m}
-	u.SetGroupVersionKind(gvk)
-	return u, nil
-}
-
-// ClusterExists tells whether cluster namespace/name exists, so that a
-// second run applies it as it is (no workers staged behind the control
-// plane: they exist already, and a staged MachineDeployment of 0 would
-// scale them away).
-func ClusterExists(ctx context.Context, c client.Client, namespace, name string) (bool, error) {
-	err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, &clusterv1.Cluster{})
-	if apierrors.IsNotFound(err) {
-		return false, nil
-	}
-	return err == nil, err
 }
 
 // TCGTuning is what ClusterOptions change for a host without usable KVM:

@@ -26,75 +26,6 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
-// Ref names a libvirt host the way a failure domain does.
-type Ref struct {
-	// URI is the host's libvirt URI; empty means the manager's own host.
-	URI string
-	// Namespace and Secret locate the connection's credentials; Secret is
-	// empty when the manager connects with its own.
-	Namespace, Secret string
-}
-
-// IsDefault tells whether ref is the manager's own host.
-func (r Ref) IsDefault(managerURI string) bool {
-	return r.URI == "" || r.URI == managerURI && r.Secret == ""
-}
-
-// String is the URI, with the Secret when there is one, for conditions
-// and logs (never the credentials themselves).
-func (r Ref) String() string {
-	if r.Secret == "" {
-		return r.URI
-	}
-	return fmt.Sprintf("%s (credentials %s/%s)", r.URI, r.Namespace, r.Secret)
-}
-
-// FailureDomainRef is the host of failure domain name of lc; false when
-// lc lists no such failure domain. A cluster listing no failure domain
-// has the manager's host as its one, whatever its name.
-func FailureDomainRef(lc *infrav1.LibvirtCluster, name string) (Ref, bool) {
-	if lc == nil || len(lc.Spec.FailureDomains) == 0 {
-		return Ref{}, true
-	}
-	for _, fd := range lc.Spec.FailureDomains {
-		if fd.Name == name {
-			return refOf(lc.Namespace, fd), true
-		}
-	}
-	return Ref{}, false
-}
-
-// ClusterRefs are the hosts lc's failure domains name.
-func ClusterRefs(lc *infrav1.LibvirtCluster) []Ref {
-	refs := make([]Ref, 0, len(lc.Spec.FailureDomains))
-	for _, fd := range lc.Spec.FailureDomains {
-		refs = append(refs, refOf(lc.Namespace, fd))
-	}
-	return refs
-}
-
-func refOf(namespace string, fd infrav1.FailureDomainSpec) Ref {
-	r := Ref{URI: fd.URI}
-	if fd.CredentialsRef != nil {
-		r.Namespace, r.Secret = namespace, fd.CredentialsRef.Name
-	}
-	return r
-}
-
-// CountHosts counts the distinct hosts lc's failure domains name, the
-// manager's own counting once however it is named.
-func CountHosts(lc *infrav1.LibvirtCluster, managerURI string) int {
-	seen := map[string]bool{}
-	for _, r := range ClusterRefs(lc) {
-		uri := r.URI
-		if r.IsDefault(managerURI) {
-			uri = managerURI
-		}
-		seen[uri] = true
-	}
-	return max(len(seen), 1)
-}
-
 // Reachable returns nil when h holds a live connection to its libvirtd,
 // else why not. A Host that cannot tell (a test's wrapper) is reachable.
 func Reachable(h virt.Host) error {
@@ -336,52 +267,6 @@ func (s *Set) Name(ref Ref) string {
 		return s.defName
 	}
 	return HostName(ref.URI)
-}
-
-// Pruner is a manager Runnable that closes, every Interval, the
-// connections to hosts no LibvirtCluster names any more, and all of them
-// when the manager stops.
-type Pruner struct {
-	Set      *Set
-	Clusters client.Reader
-	Interval time.Duration
-}
-
-// Start prunes until ctx ends, then closes the Set.
-func (p *Pruner) Start(ctx context.Context) error {
-	defer func() { _ = p.Set.Close() }()
-	if p.Interval <= 0 {
-		<-ctx.Done()
-		return nil
-	}
-	t := time.NewTicker(p.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			p.prune(ctx)
-		}
-	}
-}
-
-// NeedLeaderElection is false: every replica holds its own connections.
-func (p *Pruner) NeedLeaderElection() bool { return false }
-
-func (p *Pruner) prune(ctx context.Context) {
-	list := &infrav1.LibvirtClusterList{}
-	if err := p.Clusters.List(ctx, list); err != nil {
-		ctrl.Log.WithName("hosts").Error(err, "Listing LibvirtClusters to close unused host connections")
-		return
-	}
-	inUse := map[Ref]bool{}
-	for i := range list.Items {
-		for _, r := range ClusterRefs(&list.Items[i]) {
-			inUse[r] = true
-		}
-	}
-	p.Set.Prune(inUse)
 }
 
 // LoadBalancerFailureDomain is the failure domain of lc's HAProxy VM (and

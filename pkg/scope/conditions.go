@@ -51,3 +51,31 @@ func setCondition(rec record.EventRecorder, obj conditionObject, condType string
 func isProgressReason(reason string) bool {
 	return strings.HasPrefix(reason, "Waiting") || reason == infrav1.ProvisioningReason || reason == infrav1.DeletingReason
 }
+
+// MarkWaiting sets every step condition that is not True to False with
+// reason: the machine waits for something outside the provider.
+func (s *MachineScope) MarkWaiting(reason, message string) {
+	for _, t := range StepConditions {
+		if !conditions.IsTrue(s.LibvirtMachine, t) {
+			s.SetCondition(t, metav1.ConditionFalse, reason, message)
+		}
+	}
+}
+
+// ClearWaiting replaces the given waiting reasons, once their wait is
+// over, on step conditions not reached yet: they then say that they wait
+// for the steps before them, not for something that already arrived.
+func (s *MachineScope) ClearWaiting(reasons ...string) {
+	for _, t := range StepConditions {
+		c := conditions.Get(s.LibvirtMachine, t)
+		if c == nil || c.Status == metav1.ConditionTrue {
+			continue
+		}
+		for _, r := range reasons {
+			if c.Reason == r {
+				s.SetCondition(t, metav1.ConditionFalse, infrav1.ProvisioningReason, "Waiting for the earlier steps")
+				break
+			}
+		}
+	}
+}

@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
@@ -232,39 +231,6 @@ func (s *MachineScope) Pool() virt.PoolSpec {
 	return recordedPool(ClusterPool(s.LibvirtCluster), s.LibvirtMachine.Annotations)
 }
 
-// NetworkRef is the network a machine's NIC joins: a libvirt network
-// (Name) or a host bridge (Bridge).
-type NetworkRef struct {
-	Name   string
-	Bridge string
-}
-
-// IsZero tells whether no network is known.
-func (n NetworkRef) IsZero() bool { return n.Name == "" && n.Bridge == "" }
-
-// String is the NetworkAnnotation value of n: "network:<name>",
-// "bridge:<bridge>", or "" when none is known.
-func (n NetworkRef) String() string {
-	if n.Name != "" {
-		return "network:" + n.Name
-	}
-	if n.Bridge != "" {
-		return "bridge:" + n.Bridge
-	}
-	return ""
-}
-
-// ParseNetworkRef reads a NetworkAnnotation value; zero when it is none.
-func ParseNetworkRef(s string) NetworkRef {
-	if v, ok := strings.CutPrefix(s, "network:"); ok {
-		return NetworkRef{Name: v}
-	}
-	if v, ok := strings.CutPrefix(s, "bridge:"); ok {
-		return NetworkRef{Bridge: v}
-	}
-	return NetworkRef{}
-}
-
 // Network is the machine's network: the one recorded on the LibvirtMachine
 // once something was created on it, else spec.network, else the
 // LibvirtCluster's status.network. Zero when none is known yet.
@@ -422,32 +388,4 @@ func (s *MachineScope) SetFailure(reason, message string) {
 	s.LibvirtMachine.Status.FailureReason = ptr.To(reason)
 	s.LibvirtMachine.Status.FailureMessage = ptr.To(message)
 	s.Event(corev1.EventTypeWarning, "TerminalFailure", message)
-}
-
-// MarkWaiting sets every step condition that is not True to False with
-// reason: the machine waits for something outside the provider.
-func (s *MachineScope) MarkWaiting(reason, message string) {
-	for _, t := range StepConditions {
-		if !conditions.IsTrue(s.LibvirtMachine, t) {
-			s.SetCondition(t, metav1.ConditionFalse, reason, message)
-		}
-	}
-}
-
-// ClearWaiting replaces the given waiting reasons, once their wait is
-// over, on step conditions not reached yet: they then say that they wait
-// for the steps before them, not for something that already arrived.
-func (s *MachineScope) ClearWaiting(reasons ...string) {
-	for _, t := range StepConditions {
-		c := conditions.Get(s.LibvirtMachine, t)
-		if c == nil || c.Status == metav1.ConditionTrue {
-			continue
-		}
-		for _, r := range reasons {
-			if c.Reason == r {
-				s.SetCondition(t, metav1.ConditionFalse, infrav1.ProvisioningReason, "Waiting for the earlier steps")
-				break
-			}
-		}
-	}
 }

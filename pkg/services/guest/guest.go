@@ -31,10 +31,10 @@ const (
 	recheckLease = time.Minute
 	recheckAgent = 15 * time.Second
 	// bootstrapPoll is how often the sentinel is looked for while the
-	// bootstrap runs; a failed bootstrap is looked at again every
-	// maxBackoff, in case the guest is mended by hand.
-	bootstrapPoll = 15 * time.Second
-	maxBackoff    = time.Minute
+	// bootstrap runs; failedBootstrapPoll how often a failed bootstrap is
+	// looked at again, in case the guest is mended by hand.
+	bootstrapPoll       = 15 * time.Second
+	failedBootstrapPoll = time.Minute
 )
 
 // LeaseWatcher asks the host to publish an event once mac has a lease on
@@ -173,7 +173,7 @@ func (svc *Bootstrap) Reconcile(ctx context.Context) (services.Result, error) {
 			} else if once {
 				return svc.succeeded("The bootstrap succeeded at an earlier boot: the seed no longer holds the bootstrap data")
 			}
-			return services.Result{}, services.Fail(infrav1.BootstrapFailedReason, services.Requeue(maxBackoff, "bootstrap failed"),
+			return services.Result{}, services.Fail(infrav1.BootstrapFailedReason, services.Requeue(failedBootstrapPoll, "bootstrap failed"),
 				"cloud-init finished (%d errors) without writing %s: the bootstrap failed, or the guest went down before it ended and "+
 					"cloud-init does not run it again; see /var/log/cloud-init-output.log in the guest", errs, SentinelPath)
 		}
