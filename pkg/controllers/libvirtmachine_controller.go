@@ -224,7 +224,6 @@ func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
 // its guest holds an address; it is never reset.
 type provisioned struct{ s *scope.MachineScope }
 
-// Name labels the step in logs.
 func (provisioned) Name() string { return "provisioned" }
 
 // Reconcile reports the machine provisioned.
@@ -246,7 +245,6 @@ type loadBalancerMembership struct {
 	lb LoadBalancerDeregisterer
 }
 
-// Name labels the step in logs.
 func (loadBalancerMembership) Name() string { return "load balancer" }
 
 // Reconcile does nothing: the LibvirtCluster controller adds the backend.

@@ -22,7 +22,6 @@ import (
 // control-plane machines and reports whether the endpoint serves.
 type configSync struct{ lb *Service }
 
-// Name labels the step in logs.
 func (configSync) Name() string { return "configuration" }
 
 // Delete does nothing: the configuration goes with the VM.

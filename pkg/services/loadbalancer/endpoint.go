@@ -22,8 +22,7 @@ import (
 // (a free address of the LAN) and the VM holds it as a static address.
 type endpoint struct{ lb *Service }
 
-// Name labels the step in logs.
-func (endpoint) Name() string { return "address" }
+func (endpoint) Name() string { return "endpoint" }
 
 // Reconcile publishes the endpoint.
 func (e endpoint) Reconcile(ctx context.Context) (services.Result, error) {
@@ -108,7 +107,6 @@ func (endpoint) Delete(context.Context) error { return nil }
 // set; the infrastructure is provisioned with the network.
 type userEndpoint struct{ lb *Service }
 
-// Name labels the step in logs.
 func (userEndpoint) Name() string { return "user endpoint" }
 
 // Reconcile checks that the endpoint is set and completes its port.

@@ -153,7 +153,6 @@ func (svc *Service) Delete(ctx context.Context) error {
 // endpoint is set.
 type provisioned struct{ lb *Service }
 
-// Name labels the step in logs.
 func (provisioned) Name() string { return "provisioned" }
 
 // Reconcile reports the infrastructure provisioned.
