@@ -46,7 +46,7 @@ TEST_ENV = KUBEBUILDER_ASSETS="$$(hack/envtest.sh)" \
 # -p 1: packages share one libvirtd, and reconnect tests restart it; a restart
 # must not break another package's calls mid-test.
 GO_TEST_FLAGS ?= -count=1 -p 1 -timeout=60m
-# FUZZTIME is how long make fuzz runs FuzzInspectImage.
+# FUZZTIME is how long make fuzz runs FuzzInspect.
 FUZZTIME ?= 60s
 
 ##@ Main
@@ -164,8 +164,8 @@ test-unit: ## Unit tests only: nothing outside the process.
 	go test -count=1 -short ./...
 
 .PHONY: fuzz
-fuzz: ## Fuzz the image header inspection (FuzzInspectImage) for FUZZTIME (60s): nothing outside the process.
-	go test -run '^$$' -fuzz '^FuzzInspectImage$$' -fuzztime=$(FUZZTIME) ./pkg/virt/
+fuzz: ## Fuzz the image header inspection (FuzzInspect) for FUZZTIME (60s): nothing outside the process.
+	go test -run '^$$' -fuzz '^FuzzInspect$$' -fuzztime=$(FUZZTIME) ./pkg/virt/diskimage/
 
 .PHONY: bench
 bench: envtest images ## Benchmarks of the libvirt engine; prints figures.

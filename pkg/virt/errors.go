@@ -11,6 +11,7 @@ import (
 	"libvirt.org/go/libvirt"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt/diskimage"
 )
 
 // Sentinel errors for the conditions controllers report on their objects.
@@ -29,17 +30,15 @@ var (
 	ErrChecksumMismatch = errors.New("image checksum mismatch")
 	// ErrImageRefused marks an image whose bytes could make the host open
 	// another file; ErrImageHasBackingFile, ErrImageHasDataFile and
-	// ErrImageFormatUnsupported say which way (*ImageRefusedError).
-	ErrImageRefused = errors.New("image refused")
-	// ErrImageHasBackingFile is a qcow2 image whose header names a backing file.
-	ErrImageHasBackingFile = errors.New("image has a backing file")
-	// ErrImageHasDataFile is a qcow2 image whose data lives in an external file.
-	ErrImageHasDataFile = errors.New("image has an external data file")
-	// ErrImageFormatUnsupported is an image neither raw nor qcow2 v2/v3.
-	ErrImageFormatUnsupported = errors.New("image format not supported")
+	// ErrImageFormatUnsupported say which way (*ImageRefusedError); see
+	// pkg/virt/diskimage, which decides.
+	ErrImageRefused           = diskimage.ErrRefused
+	ErrImageHasBackingFile    = diskimage.ErrHasBackingFile
+	ErrImageHasDataFile       = diskimage.ErrHasDataFile
+	ErrImageFormatUnsupported = diskimage.ErrFormatUnsupported
 	// ErrImageLargerThanDisk is a base image whose virtual size is larger
 	// than the disk asked for.
-	ErrImageLargerThanDisk = errors.New("base image larger than the disk")
+	ErrImageLargerThanDisk = diskimage.ErrLargerThanDisk
 	// ErrDiskTooLarge is an overlay that would be larger than
 	// OverlaySpec.MaxCapacityBytes.
 	ErrDiskTooLarge = errors.New("disk larger than allowed")
@@ -326,3 +325,10 @@ func (e *AddressConflictError) Error() string {
 
 // Unwrap makes errors.Is(err, ErrAddressConflict) true.
 func (e *AddressConflictError) Unwrap() error { return ErrAddressConflict }
+
+// ImageRefusedError details why an image is not imported or not used as
+// a base (diskimage.RefusedError).
+type ImageRefusedError = diskimage.RefusedError
+
+// IsImageRefused reports whether err refuses an image for what its bytes are.
+func IsImageRefused(err error) bool { return diskimage.IsRefused(err) }

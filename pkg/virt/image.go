@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"libvirt.org/go/libvirt"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt/diskimage"
 )
 
 // ImportImage brings a base image into a pool once.
@@ -261,7 +263,7 @@ func createEmptyVolume(p *libvirt.StoragePool, name string) (*libvirt.StorageVol
 }
 
 // checkedSource refuses an image longer than img.Policy.MaxBytes, whose
-// first bytes make it something other than plain data (inspectImage), or
+// first bytes make it something other than plain data (diskimage.Inspect), or
 // that the disk it becomes cannot use (img.DiskBytes), before anything
 // reaches the pool, and returns the source to upload: bounded by the
 // smaller of those limits, with the bytes inspected still to be read.
@@ -274,19 +276,19 @@ func checkedSource(src io.Reader, size int64, img ImageImport) (io.Reader, error
 	if limit > 0 {
 		src = &boundedReader{r: src, left: limit, limit: limit, err: ErrImageTooLarge, why: "--image-import-max-size"}
 	}
-	head := bufio.NewReaderSize(src, imageHeadBytes)
-	peek, err := head.Peek(imageHeadBytes)
+	head := bufio.NewReaderSize(src, diskimage.HeadBytes)
+	peek, err := head.Peek(diskimage.HeadBytes)
 	if err != nil && err != io.EOF {
 		return nil, fmt.Errorf("reading the start of %s: %w", shown, err)
 	}
-	format, err := inspectImage(peek)
+	format, err := diskimage.Inspect(peek)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", shown, err)
 	}
 	if img.DiskBytes == 0 {
 		return head, nil
 	}
-	bound, err := imageStreamBound(format, peek, img.DiskBytes)
+	bound, err := diskimage.StreamBound(format, peek, img.DiskBytes)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", shown, err)
 	}

@@ -1,7 +1,9 @@
 package virt
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -244,7 +246,13 @@ func TestCheckedSource(t *testing.T) {
 	if _, err := checkedSource(strings.NewReader("x"), 20, ImageImport{Policy: SourcePolicy{MaxBytes: 19}}); !errors.Is(err, ErrImageTooLarge) {
 		t.Fatalf("announced length over the bound: %v", err)
 	}
-	if _, err := checkedSource(strings.NewReader(string(qcow2Header(3, 512, 0))), -1, ImageImport{}); !errors.Is(err, ErrImageHasBackingFile) {
+	// A qcow2 v2 header naming a backing file at offset 512 (the cases of
+	// the header itself are diskimage's).
+	backed := make([]byte, 1024)
+	binary.BigEndian.PutUint32(backed, 0x514649fb)
+	binary.BigEndian.PutUint32(backed[4:], 2)
+	binary.BigEndian.PutUint64(backed[8:], 512)
+	if _, err := checkedSource(bytes.NewReader(backed), -1, ImageImport{}); !errors.Is(err, ErrImageHasBackingFile) {
 		t.Fatalf("qcow2 with a backing file: %v", err)
 	}
 }

@@ -8,6 +8,8 @@ import (
 
 	"libvirt.org/go/libvirt"
 	"libvirt.org/go/libvirtxml"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt/diskimage"
 )
 
 // ImageImport describes a base image to bring into a pool.
@@ -33,7 +35,7 @@ type ImageImport struct {
 	// or a qcow2 whose header describes a larger disk, is refused
 	// (ErrImageLargerThanDisk): an overlay could never use it. A stream
 	// is cut as soon as it passes what such a disk can hold
-	// (imageStreamBound), so an endless body costs at most that much.
+	// (diskimage.StreamBound), so an endless body costs at most that much.
 	DiskBytes uint64
 	// Progress, when set, is called as the source is read, with the bytes
 	// read so far and the source's length.
@@ -138,14 +140,14 @@ func describeVolume(poolName string, vol *libvirt.StorageVol) (VolumeInfo, error
 }
 
 // baseFormat reads the first bytes of vol through libvirt (so remote hosts
-// work) and returns the format they show, refusing what inspectImage
+// work) and returns the format they show, refusing what diskimage.Inspect
 // refuses.
 func baseFormat(ctx context.Context, conn *libvirt.Connect, vol *libvirt.StorageVol) (string, error) {
-	head, err := volumeHead(ctx, conn, vol, imageHeadBytes)
+	head, err := volumeHead(ctx, conn, vol, diskimage.HeadBytes)
 	if err != nil {
 		return "", fmt.Errorf("reading the base image's header: %w", err)
 	}
-	format, err := inspectImage(head)
+	format, err := diskimage.Inspect(head)
 	if err != nil {
 		name, _ := vol.GetName()
 		return "", fmt.Errorf("base volume %s: %w", name, err)

@@ -2,12 +2,14 @@ package virt
 
 import (
 	"libvirt.org/go/libvirtxml"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt/diskimage"
 )
 
 // Volume formats the engine creates or recognises.
 const (
-	FormatQCOW2 = "qcow2"
-	FormatRaw   = "raw"
+	FormatQCOW2 = diskimage.FormatQCOW2
+	FormatRaw   = diskimage.FormatRaw
 )
 
 // secretMode is the permission of volumes that hold bootstrap secrets: only

@@ -1,4 +1,4 @@
-package virt
+package diskimage
 
 import (
 	"encoding/binary"
@@ -47,26 +47,26 @@ func TestInspectImage(t *testing.T) {
 		{"qcow2 v3", qcow2Header(3, 0, 0), FormatQCOW2, nil},
 		{"qcow2 v2", qcow2Header(2, 0, 0), FormatQCOW2, nil},
 		{"qcow2 v3 with a harmless extension", qcow2Header(3, 0, 0, uint32(backingFormatExt), []byte("raw")), FormatQCOW2, nil},
-		{"qcow2 naming a backing file", qcow2Header(3, 512, 0), "", ErrImageHasBackingFile},
-		{"qcow2 v2 naming a backing file", qcow2Header(2, 512, 0), "", ErrImageHasBackingFile},
-		{"qcow2 with the external data file bit", qcow2Header(3, 0, qcow2IncompatDataFile), "", ErrImageHasDataFile},
-		{"qcow2 naming a data file without the bit", qcow2Header(3, 0, 0, uint32(qcow2ExtDataFile), []byte("/etc/shadow")), "", ErrImageHasDataFile},
-		{"qcow version 1", qcow2Header(1, 0, 0), "", ErrImageFormatUnsupported},
-		{"qcow2 cut short", qcow2Header(3, 0, 0)[:80], "", ErrImageFormatUnsupported},
-		{"qcow2 whose extensions never end", qcow2Header(3, 0, 0)[:qcow2V3MinHeaderLength+4], "", ErrImageFormatUnsupported},
-		{"vmdk sparse", append([]byte("KDMV"), make([]byte, 508)...), "", ErrImageFormatUnsupported},
-		{"vmdk descriptor", []byte("# Disk DescriptorFile\nRW 8 FLAT \"/etc/shadow\" 0\n"), "", ErrImageFormatUnsupported},
-		{"qed", append([]byte("QED\x00"), make([]byte, 60)...), "", ErrImageFormatUnsupported},
+		{"qcow2 naming a backing file", qcow2Header(3, 512, 0), "", ErrHasBackingFile},
+		{"qcow2 v2 naming a backing file", qcow2Header(2, 512, 0), "", ErrHasBackingFile},
+		{"qcow2 with the external data file bit", qcow2Header(3, 0, qcow2IncompatDataFile), "", ErrHasDataFile},
+		{"qcow2 naming a data file without the bit", qcow2Header(3, 0, 0, uint32(qcow2ExtDataFile), []byte("/etc/shadow")), "", ErrHasDataFile},
+		{"qcow version 1", qcow2Header(1, 0, 0), "", ErrFormatUnsupported},
+		{"qcow2 cut short", qcow2Header(3, 0, 0)[:80], "", ErrFormatUnsupported},
+		{"qcow2 whose extensions never end", qcow2Header(3, 0, 0)[:qcow2V3MinHeaderLength+4], "", ErrFormatUnsupported},
+		{"vmdk sparse", append([]byte("KDMV"), make([]byte, 508)...), "", ErrFormatUnsupported},
+		{"vmdk descriptor", []byte("# Disk DescriptorFile\nRW 8 FLAT \"/etc/shadow\" 0\n"), "", ErrFormatUnsupported},
+		{"qed", append([]byte("QED\x00"), make([]byte, 60)...), "", ErrFormatUnsupported},
 		{"raw bytes", []byte("\xeb\x63\x90 a boot sector and then a filesystem"), FormatRaw, nil},
 		{"empty", nil, FormatRaw, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			format, err := inspectImage(tt.head)
+			format, err := Inspect(tt.head)
 			if !errors.Is(err, tt.wantErr) || (err != nil) != (tt.wantErr != nil) {
 				t.Fatalf("error %v, want %v", err, tt.wantErr)
 			}
-			if err != nil && !IsImageRefused(err) {
+			if err != nil && !IsRefused(err) {
 				t.Errorf("error %v is not an image refusal", err)
 			}
 			if format != tt.wantFormat {
@@ -76,14 +76,14 @@ func TestInspectImage(t *testing.T) {
 	}
 }
 
-// FuzzInspectImage: no header, however made, panics the inspection or
+// FuzzInspect: no header, however made, panics the inspection or
 // its stream bound, passes as qcow2 while naming another file, or passes
 // the bound while describing a disk larger than the machine's.
-func FuzzInspectImage(f *testing.F) {
+func FuzzInspect(f *testing.F) {
 	f.Add(qcow2Header(3, 0, 0))
 	f.Add(qcow2Header(3, 0, 0, uint32(0x6803f857), []byte("features")))
 	f.Fuzz(func(t *testing.T, head []byte) {
-		format, err := inspectImage(head)
+		format, err := Inspect(head)
 		if err != nil || format != FormatQCOW2 {
 			return
 		}
@@ -97,7 +97,7 @@ func FuzzInspectImage(f *testing.F) {
 		// Whatever the header's geometry, the stream bound neither panics
 		// nor lets a qcow2 larger than the disk through.
 		const disk = 1 << 40
-		if bound, err := imageStreamBound(format, head, disk); err == nil &&
+		if bound, err := StreamBound(format, head, disk); err == nil &&
 			(be.Uint64(head[qcow2OffSize:]) > disk || bound <= 0) {
 			t.Fatalf("bound %d for a qcow2 of %d bytes on a %d-byte disk", bound, be.Uint64(head[qcow2OffSize:]), disk)
 		}
@@ -140,18 +140,18 @@ func TestImageStreamBound(t *testing.T) {
 		{"qcow2 2 MiB clusters", FormatQCOW2, v64(withGeometry(qcow2Header(3, 0, 0), 21, 4)), 77594624, nil},
 		{"qcow2 v2", FormatQCOW2, v64(qcow2Header(2, 0, 0)), 67436544, nil},
 		{"qcow2 larger than the disk", FormatQCOW2, withGeometry(qcow2Header(3, 0, 0), 16, 4), 0, nil},
-		{"qcow2 with 256 B clusters", FormatQCOW2, v64(withGeometry(qcow2Header(3, 0, 0), 8, 4)), 0, ErrImageFormatUnsupported},
-		{"qcow2 with 4 MiB clusters", FormatQCOW2, v64(withGeometry(qcow2Header(3, 0, 0), 22, 4)), 0, ErrImageFormatUnsupported},
-		{"qcow2 with 128-bit refcounts", FormatQCOW2, v64(withGeometry(qcow2Header(3, 0, 0), 16, 7)), 0, ErrImageFormatUnsupported},
+		{"qcow2 with 256 B clusters", FormatQCOW2, v64(withGeometry(qcow2Header(3, 0, 0), 8, 4)), 0, ErrFormatUnsupported},
+		{"qcow2 with 4 MiB clusters", FormatQCOW2, v64(withGeometry(qcow2Header(3, 0, 0), 22, 4)), 0, ErrFormatUnsupported},
+		{"qcow2 with 128-bit refcounts", FormatQCOW2, v64(withGeometry(qcow2Header(3, 0, 0), 16, 7)), 0, ErrFormatUnsupported},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			diskBytes := uint64(disk)
 			if tt.name == "qcow2 larger than the disk" {
 				diskBytes = 1<<30 - 1
-				tt.wantErr = ErrImageLargerThanDisk
+				tt.wantErr = ErrLargerThanDisk
 			}
-			got, err := imageStreamBound(tt.format, tt.head, diskBytes)
+			got, err := StreamBound(tt.format, tt.head, diskBytes)
 			if tt.wantErr != nil {
 				if !errors.Is(err, tt.wantErr) {
 					t.Fatalf("err = %v, want %v", err, tt.wantErr)

@@ -1,4 +1,10 @@
-package virt
+// Package diskimage reads what an image's first bytes say before any of
+// it reaches a pool: its format (raw or qcow2), whether it would make QEMU
+// or libvirt open another file of the host (a backing file, an external
+// data file, another format's extents), and how many bytes it may take
+// while it still fits the disk asked for. It touches no file and no
+// libvirt: the importers of pkg/virt feed it the bytes they stream.
+package diskimage
 
 import (
 	"bytes"
@@ -8,10 +14,27 @@ import (
 	"math"
 )
 
-// imageHeadBytes is how much of an image inspectImage reads: a qcow2
+// HeadBytes is how much of an image Inspect reads: a qcow2
 // header and its extensions sit in the first cluster, and no image of a
 // sane tool puts its extensions past the first 64 KiB.
-const imageHeadBytes = 64 << 10
+const HeadBytes = 64 << 10
+
+// The formats Inspect tells apart; anything else is refused.
+const (
+	FormatQCOW2 = "qcow2"
+	FormatRaw   = "raw"
+)
+
+// Why an image is refused: errors.Is(err, ErrRefused) for each of the
+// first three (a *RefusedError carries the detail); ErrLargerThanDisk is a
+// qcow2 describing a disk larger than the one asked for.
+var (
+	ErrRefused           = errors.New("image refused")
+	ErrHasBackingFile    = errors.New("image has a backing file")
+	ErrHasDataFile       = errors.New("image has an external data file")
+	ErrFormatUnsupported = errors.New("image format not supported")
+	ErrLargerThanDisk    = errors.New("base image larger than the disk")
+)
 
 // qcow2 header fields (big-endian), from QEMU's docs/interop/qcow2.txt.
 const (
@@ -54,12 +77,12 @@ var foreignImageMagics = []struct {
 	{"parallels", []byte("WithouFreSpacExt")},
 }
 
-// inspectImage decides an image's format from its first bytes (at least
-// imageHeadBytes of them, or the whole image when shorter) and refuses
+// Inspect decides an image's format from its first bytes (at least
+// HeadBytes of them, or the whole image when shorter) and refuses
 // every image that could make QEMU or libvirt open another file: a qcow2
 // with a backing file or an external data file, and formats other than
 // qcow2 and raw. Anything without a known signature is raw data.
-func inspectImage(head []byte) (string, error) {
+func Inspect(head []byte) (string, error) {
 	if len(head) >= 4 && binary.BigEndian.Uint32(head) == qcow2Magic {
 		if err := inspectQCOW2(head); err != nil {
 			return "", err
@@ -68,7 +91,7 @@ func inspectImage(head []byte) (string, error) {
 	}
 	for _, m := range foreignImageMagics {
 		if bytes.HasPrefix(head, m.magic) {
-			return "", &ImageRefusedError{Err: ErrImageFormatUnsupported, Detail: fmt.Sprintf("it is a %s image; only raw and qcow2 images are imported", m.format)}
+			return "", &RefusedError{Err: ErrFormatUnsupported, Detail: fmt.Sprintf("it is a %s image; only raw and qcow2 images are imported", m.format)}
 		}
 	}
 	return FormatRaw, nil
@@ -78,44 +101,44 @@ func inspectImage(head []byte) (string, error) {
 // function cannot read whole.
 func inspectQCOW2(h []byte) error {
 	refuse := func(err error, format string, args ...any) error {
-		return &ImageRefusedError{Err: err, Detail: fmt.Sprintf(format, args...)}
+		return &RefusedError{Err: err, Detail: fmt.Sprintf(format, args...)}
 	}
 	if len(h) < qcow2V2HeaderLength {
-		return refuse(ErrImageFormatUnsupported, "its qcow2 header is cut short (%d bytes)", len(h))
+		return refuse(ErrFormatUnsupported, "its qcow2 header is cut short (%d bytes)", len(h))
 	}
 	be := binary.BigEndian
 	version := be.Uint32(h[qcow2OffVersion:])
 	if version != 2 && version != 3 {
-		return refuse(ErrImageFormatUnsupported, "it is qcow version %d; only qcow2 versions 2 and 3 are imported", version)
+		return refuse(ErrFormatUnsupported, "it is qcow version %d; only qcow2 versions 2 and 3 are imported", version)
 	}
 	if be.Uint64(h[qcow2OffBackingFileOffset:]) != 0 || be.Uint32(h[qcow2OffBackingFileSize:]) != 0 {
-		return refuse(ErrImageHasBackingFile, "its qcow2 header names a backing file")
+		return refuse(ErrHasBackingFile, "its qcow2 header names a backing file")
 	}
 	extStart := uint64(qcow2V2HeaderLength)
 	if version == 3 {
 		if len(h) < qcow2V3MinHeaderLength {
-			return refuse(ErrImageFormatUnsupported, "its qcow2 v3 header is cut short (%d bytes)", len(h))
+			return refuse(ErrFormatUnsupported, "its qcow2 v3 header is cut short (%d bytes)", len(h))
 		}
 		if be.Uint64(h[qcow2OffIncompatible:])&qcow2IncompatDataFile != 0 {
-			return refuse(ErrImageHasDataFile, "its qcow2 header keeps the guest's data in an external file")
+			return refuse(ErrHasDataFile, "its qcow2 header keeps the guest's data in an external file")
 		}
 		extStart = uint64(be.Uint32(h[qcow2OffHeaderLength:]))
 		if extStart < qcow2V3MinHeaderLength {
-			return refuse(ErrImageFormatUnsupported, "its qcow2 header length %d is too short", extStart)
+			return refuse(ErrFormatUnsupported, "its qcow2 header length %d is too short", extStart)
 		}
 	}
 	// An external data file's name is an extension; refused even without
 	// the feature bit, which a later writer could set.
 	for off := extStart; ; {
 		if off+8 > uint64(len(h)) {
-			return refuse(ErrImageFormatUnsupported, "its qcow2 header extensions run past the first %d bytes", len(h))
+			return refuse(ErrFormatUnsupported, "its qcow2 header extensions run past the first %d bytes", len(h))
 		}
 		typ, size := be.Uint32(h[off:]), uint64(be.Uint32(h[off+4:]))
 		switch typ {
 		case qcow2ExtEnd:
 			return nil
 		case qcow2ExtDataFile:
-			return refuse(ErrImageHasDataFile, "its qcow2 header names an external data file")
+			return refuse(ErrHasDataFile, "its qcow2 header names an external data file")
 		}
 		off += 8 + (size+7)&^7
 	}
@@ -132,31 +155,31 @@ const (
 	qcow2ExtendedL2EntryLen = 16
 )
 
-// imageStreamBound is the most bytes an image of format whose first bytes
+// StreamBound is the most bytes an image of format whose first bytes
 // are head can take while it still fits a disk of diskBytes: a raw image
 // is the disk; a qcow2 is refused when its header's virtual size exceeds
-// the disk (ErrImageLargerThanDisk) and otherwise bounded by what its
+// the disk (ErrLargerThanDisk) and otherwise bounded by what its
 // virtual size and cluster size allow (qcow2MaxFileBytes). head passed
-// inspectImage.
-func imageStreamBound(format string, head []byte, diskBytes uint64) (int64, error) {
+// Inspect.
+func StreamBound(format string, head []byte, diskBytes uint64) (int64, error) {
 	if format != FormatQCOW2 {
 		return clampInt64(diskBytes), nil
 	}
 	be := binary.BigEndian
 	virtual := be.Uint64(head[qcow2OffSize:])
 	if virtual > diskBytes {
-		return 0, fmt.Errorf("%w: its qcow2 header describes a disk of %d bytes, the machine's disk is %d", ErrImageLargerThanDisk, virtual, diskBytes)
+		return 0, fmt.Errorf("%w: its qcow2 header describes a disk of %d bytes, the machine's disk is %d", ErrLargerThanDisk, virtual, diskBytes)
 	}
 	bits := be.Uint32(head[qcow2OffClusterBits:])
 	if bits < qcow2MinClusterBits || bits > qcow2MaxClusterBits {
-		return 0, &ImageRefusedError{Err: ErrImageFormatUnsupported, Detail: fmt.Sprintf("its qcow2 cluster size 2^%d is outside 2^%d..2^%d", bits, qcow2MinClusterBits, qcow2MaxClusterBits)}
+		return 0, &RefusedError{Err: ErrFormatUnsupported, Detail: fmt.Sprintf("its qcow2 cluster size 2^%d is outside 2^%d..2^%d", bits, qcow2MinClusterBits, qcow2MaxClusterBits)}
 	}
 	order := uint32(qcow2V2RefcountOrder)
 	if be.Uint32(head[qcow2OffVersion:]) == 3 {
 		order = be.Uint32(head[qcow2OffRefcountOrder:])
 	}
 	if order > qcow2MaxRefcountOrder {
-		return 0, &ImageRefusedError{Err: ErrImageFormatUnsupported, Detail: fmt.Sprintf("its qcow2 refcount order %d is above %d", order, qcow2MaxRefcountOrder)}
+		return 0, &RefusedError{Err: ErrFormatUnsupported, Detail: fmt.Sprintf("its qcow2 refcount order %d is above %d", order, qcow2MaxRefcountOrder)}
 	}
 	return clampInt64(qcow2MaxFileBytes(virtual, uint(bits), uint(order))), nil
 }
@@ -193,19 +216,19 @@ func clampInt64(n uint64) int64 {
 	return int64(n)
 }
 
-// ImageRefusedError details why an image is not imported or not used as
-// a base: Err is ErrImageHasBackingFile, ErrImageHasDataFile or
-// ErrImageFormatUnsupported.
-type ImageRefusedError struct {
+// RefusedError details why an image is not imported or not used as
+// a base: Err is ErrHasBackingFile, ErrHasDataFile or
+// ErrFormatUnsupported.
+type RefusedError struct {
 	Err    error
 	Detail string
 }
 
 // Error says what the image is and why it is refused.
-func (e *ImageRefusedError) Error() string { return "image refused: " + e.Detail }
+func (e *RefusedError) Error() string { return "image refused: " + e.Detail }
 
-// Unwrap makes errors.Is(err, e.Err) and errors.Is(err, ErrImageRefused) true.
-func (e *ImageRefusedError) Unwrap() []error { return []error{e.Err, ErrImageRefused} }
+// Unwrap makes errors.Is(err, e.Err) and errors.Is(err, ErrRefused) true.
+func (e *RefusedError) Unwrap() []error { return []error{e.Err, ErrRefused} }
 
-// IsImageRefused reports whether err refuses an image for what its bytes are.
-func IsImageRefused(err error) bool { return errors.Is(err, ErrImageRefused) }
+// IsRefused reports whether err refuses an image for what its bytes are.
+func IsRefused(err error) bool { return errors.Is(err, ErrRefused) }
