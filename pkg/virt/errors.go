@@ -12,6 +12,7 @@ import (
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt/diskimage"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt/imagefetch"
 )
 
 // Sentinel errors for the conditions controllers report on their objects.
@@ -22,7 +23,7 @@ var (
 	ErrNotFound = errors.New("not found")
 	// ErrImageNotFound means a base image (source file, URL or base volume)
 	// is missing.
-	ErrImageNotFound = errors.New("image not found")
+	ErrImageNotFound = imagefetch.ErrNotFound
 	// ErrPoolFull means the storage pool has no space left for a volume.
 	ErrPoolFull = errors.New("storage pool is full")
 	// ErrChecksumMismatch means an imported image does not have the
@@ -43,11 +44,11 @@ var (
 	// OverlaySpec.MaxCapacityBytes.
 	ErrDiskTooLarge = errors.New("disk larger than allowed")
 	// ErrImageTooLarge is a download longer than the operator's bound.
-	ErrImageTooLarge = errors.New("image larger than allowed")
+	ErrImageTooLarge = imagefetch.ErrTooLarge
 	// ErrImageSourceRefused is an image source the operator does not
 	// allow: a file outside the allowed directories, a denied address, a
 	// redirect that is not followed.
-	ErrImageSourceRefused = errors.New("image source not allowed")
+	ErrImageSourceRefused = imagefetch.ErrSourceRefused
 	// ErrDomainReplaced means a domain with the expected name exists but
 	// has another UUID: someone replaced it outside the provider.
 	ErrDomainReplaced = errors.New("domain replaced outside the provider")
@@ -332,3 +333,18 @@ type ImageRefusedError = diskimage.RefusedError
 
 // IsImageRefused reports whether err refuses an image for what its bytes are.
 func IsImageRefused(err error) bool { return diskimage.IsRefused(err) }
+
+// SourcePolicy is what the operator lets image sources reach
+// (imagefetch.Policy).
+type SourcePolicy = imagefetch.Policy
+
+// MaxRedirects is how many redirects a download follows.
+const MaxRedirects = imagefetch.MaxRedirects
+
+// ErrFetchIdle is the cause of a download that got no data for its idle
+// timeout.
+var ErrFetchIdle = imagefetch.ErrIdle
+
+// RedactURL is raw without userinfo and query, as conditions and events
+// may show it (imagefetch.RedactURL).
+func RedactURL(raw string) string { return imagefetch.RedactURL(raw) }

@@ -14,6 +14,7 @@ import (
 	"libvirt.org/go/libvirt"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt/diskimage"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt/imagefetch"
 )
 
 // ImportImage brings a base image into a pool once.
@@ -58,7 +59,7 @@ func (c *Client) ImportImage(ctx context.Context, img ImageImport) (VolumeInfo, 
 	if info, ok, err := c.completeImage(ctx, img); err != nil || ok {
 		return info, err
 	}
-	src, size, err := openSource(ctx, img)
+	src, size, err := imagefetch.Open(ctx, img.Source, img.Fetch, img.Policy, img.Progress)
 	if err != nil {
 		return VolumeInfo{}, err
 	}

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"libvirt.org/go/libvirt"
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt/diskimage"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt/imagefetch"
 )
 
 // ImageImport describes a base image to bring into a pool.
@@ -42,17 +42,8 @@ type ImageImport struct {
 	Progress func(done, total int64)
 }
 
-// FetchLimits bound the phases of an image download, so that a server that
-// stops answering fails the import rather than holding it forever.
-type FetchLimits struct {
-	// ConnectTimeout bounds the TCP (and TLS) connection.
-	ConnectTimeout time.Duration
-	// HeaderTimeout bounds the wait for the response headers once the
-	// request was sent.
-	HeaderTimeout time.Duration
-	// IdleTimeout bounds any wait for the next bytes of the body.
-	IdleTimeout time.Duration
-}
+// FetchLimits bound the phases of an image download (imagefetch.Limits).
+type FetchLimits = imagefetch.Limits
 
 // OverlaySpec describes a copy-on-write disk on a base volume.
 type OverlaySpec struct {

@@ -1,4 +1,12 @@
-package virt
+// Package imagefetch opens the source of a base image as the operator's
+// policy allows: a regular file below an allowed directory (resolved
+// inside it, so no symlink or ".." leads out), or an http(s) URL whose
+// every connection, redirect and DNS answer is checked against the
+// denied networks, with bounds on each phase of the download and on its
+// length. Tenants write the URLs and strangers run the servers, so what it
+// is handed is hostile until checked; what it returns is checked again by
+// pkg/virt/diskimage before it reaches a pool.
+package imagefetch
 
 import (
 	"context"
@@ -18,11 +26,11 @@ import (
 	"time"
 )
 
-// SourcePolicy is what the operator lets image sources reach. Tenants
+// Policy is what the operator lets image sources reach. Tenants
 // write the URLs and other people run the servers they name, so every
 // field closes a way into the manager's host: its zero value allows no
 // file and sets no bound.
-type SourcePolicy struct {
+type Policy struct {
 	// FileDirs are the directories on the manager's host whose regular
 	// files file:// URLs may name; with none, file:// is refused.
 	FileDirs []string
@@ -32,6 +40,31 @@ type SourcePolicy struct {
 	// MaxBytes bounds an image's length, announced or streamed; 0 sets no
 	// bound.
 	MaxBytes int64
+}
+
+// Why a source is not opened; pkg/virt's ErrImageSourceRefused,
+// ErrImageNotFound and ErrImageTooLarge are these.
+var (
+	// ErrSourceRefused is a source the operator does not allow: a file
+	// outside the allowed directories, a denied address, a redirect that
+	// is not followed.
+	ErrSourceRefused = errors.New("image source not allowed")
+	// ErrNotFound is a file that does not exist or a URL answered 404.
+	ErrNotFound = errors.New("image not found")
+	// ErrTooLarge is a source longer than Policy.MaxBytes.
+	ErrTooLarge = errors.New("image larger than allowed")
+)
+
+// Limits bound the phases of an image download, so that a server that
+// stops answering fails the import rather than holding it forever.
+type Limits struct {
+	// ConnectTimeout bounds the TCP (and TLS) connection.
+	ConnectTimeout time.Duration
+	// HeaderTimeout bounds the wait for the response headers once the
+	// request was sent.
+	HeaderTimeout time.Duration
+	// IdleTimeout bounds any wait for the next bytes of the body.
+	IdleTimeout time.Duration
 }
 
 // MaxRedirects is how many redirects a download follows.
@@ -48,25 +81,26 @@ func RedactURL(raw string) string {
 	return u.String()
 }
 
-// openSource opens a local file or an http(s) URL as policy allows and
-// returns its length, -1 when the server did not say; reads report
-// img.Progress.
-func openSource(ctx context.Context, img ImageImport) (io.ReadCloser, int64, error) {
+// Open opens source, a local file (a path or file:// URL) or an http(s)
+// URL, as policy allows, and returns its length, -1 when the server did
+// not say; reads report progress when it is set (bytes read so far, the
+// length).
+func Open(ctx context.Context, source string, limits Limits, policy Policy, progress func(done, total int64)) (io.ReadCloser, int64, error) {
 	var (
 		src  io.ReadCloser
 		size int64
 		err  error
 	)
-	if strings.HasPrefix(img.Source, "http://") || strings.HasPrefix(img.Source, "https://") {
-		src, size, err = openURL(ctx, img.Source, img.Fetch, img.Policy)
+	if strings.HasPrefix(source, "http://") || strings.HasPrefix(source, "https://") {
+		src, size, err = openURL(ctx, source, limits, policy)
 	} else {
-		src, size, err = openFile(strings.TrimPrefix(img.Source, "file://"), img.Policy.FileDirs)
+		src, size, err = openFile(strings.TrimPrefix(source, "file://"), policy.FileDirs)
 	}
-	if err != nil || img.Progress == nil {
+	if err != nil || progress == nil {
 		return src, size, err
 	}
-	img.Progress(0, max(size, 0))
-	return &progressReader{ReadCloser: src, total: max(size, 0), report: img.Progress}, size, nil
+	progress(0, max(size, 0))
+	return &progressReader{ReadCloser: src, total: max(size, 0), report: progress}, size, nil
 }
 
 // openFile opens a regular file below one of dirs. The path is resolved
@@ -74,10 +108,10 @@ func openSource(ctx context.Context, img ImageImport) (io.ReadCloser, int64, err
 // and opened non-blocking, so a FIFO cannot hold the import.
 func openFile(path string, dirs []string) (io.ReadCloser, int64, error) {
 	if len(dirs) == 0 {
-		return nil, 0, fmt.Errorf("%w: file:// images are not allowed: the operator allows no directory (--image-file-dirs)", ErrImageSourceRefused)
+		return nil, 0, fmt.Errorf("%w: file:// images are not allowed: the operator allows no directory (--image-file-dirs)", ErrSourceRefused)
 	}
 	if !filepath.IsAbs(path) {
-		return nil, 0, fmt.Errorf("%w: image file %s is not an absolute path", ErrImageSourceRefused, path)
+		return nil, 0, fmt.Errorf("%w: image file %s is not an absolute path", ErrSourceRefused, path)
 	}
 	path = filepath.Clean(path)
 	for _, dir := range dirs {
@@ -87,27 +121,27 @@ func openFile(path string, dirs []string) (io.ReadCloser, int64, error) {
 		}
 		return openInRoot(dir, rel, path)
 	}
-	return nil, 0, fmt.Errorf("%w: image file %s is outside the directories the operator allows (--image-file-dirs)", ErrImageSourceRefused, path)
+	return nil, 0, fmt.Errorf("%w: image file %s is outside the directories the operator allows (--image-file-dirs)", ErrSourceRefused, path)
 }
 
 func openInRoot(dir, rel, path string) (io.ReadCloser, int64, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
-		return nil, 0, fmt.Errorf("%w: image directory %s: %v", ErrImageNotFound, dir, err)
+		return nil, 0, fmt.Errorf("%w: image directory %s: %v", ErrNotFound, dir, err)
 	}
 	defer root.Close()
 	f, err := root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return nil, 0, fmt.Errorf("%w: image file %s does not exist", ErrImageNotFound, path)
+		return nil, 0, fmt.Errorf("%w: image file %s does not exist", ErrNotFound, path)
 	case err != nil:
 		// os.Root's refusal of a path that leaves dir lands here too.
-		return nil, 0, fmt.Errorf("%w: image file %s: %v", ErrImageSourceRefused, path, err)
+		return nil, 0, fmt.Errorf("%w: image file %s: %v", ErrSourceRefused, path, err)
 	}
 	st, err := f.Stat()
 	if err != nil || !st.Mode().IsRegular() {
 		f.Close()
-		return nil, 0, errors.Join(err, fmt.Errorf("%w: image %s is not a regular file", ErrImageSourceRefused, path))
+		return nil, 0, errors.Join(err, fmt.Errorf("%w: image %s is not a regular file", ErrSourceRefused, path))
 	}
 	return f, st.Size(), nil
 }
@@ -115,7 +149,7 @@ func openInRoot(dir, rel, path string) (io.ReadCloser, int64, error) {
 // openURL sends the request and reads the response headers within
 // limits; the body it returns fails a read that waits longer than
 // limits.IdleTimeout for data. Errors name the URL redacted.
-func openURL(ctx context.Context, rawURL string, limits FetchLimits, policy SourcePolicy) (io.ReadCloser, int64, error) {
+func openURL(ctx context.Context, rawURL string, limits Limits, policy Policy) (io.ReadCloser, int64, error) {
 	shown := RedactURL(rawURL)
 	ctx, cancel := context.WithCancelCause(ctx)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rawURL, nil)
@@ -139,11 +173,11 @@ func openURL(ctx context.Context, rawURL string, limits FetchLimits, policy Sour
 	}
 	switch {
 	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusGone:
-		return fail(fmt.Errorf("%w: %s: %s", ErrImageNotFound, shown, resp.Status))
+		return fail(fmt.Errorf("%w: %s: %s", ErrNotFound, shown, resp.Status))
 	case resp.StatusCode != http.StatusOK:
 		return fail(fmt.Errorf("fetching image %s: %s", shown, resp.Status))
 	case policy.MaxBytes > 0 && resp.ContentLength > policy.MaxBytes:
-		return fail(fmt.Errorf("%w: %s announces %d bytes, the bound is %d (--image-import-max-size)", ErrImageTooLarge, shown, resp.ContentLength, policy.MaxBytes))
+		return fail(fmt.Errorf("%w: %s announces %d bytes, the bound is %d (--image-import-max-size)", ErrTooLarge, shown, resp.ContentLength, policy.MaxBytes))
 	}
 	body := &idleReader{body: resp.Body, ctx: ctx, cancel: cancel, idle: limits.IdleTimeout}
 	if body.idle > 0 {
@@ -167,7 +201,7 @@ func unwrapURLError(err error) error {
 // proxies from the environment, as http.DefaultClient. A proxy the
 // operator configured is reached even on a denied address; what it
 // connects to is then the proxy's decision.
-func fetchClient(limits FetchLimits, deny []netip.Prefix) *http.Client {
+func fetchClient(limits Limits, deny []netip.Prefix) *http.Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	var proxies sync.Map // host:port of proxies the environment names
 	t.Proxy = func(req *http.Request) (*url.URL, error) {
@@ -205,11 +239,11 @@ func checkRedirect(req *http.Request, via []*http.Request, deny []netip.Prefix) 
 	to := RedactURL(req.URL.String())
 	switch {
 	case len(via) > MaxRedirects:
-		return fmt.Errorf("%w: more than %d redirects", ErrImageSourceRefused, MaxRedirects)
+		return fmt.Errorf("%w: more than %d redirects", ErrSourceRefused, MaxRedirects)
 	case req.URL.Scheme != "http" && req.URL.Scheme != "https":
-		return fmt.Errorf("%w: redirect to %s: only http and https are followed", ErrImageSourceRefused, to)
+		return fmt.Errorf("%w: redirect to %s: only http and https are followed", ErrSourceRefused, to)
 	case via[len(via)-1].URL.Scheme == "https" && req.URL.Scheme == "http":
-		return fmt.Errorf("%w: redirect from https to %s: a downgrade to http is not followed", ErrImageSourceRefused, to)
+		return fmt.Errorf("%w: redirect from https to %s: a downgrade to http is not followed", ErrSourceRefused, to)
 	}
 	return checkDestination(req.URL, deny)
 }
@@ -218,7 +252,7 @@ func checkRedirect(req *http.Request, via []*http.Request, deny []netip.Prefix) 
 // before anything is sent; names are checked when they are resolved.
 func checkDestination(u *url.URL, deny []netip.Prefix) error {
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return fmt.Errorf("%w: %s is neither http nor https", ErrImageSourceRefused, RedactURL(u.String()))
+		return fmt.Errorf("%w: %s is neither http nor https", ErrSourceRefused, RedactURL(u.String()))
 	}
 	if a, err := netip.ParseAddr(strings.Trim(u.Hostname(), "[]")); err == nil {
 		return deniedAddr(a, deny)
@@ -232,7 +266,7 @@ func deniedAddr(a netip.Addr, deny []netip.Prefix) error {
 	a = a.Unmap()
 	for _, p := range deny {
 		if p.Contains(a) {
-			return fmt.Errorf("%w: address %s is in %s, which the operator denies (--image-url-deny-cidrs)", ErrImageSourceRefused, a, p)
+			return fmt.Errorf("%w: address %s is in %s, which the operator denies (--image-url-deny-cidrs)", ErrSourceRefused, a, p)
 		}
 	}
 	return nil
@@ -251,8 +285,8 @@ func hostPort(u *url.URL) string {
 	return net.JoinHostPort(u.Hostname(), port)
 }
 
-// ErrFetchIdle is the cause of a download that got no data for its idle timeout.
-var ErrFetchIdle = errors.New("image server sent no data")
+// ErrIdle is the cause of a download that got no data for its idle timeout.
+var ErrIdle = errors.New("image server sent no data")
 
 // idleReader cancels its request when no read returned data for idle.
 type idleReader struct {
@@ -264,7 +298,7 @@ type idleReader struct {
 }
 
 func (r *idleReader) expire() {
-	r.cancel(fmt.Errorf("%w for %s", ErrFetchIdle, r.idle))
+	r.cancel(fmt.Errorf("%w for %s", ErrIdle, r.idle))
 }
 
 // Read reads from the source, restarting the idle timer on progress; a

@@ -1,9 +1,7 @@
-package virt
+package imagefetch
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -52,14 +50,14 @@ func TestOpenFilePolicy(t *testing.T) {
 	}{
 		{"file below an allowed directory", good, []string{allowed}, nil},
 		{"symlink staying inside", filepath.Join(allowed, "alias.qcow2"), []string{allowed}, nil},
-		{"no directory allowed", good, nil, ErrImageSourceRefused},
-		{"file outside", secret, []string{allowed}, ErrImageSourceRefused},
-		{"dot-dot out of the directory", allowed + "/../" + filepath.Base(outside) + "/secret", []string{allowed}, ErrImageSourceRefused},
-		{"symlink leading out", filepath.Join(allowed, "escape.qcow2"), []string{allowed}, ErrImageSourceRefused},
-		{"the directory itself", allowed, []string{allowed}, ErrImageSourceRefused},
-		{"a FIFO does not block", filepath.Join(allowed, "fifo.qcow2"), []string{allowed}, ErrImageSourceRefused},
-		{"missing file", filepath.Join(allowed, "absent.qcow2"), []string{allowed}, ErrImageNotFound},
-		{"relative path", "good.qcow2", []string{allowed}, ErrImageSourceRefused},
+		{"no directory allowed", good, nil, ErrSourceRefused},
+		{"file outside", secret, []string{allowed}, ErrSourceRefused},
+		{"dot-dot out of the directory", allowed + "/../" + filepath.Base(outside) + "/secret", []string{allowed}, ErrSourceRefused},
+		{"symlink leading out", filepath.Join(allowed, "escape.qcow2"), []string{allowed}, ErrSourceRefused},
+		{"the directory itself", allowed, []string{allowed}, ErrSourceRefused},
+		{"a FIFO does not block", filepath.Join(allowed, "fifo.qcow2"), []string{allowed}, ErrSourceRefused},
+		{"missing file", filepath.Join(allowed, "absent.qcow2"), []string{allowed}, ErrNotFound},
+		{"relative path", "good.qcow2", []string{allowed}, ErrSourceRefused},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -70,7 +68,7 @@ func TestOpenFilePolicy(t *testing.T) {
 			)
 			go func() {
 				defer close(done)
-				src, _, err = openSource(context.Background(), ImageImport{Source: "file://" + tt.path, Policy: SourcePolicy{FileDirs: tt.dirs}})
+				src, _, err = Open(context.Background(), "file://"+tt.path, Limits{}, Policy{FileDirs: tt.dirs}, nil)
 			}()
 			select {
 			case <-done:
@@ -137,18 +135,18 @@ func TestOpenURLPolicy(t *testing.T) {
 	tests := []struct {
 		name     string
 		url      string
-		policy   SourcePolicy
+		policy   Policy
 		wantErr  error
 		wantHits int32
 	}{
-		{"allowed", srv.URL + "/image", SourcePolicy{}, nil, 1},
-		{"denied address literal, nothing sent", srv.URL + "/image", SourcePolicy{DenyNets: deny("127.0.0.0/8")}, ErrImageSourceRefused, 0},
-		{"denied address behind a name", fmt.Sprintf("http://localhost:%d/image", port), SourcePolicy{DenyNets: deny("127.0.0.0/8", "::1/128")}, ErrImageSourceRefused, 0},
-		{"redirect to a denied address", srv.URL + "/to/" + otherLoopback, SourcePolicy{DenyNets: deny("127.0.0.2/32")}, ErrImageSourceRefused, 1},
-		{"redirect to file://", srv.URL + "/to/file:///etc/shadow", SourcePolicy{}, ErrImageSourceRefused, 1},
-		{"five redirects", srv.URL + "/hops/4", SourcePolicy{}, nil, 6},
-		{"six redirects", srv.URL + "/hops/5", SourcePolicy{}, ErrImageSourceRefused, 6},
-		{"announced length over the bound", srv.URL + "/huge", SourcePolicy{MaxBytes: 1 << 20}, ErrImageTooLarge, 1},
+		{"allowed", srv.URL + "/image", Policy{}, nil, 1},
+		{"denied address literal, nothing sent", srv.URL + "/image", Policy{DenyNets: deny("127.0.0.0/8")}, ErrSourceRefused, 0},
+		{"denied address behind a name", fmt.Sprintf("http://localhost:%d/image", port), Policy{DenyNets: deny("127.0.0.0/8", "::1/128")}, ErrSourceRefused, 0},
+		{"redirect to a denied address", srv.URL + "/to/" + otherLoopback, Policy{DenyNets: deny("127.0.0.2/32")}, ErrSourceRefused, 1},
+		{"redirect to file://", srv.URL + "/to/file:///etc/shadow", Policy{}, ErrSourceRefused, 1},
+		{"five redirects", srv.URL + "/hops/4", Policy{}, nil, 6},
+		{"six redirects", srv.URL + "/hops/5", Policy{}, ErrSourceRefused, 6},
+		{"announced length over the bound", srv.URL + "/huge", Policy{MaxBytes: 1 << 20}, ErrTooLarge, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -158,8 +156,7 @@ func TestOpenURLPolicy(t *testing.T) {
 			q := u.Query()
 			q.Set("token", "s3cr3t")
 			u.RawQuery = q.Encode()
-			src, _, err := openSource(context.Background(), ImageImport{Source: u.String(), Policy: tt.policy,
-				Fetch: FetchLimits{ConnectTimeout: 2 * time.Second, HeaderTimeout: 2 * time.Second}})
+			src, _, err := Open(context.Background(), u.String(), Limits{ConnectTimeout: 2 * time.Second, HeaderTimeout: 2 * time.Second}, tt.policy, nil)
 			if src != nil {
 				src.Close()
 			}
@@ -204,7 +201,7 @@ func TestCheckRedirect(t *testing.T) {
 				via = append(via, req(v))
 			}
 			err := checkRedirect(req(tt.to), via, deny)
-			if (err != nil) != tt.wantErr || (err != nil && !errors.Is(err, ErrImageSourceRefused)) {
+			if (err != nil) != tt.wantErr || (err != nil && !errors.Is(err, ErrSourceRefused)) {
 				t.Fatalf("error %v, want error %v", err, tt.wantErr)
 			}
 		})
@@ -226,40 +223,3 @@ func TestRedactURL(t *testing.T) {
 
 // TestCheckedSource: the bound holds for a stream that never says its
 // length, and the inspected bytes are still uploaded.
-func TestCheckedSource(t *testing.T) {
-	endless := io.MultiReader(strings.NewReader("raw "), zeroReader{})
-	r, err := checkedSource(endless, -1, ImageImport{Source: "http://x/img", Policy: SourcePolicy{MaxBytes: 1 << 20}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, err := io.Copy(io.Discard, r)
-	if !errors.Is(err, ErrImageTooLarge) || n > 1<<20+1 {
-		t.Fatalf("read %d bytes, error %v: want ErrImageTooLarge at the bound", n, err)
-	}
-	r, err = checkedSource(strings.NewReader("exactly these bytes"), -1, ImageImport{Policy: SourcePolicy{MaxBytes: 19}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b, err := io.ReadAll(r); err != nil || string(b) != "exactly these bytes" {
-		t.Fatalf("read %q, %v", b, err)
-	}
-	if _, err := checkedSource(strings.NewReader("x"), 20, ImageImport{Policy: SourcePolicy{MaxBytes: 19}}); !errors.Is(err, ErrImageTooLarge) {
-		t.Fatalf("announced length over the bound: %v", err)
-	}
-	// A qcow2 v2 header naming a backing file at offset 512 (the cases of
-	// the header itself are diskimage's).
-	backed := make([]byte, 1024)
-	binary.BigEndian.PutUint32(backed, 0x514649fb)
-	binary.BigEndian.PutUint32(backed[4:], 2)
-	binary.BigEndian.PutUint64(backed[8:], 512)
-	if _, err := checkedSource(bytes.NewReader(backed), -1, ImageImport{}); !errors.Is(err, ErrImageHasBackingFile) {
-		t.Fatalf("qcow2 with a backing file: %v", err)
-	}
-}
-
-type zeroReader struct{}
-
-func (zeroReader) Read(p []byte) (int, error) {
-	clear(p)
-	return len(p), nil
-}
