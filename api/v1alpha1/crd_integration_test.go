@@ -205,7 +205,7 @@ func TestRoundTrip(t *testing.T) {
 				Address:        "192.168.150.2",
 				Backends:       []infrav1.LoadBalancerBackend{{Machine: "cp-0", Address: "192.168.150.10", State: infrav1.BackendDraining}},
 				ConfigHash:     "sha256:0123",
-				LastReloadTime: &now,
+				LastReloadTime: &now, NotServingSince: &now,
 			},
 			FailureReason:  ptr.To("CreateError"),
 			FailureMessage: ptr.To("the network could not be created"),

@@ -102,7 +102,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	switch {
 	case err == nil && s.DomainDefined():
 		s.SetSeed(info)
-		return services.Result{}, nil
+		return services.Done(infrav1.ReadyReason, ""), nil
 	case err != nil && !virt.IsNotFound(err):
 		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, err, "Looking up the seed volume: %v", err)
 	}
