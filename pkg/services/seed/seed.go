@@ -90,8 +90,8 @@ func (svc *Service) WithNetworkConfig(networkConfig func() ([]byte, error)) *Ser
 func (*Service) Name() string { return "seed" }
 
 // Reconcile uploads the seed unless libvirt holds it complete: the VM's
-// domain exists (it was defined on the seed), or the volume holds exactly
-// the seed's bytes (BuildISO is deterministic). Anything else is written
+// domain exists (it was defined on the seed), or the volume holds
+// the seed's bytes (holds; BuildISO is deterministic). Anything else is written
 // again: an upload cut short by a crash, or a seed of another instance-id
 // (made before the VM's UUID was chosen). Once the domain exists the
 // Secret is not read again.
@@ -129,9 +129,8 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, services.Requeue(0, "invalid seed"), "Building the seed: %v", err)
 	}
 	if exists {
-		// One byte more than the seed: a longer volume is another seed.
-		held, err := svc.host.ReadVolume(ctx, pool, s.SeedVolume(), int64(len(iso))+1)
-		if err == nil && bytes.Equal(held, iso) {
+		// A failed read is an unknown seed: written again.
+		if complete, err := holds(ctx, svc.host, pool, s.SeedVolume(), iso); err == nil && complete {
 			s.SetSeed(info)
 			return services.Done(infrav1.ReadyReason, ""), nil
 		}
@@ -240,7 +239,14 @@ func Emptied(ctx context.Context, s RemovalScope, host virt.StorageHost) (bool, 
 	if err != nil {
 		return false, err
 	}
-	data, err := host.ReadVolume(ctx, s.Pool().Name, s.SeedVolume(), int64(len(iso)))
+	return holds(ctx, host, s.Pool().Name, s.SeedVolume(), iso)
+}
+
+// holds tells whether a seed volume holds iso: its first bytes are iso,
+// and what may follow are the zeros Removal pads with (ISO 9660 readers
+// stop at the end the image records). A missing volume holds nothing.
+func holds(ctx context.Context, host virt.StorageHost, pool, volume string, iso []byte) (bool, error) {
+	data, err := host.ReadVolume(ctx, pool, volume, int64(len(iso)))
 	if virt.IsNotFound(err) {
 		return false, nil
 	}

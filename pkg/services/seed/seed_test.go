@@ -77,7 +77,7 @@ func TestSeedOfAnotherInstanceIsRewritten(t *testing.T) {
 func TestSeedRewritesUnconfirmedVolume(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	s := f.Scope()
-	// A volume from an upload cut short by a crash: no True condition.
+	// A volume from an upload cut short by a crash: not the seed's bytes.
 	f.Host.Volumes["pool/"+s.SeedVolume()] = virt.VolumeInfo{Name: s.SeedVolume()}
 	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s, s.Host)); err != nil {
 		t.Fatal(err)
