@@ -23,11 +23,11 @@ const (
 	DefaultDrainTimeout = 3 * time.Minute
 )
 
-// serving tells whether HAProxy runs a configuration of ours and accepted
+// drainable tells whether HAProxy runs a configuration of ours and accepted
 // connections when last checked: only then can it drain a machine. A VM
 // that broke since (its steps fail before the check) counts as serving
 // until DefaultDrainTimeout.
-func serving(lb *infrav1.LoadBalancerStatus) bool {
+func drainable(lb *infrav1.LoadBalancerStatus) bool {
 	return lb != nil && lb.ConfigHash != "" && lb.NotServingSince == nil
 }
 
@@ -54,7 +54,7 @@ func (d *Deregisterer) DeregisterMachine(_ context.Context, s *scope.MachineScop
 	lc := s.LibvirtCluster
 	if (s.Cluster != nil && !s.Cluster.DeletionTimestamp.IsZero()) ||
 		lc == nil || !lc.DeletionTimestamp.IsZero() || lc.Spec.LoadBalancer.Type == infrav1.LoadBalancerNone ||
-		!serving(lc.Status.LoadBalancer) {
+		!drainable(lc.Status.LoadBalancer) {
 		return nil
 	}
 	backends := lc.Status.LoadBalancer.Backends
