@@ -43,8 +43,8 @@ TEST_ENV = KUBEBUILDER_ASSETS="$$(hack/envtest.sh)" \
 	CAPL_TEST_LIBVIRT_URI=$(LIBVIRT_URI) \
 	CAPL_TEST_IMAGE=$(TEST_IMAGE) \
 	CAPL_TEST_NODE_IMAGE=$(NODE_IMAGE)
-# -p 1: packages share one libvirtd, and reconnect tests restart it; a restart
-# must not break another package's calls mid-test.
+# -p 1 within a lane of hack/test.sh: packages share one libvirtd; pkg/virt,
+# whose reconnect tests restart it, runs before the others, alone.
 GO_TEST_FLAGS ?= -count=1 -p 1 -timeout=60m
 # FUZZTIME is how long make fuzz runs FuzzInspect.
 FUZZTIME ?= 60s
@@ -103,8 +103,7 @@ down: ## Delete the cluster, stop the management plane and remove every VM, volu
 .PHONY: test
 test: envtest images clusterctl dist $(GOTESTSUM) ## Unit and integration tests (envtest + real libvirtd); those that boot guests the e2e boots the same way run in test-soak. Ends with every skipped test and why; under CI=true a missing prerequisite fails instead.
 	@mkdir -p $(ARTIFACTS)
-	$(TEST_ENV) $(GOTESTSUM) --format pkgname --jsonfile $(ARTIFACTS)/test.json -- $(GO_TEST_FLAGS) ./...
-	cd images/oci && $(GOTESTSUM) --format pkgname -- -count=1 ./...
+	$(TEST_ENV) hack/test.sh $(GOTESTSUM) $(ARTIFACTS) $(GO_TEST_FLAGS)
 
 # Where the end-to-end suite writes its benchmark report and logs.
 ARTIFACTS ?= $(ROOT)/_artifacts
