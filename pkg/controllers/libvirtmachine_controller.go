@@ -178,7 +178,7 @@ func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope
 	// From here until the domain is defined, the machine's creation is in
 	// flight: a move now would leave half of it behind.
 	defer func() {
-		setMoveBlocked(s.LibvirtMachine, !s.IsProvisioned() && !s.DomainDefined())
+		setMoveBlocked(s.LibvirtMachine, !s.IsProvisioned() && !s.VM.DomainDefined())
 	}()
 	return r.plan(s).Reconcile(ctx, s, s.IsProvisioned())
 }
@@ -203,20 +203,21 @@ func (r *LibvirtMachineReconciler) reconcileDelete(ctx context.Context, s *scope
 // recreate a vanished root disk as a blank one, so only the domain step
 // and those after it watch over the machine from then on.
 func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
+	vm := s.VM
 	return services.Plan{
 		// The reference check names the condition of the step a refused
 		// reference belongs to.
-		{Service: references.NewMachine(s, r.Tenancy, r.Quota), SkipOnceProvisioned: true},
-		{Service: identity.New(s, s.Host)},
-		{Service: address.New(s, s.Host), Condition: infrav1.AddressReservedCondition, SkipOnceProvisioned: true},
-		{Service: disk.New(s, s.Host, r.Images).WithMaxBytes(r.Tenancy.Machine.DiskBytes()), Condition: infrav1.DiskReadyCondition, SkipOnceProvisioned: true},
+		{Service: references.NewMachine(s, vm, r.Tenancy, r.Quota), SkipOnceProvisioned: true},
+		{Service: identity.New(vm, s.Host)},
+		{Service: address.New(vm, s.Host), Condition: infrav1.AddressReservedCondition, SkipOnceProvisioned: true},
+		{Service: disk.New(vm, s.Host, r.Images).WithMaxBytes(r.Tenancy.Machine.DiskBytes()), Condition: infrav1.DiskReadyCondition, SkipOnceProvisioned: true},
 		{Service: seed.New(s, s.Host), Condition: infrav1.BootstrapDataReadyCondition, SkipOnceProvisioned: true},
-		{Service: domain.New(s, s.Host, domain.Options{ShutdownTimeout: r.ShutdownTimeout, TrafficFilter: r.Tenancy.TrafficFilter}), Condition: infrav1.DomainReadyCondition},
-		{Service: guest.NewAddresses(s, s.Host, r.events), Condition: infrav1.AddressAssignedCondition},
+		{Service: domain.New(vm, s.Host, domain.Options{ShutdownTimeout: r.ShutdownTimeout, TrafficFilter: r.Tenancy.TrafficFilter}), Condition: infrav1.DomainReadyCondition},
+		{Service: guest.NewAddresses(vm, s.Host, r.events), Condition: infrav1.AddressAssignedCondition},
 		{Service: loadBalancerMembership{s: s, lb: r.LoadBalancer}, Condition: infrav1.DomainReadyCondition},
 		{Service: provisioned{s}},
-		{Service: guest.NewBootstrap(s, s.Host, func(ctx context.Context) (bool, error) { return seed.Emptied(ctx, s, s.Host) }), Condition: infrav1.BootstrapSucceededCondition},
-		{Service: seed.NewRemoval(s, s.Host)},
+		{Service: guest.NewBootstrap(vm, s.Host, func(ctx context.Context) (bool, error) { return seed.Emptied(ctx, vm, s.Host) }), Condition: infrav1.BootstrapSucceededCondition},
+		{Service: seed.NewRemoval(vm, s.Host)},
 	}
 }
 

@@ -46,6 +46,9 @@ type ClusterScope struct {
 	HostName       string
 
 	objectScope
+	// loadBalancer is the HAProxy VM once LoadBalancerVM built it; every
+	// patch writes it back.
+	loadBalancer *VM
 }
 
 // NewClusterScope builds the scope and snapshots the LibvirtCluster for

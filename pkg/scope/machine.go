@@ -19,7 +19,6 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -81,20 +80,16 @@ type MachineScope struct {
 	LibvirtCluster *infrav1.LibvirtCluster
 	LibvirtMachine *infrav1.LibvirtMachine
 	Host           virt.Host
-	HostName       string
+	// VM is the machine's VM, built from the objects by NewMachineScope
+	// and written back to the LibvirtMachine by every patch.
+	VM *VM
 
 	failureDomain string
 	objectScope
-	vmVolumes
-	// domainFound is set when this reconcile found the machine's domain.
-	domainFound bool
-	// bootstrapSucceeded is set when this reconcile's bootstrap check
-	// found the bootstrap done.
-	bootstrapSucceeded bool
 }
 
-// NewMachineScope builds the scope and snapshots the LibvirtMachine for
-// the patch Close sends.
+// NewMachineScope builds the scope and its VM, and snapshots the
+// LibvirtMachine for the patch Close sends.
 func NewMachineScope(p MachineScopeParams) (*MachineScope, error) {
 	if p.Client == nil || p.LibvirtMachine == nil || p.Host == nil {
 		return nil, errors.New("machine scope needs a client, a LibvirtMachine and a host")
@@ -103,10 +98,94 @@ func NewMachineScope(p MachineScopeParams) (*MachineScope, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &MachineScope{
+	s := &MachineScope{
 		Client: p.Client, Cluster: p.Cluster, Machine: p.Machine, LibvirtCluster: p.LibvirtCluster,
-		LibvirtMachine: p.LibvirtMachine, Host: p.Host, HostName: p.HostName, failureDomain: p.FailureDomain, objectScope: o,
-	}, nil
+		LibvirtMachine: p.LibvirtMachine, Host: p.Host, failureDomain: p.FailureDomain, objectScope: o,
+	}
+	s.VM = s.machineVM(p.HostName)
+	return s, nil
+}
+
+// machineVM builds the machine's VM from its objects: identity from
+// spec.providerID and the MAC recorded in status or annotation, placement
+// from the annotations (once recorded) or the specs, progress from status.
+func (s *MachineScope) machineVM(hostName string) *VM {
+	lm := s.LibvirtMachine
+	spec, st := &lm.Spec, lm.Status.Domain
+	domain := naming.DomainName(lm.Namespace, lm.Name)
+	vm := &VM{
+		Domain:   domain,
+		UUID:     strings.TrimPrefix(spec.ProviderID, infrav1.ProviderIDPrefix),
+		MAC:      recordedMAC(st, lm.Annotations[MACAnnotation]),
+		Hostname: lm.Name,
+		Owner: virt.Owner{
+			Kind: "LibvirtMachine", Namespace: lm.Namespace, Name: lm.Name,
+			UID: string(lm.UID), Cluster: s.ClusterName(),
+		},
+		Host:                 hostName,
+		Pool:                 recordedPool(ClusterPool(s.LibvirtCluster), lm.Annotations),
+		Network:              s.network(),
+		Hardware:             defaultHardware(spec.VirtualHardware, infrav1.DefaultMachineCPUs, infrav1.DefaultMachineMemoryMiB),
+		Image:                spec.Image,
+		DiskSizeBytes:        diskSizeBytes(spec.DiskSizeGiB),
+		State:                recordedState(st),
+		Provisioned:          s.IsProvisioned(),
+		BootstrapDataRemoved: lm.Status.BootstrapDataRemoved,
+		object:               machineObject{s},
+	}
+	if s.Machine != nil {
+		vm.Hostname = s.Machine.Name
+	}
+	return vm
+}
+
+// writeVM writes the VM back to the LibvirtMachine: the UUID into
+// spec.providerID and the MAC into its annotation (each once, as
+// clusterctl move carries them), the placement annotations once recorded,
+// status.domain, the addresses the guest reported and the seed's state.
+func (s *MachineScope) writeVM() {
+	vm, lm := s.VM, s.LibvirtMachine
+	if lm.Spec.ProviderID == "" && vm.UUID != "" {
+		lm.Spec.ProviderID = infrav1.ProviderIDPrefix + strings.ToLower(vm.UUID)
+	}
+	if vm.MAC != "" {
+		annotateOnce(lm, MACAnnotation, vm.MAC.String())
+	}
+	if vm.placementRecorded {
+		annotateOnce(lm, PoolAnnotation, vm.Pool.Name)
+		if !vm.Network.IsZero() {
+			annotateOnce(lm, NetworkAnnotation, vm.Network.String())
+		}
+	}
+	lm.Status.Domain = vm.domainStatus(lm.Status.Domain)
+	if vm.Addresses != nil {
+		out := make([]clusterv1.MachineAddress, 0, len(vm.Addresses)+1)
+		for _, ip := range vm.Addresses {
+			out = append(out, clusterv1.MachineAddress{Type: clusterv1.MachineInternalIP, Address: ip})
+		}
+		lm.Status.Addresses = append(out, clusterv1.MachineAddress{Type: clusterv1.MachineHostName, Address: vm.Hostname})
+	}
+	lm.Status.BootstrapDataRemoved = lm.Status.BootstrapDataRemoved || vm.BootstrapDataRemoved
+}
+
+// machineObject is the LibvirtMachine as its VM's object.
+type machineObject struct{ s *MachineScope }
+
+func (o machineObject) persist(ctx context.Context) error { return o.s.PatchObject(ctx) }
+
+func (o machineObject) Event(eventType, reason, message string) { o.s.Event(eventType, reason, message) }
+
+// PatchObject writes the VM back and persists the LibvirtMachine now.
+func (s *MachineScope) PatchObject(ctx context.Context) error {
+	s.writeVM()
+	return s.objectScope.PatchObject(ctx)
+}
+
+// Close writes the VM back, summarises the step conditions into Ready and
+// persists the LibvirtMachine.
+func (s *MachineScope) Close(ctx context.Context) error {
+	s.writeVM()
+	return s.objectScope.Close(ctx)
 }
 
 // Name is the LibvirtMachine's name.
@@ -115,69 +194,12 @@ func (s *MachineScope) Name() string { return s.LibvirtMachine.Name }
 // Namespace is the LibvirtMachine's namespace.
 func (s *MachineScope) Namespace() string { return s.LibvirtMachine.Namespace }
 
-// DomainName is the libvirt domain's name (see DomainName).
-func (s *MachineScope) DomainName() string { return naming.DomainName(s.Namespace(), s.Name()) }
-
-// OverlayVolume is the name of the root disk volume.
-func (s *MachineScope) OverlayVolume() string { return naming.OverlayVolumeName(s.DomainName()) }
-
-// SeedVolume is the name of the NoCloud seed volume.
-func (s *MachineScope) SeedVolume() string { return naming.SeedVolumeName(s.DomainName()) }
-
-// ConsoleLogVolume is the name of the machine's console log volume.
-func (s *MachineScope) ConsoleLogVolume() string { return naming.ConsoleLogVolumeName(s.DomainName()) }
-
-// DomainUUID is the domain's UUID, chosen once and kept in spec.providerID
-// (which clusterctl move and restores carry): "" until the identity step
-// chose or adopted it.
-func (s *MachineScope) DomainUUID() string {
-	return strings.TrimPrefix(s.LibvirtMachine.Spec.ProviderID, infrav1.ProviderIDPrefix)
-}
-
-// SetDomainUUID records the domain's UUID in spec.providerID, which is
-// immutable once set.
-func (s *MachineScope) SetDomainUUID(uuid string) {
-	if s.LibvirtMachine.Spec.ProviderID == "" {
-		s.LibvirtMachine.Spec.ProviderID = infrav1.ProviderIDPrefix + strings.ToLower(uuid)
-	}
-}
-
-// DomainSeen tells whether the status recorded the domain's state.
-func (s *MachineScope) DomainSeen() bool {
-	d := s.LibvirtMachine.Status.Domain
-	return d != nil && d.State != ""
-}
-
-// SetDomainFound records that the machine's domain exists: the volumes it
-// was defined on are complete, whatever the status says.
-func (s *MachineScope) SetDomainFound() { s.domainFound = true }
-
-// DomainDefined tells whether the machine's domain exists in libvirt: this
-// reconcile found it, or status.domain holds the state libvirt reported.
-func (s *MachineScope) DomainDefined() bool { return s.domainFound || s.DomainSeen() }
-
-// Hostname is the guest's hostname and so its Node name: the Machine's name.
-func (s *MachineScope) Hostname() string {
-	if s.Machine != nil {
-		return s.Machine.Name
-	}
-	return s.Name()
-}
-
 // ClusterName is the Cluster API cluster the machine belongs to.
 func (s *MachineScope) ClusterName() string {
 	if s.Machine != nil && s.Machine.Spec.ClusterName != "" {
 		return s.Machine.Spec.ClusterName
 	}
 	return s.LibvirtMachine.Labels[clusterv1.ClusterNameLabel]
-}
-
-// Owner is recorded in the domain's metadata; libvirt events carry it back.
-func (s *MachineScope) Owner() virt.Owner {
-	return virt.Owner{
-		Kind: "LibvirtMachine", Namespace: s.Namespace(), Name: s.Name(),
-		UID: string(s.LibvirtMachine.UID), Cluster: s.ClusterName(),
-	}
 }
 
 // FailureDomain is where the machine is placed (the controller's
@@ -223,92 +245,28 @@ func (s *MachineScope) ClusterInfrastructureProvisioned() bool {
 	return s.Cluster != nil && ptr.Deref(s.Cluster.Status.Initialization.InfrastructureProvisioned, false)
 }
 
-// Pool is the storage pool of the machine's volumes: the one recorded on
-// the LibvirtMachine, else the LibvirtCluster's, else the default. Path is
-// empty when the pool must already exist (a named pool without a path, or
-// a recorded pool that is no longer the cluster's).
-func (s *MachineScope) Pool() virt.PoolSpec {
-	return recordedPool(ClusterPool(s.LibvirtCluster), s.LibvirtMachine.Annotations)
-}
-
-// Network is the machine's network: the one recorded on the LibvirtMachine
-// once something was created on it, else spec.network, else the
-// LibvirtCluster's status.network. Zero when none is known yet.
-func (s *MachineScope) Network() NetworkRef {
+// network is the machine's network: the one recorded on the
+// LibvirtMachine once something was created on it, else spec.network,
+// else the LibvirtCluster's status.network. Zero when none is known yet.
+func (s *MachineScope) network() NetworkRef {
 	if recorded := ParseNetworkRef(s.LibvirtMachine.Annotations[NetworkAnnotation]); !recorded.IsZero() {
 		return recorded
 	}
 	if o := s.LibvirtMachine.Spec.Network; o != nil && (o.Name != "" || o.Bridge != "") {
 		return NetworkRef{Name: o.Name, Bridge: o.Bridge}
 	}
-	if s.LibvirtCluster != nil && s.LibvirtCluster.Status.Network != nil {
-		n := s.LibvirtCluster.Status.Network
-		if n.Name != "" {
-			return NetworkRef{Name: n.Name}
-		}
-		return NetworkRef{Bridge: n.Bridge}
+	if s.LibvirtCluster != nil {
+		return statusNetwork(s.LibvirtCluster)
 	}
 	return NetworkRef{}
 }
 
-// RecordPlacement writes pool and network into annotations (once), before
-// anything is created there; PatchObject persists them.
-func (s *MachineScope) RecordPlacement() {
-	a := s.LibvirtMachine.Annotations
-	if a == nil {
-		a = map[string]string{}
-	}
-	if a[PoolAnnotation] == "" {
-		a[PoolAnnotation] = s.Pool().Name
-	}
-	if a[NetworkAnnotation] == "" {
-		if n := s.Network(); !n.IsZero() {
-			a[NetworkAnnotation] = n.String()
-		}
-	}
-	s.LibvirtMachine.Annotations = a
-}
-
-// Hardware is the machine's virtual hardware with defaults applied.
-func (s *MachineScope) Hardware() infrav1.VirtualHardware {
-	return defaultHardware(s.LibvirtMachine.Spec.VirtualHardware, infrav1.DefaultMachineCPUs, infrav1.DefaultMachineMemoryMiB)
-}
-
-// DiskSizeBytes is the requested root disk size.
-func (s *MachineScope) DiskSizeBytes() uint64 {
-	gib := s.LibvirtMachine.Spec.DiskSizeGiB
+// diskSizeBytes is a root disk of gib GiB, the default when zero.
+func diskSizeBytes(gib int32) uint64 {
 	if gib == 0 {
 		gib = infrav1.DefaultDiskSizeGiB
 	}
 	return uint64(gib) << 30
-}
-
-// MAC is the NIC's MAC once chosen (status.domain.mac, else the
-// annotation it was recorded in), else "".
-func (s *MachineScope) MAC() netalloc.MAC {
-	if d := s.LibvirtMachine.Status.Domain; d != nil && d.MAC != "" {
-		return netalloc.CanonicalMAC(d.MAC)
-	}
-	return netalloc.CanonicalMAC(s.LibvirtMachine.Annotations[MACAnnotation])
-}
-
-// domainStatus returns status.domain, creating it with the derived
-// identity filled in.
-func (s *MachineScope) domainStatus() *infrav1.DomainStatus {
-	st := &s.LibvirtMachine.Status
-	if st.Domain == nil {
-		st.Domain = &infrav1.DomainStatus{}
-	}
-	st.Domain.Name = s.DomainName()
-	st.Domain.UUID = s.DomainUUID()
-	st.Domain.Host = s.HostName
-	return st.Domain
-}
-
-// SetMAC records the chosen MAC in status.domain and in its annotation.
-func (s *MachineScope) SetMAC(mac netalloc.MAC) {
-	s.domainStatus().MAC = mac.String()
-	annotateOnce(s.LibvirtMachine, MACAnnotation, mac.String())
 }
 
 // annotateOnce sets an annotation of obj unless it is set: what it records
@@ -325,41 +283,11 @@ func annotateOnce(obj metav1.Object, key, value string) {
 	obj.SetAnnotations(a)
 }
 
-// SetDomainState records libvirt's state of the domain.
-func (s *MachineScope) SetDomainState(state string) { s.domainStatus().State = state }
-
-// SetAddresses replaces status.addresses: the InternalIPs, then the Hostname.
-func (s *MachineScope) SetAddresses(ips []string) {
-	out := make([]clusterv1.MachineAddress, 0, len(ips)+1)
-	for _, ip := range ips {
-		out = append(out, clusterv1.MachineAddress{Type: clusterv1.MachineInternalIP, Address: ip})
-	}
-	out = append(out, clusterv1.MachineAddress{Type: clusterv1.MachineHostName, Address: s.Hostname()})
-	s.LibvirtMachine.Status.Addresses = out
-}
-
 // Spec is the machine's spec.
 func (s *MachineScope) Spec() *infrav1.LibvirtMachineSpec { return &s.LibvirtMachine.Spec }
 
 // Object is the LibvirtMachine.
 func (s *MachineScope) Object() *infrav1.LibvirtMachine { return s.LibvirtMachine }
-
-// SetBootstrapSucceeded records that this reconcile's bootstrap check
-// found the bootstrap done (in the guest, or in the emptied seed).
-func (s *MachineScope) SetBootstrapSucceeded() { s.bootstrapSucceeded = true }
-
-// BootstrapSucceeded tells whether this reconcile's bootstrap check found
-// the bootstrap done.
-func (s *MachineScope) BootstrapSucceeded() bool { return s.bootstrapSucceeded }
-
-// BootstrapDataRemoved tells whether the seed was rewritten without the
-// bootstrap data.
-func (s *MachineScope) BootstrapDataRemoved() bool {
-	return s.LibvirtMachine.Status.BootstrapDataRemoved
-}
-
-// SetBootstrapDataRemoved records that the seed holds no bootstrap data.
-func (s *MachineScope) SetBootstrapDataRemoved() { s.LibvirtMachine.Status.BootstrapDataRemoved = true }
 
 // IsProvisioned tells whether the machine was ever reported provisioned.
 func (s *MachineScope) IsProvisioned() bool {
@@ -374,6 +302,7 @@ func (s *MachineScope) SetProvisioned() {
 	}
 	s.LibvirtMachine.Status.Initialization.Provisioned = ptr.To(true)
 	s.LibvirtMachine.Status.Ready = true
+	s.VM.Provisioned = true
 }
 
 // HasFailed tells whether a terminal failure was recorded.

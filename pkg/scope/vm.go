@@ -1,44 +1,167 @@
 package scope
 
 import (
+	"context"
+	"errors"
+
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
-// vmVolumes carries a VM's root disk and seed from the disk and seed
-// steps to the domain step of the same reconcile, which attaches them, so
-// that neither is looked up again. It lives as long as the scope: one
-// reconcile.
-type vmVolumes struct {
-	rootDisk, seed *virt.VolumeInfo
+// VM is one virtual machine as the machine services (identity, address,
+// disk, seed, domain, guest) build and watch it: a LibvirtMachine's, or a
+// LibvirtCluster's HAProxy VM. Its object's scope builds it from the
+// object (NewMachineScope, ClusterScope.LoadBalancerVM) and writes it back
+// in one function whenever the object is patched; the services read and
+// set its fields and never see the object.
+type VM struct {
+	// Domain is the libvirt domain's name; the VM's volumes are named
+	// after it (OverlayVolume, SeedVolume, ConsoleLogVolume).
+	Domain string
+	// UUID is the domain's UUID: "" until the identity step chose or
+	// adopted it. Written back once, where clusterctl move carries it.
+	UUID string
+	// MAC is the NIC's MAC: zero until the address step chose it or the
+	// identity step adopted the domain's. Written back once.
+	MAC netalloc.MAC
+	// Hostname is the guest's hostname (a machine's is its Node's name).
+	Hostname string
+	// Owner is the ownership metadata every libvirt object of the VM
+	// carries.
+	Owner virt.Owner
+
+	// Host names the libvirt host the VM is placed on (status).
+	Host string
+	// Pool is the storage pool of the VM's volumes.
+	Pool virt.PoolSpec
+	// Network is the network the NIC joins; zero until known.
+	Network NetworkRef
+
+	// Hardware is the virtual hardware, defaults applied.
+	Hardware infrav1.VirtualHardware
+	// Image is what the root disk is a copy of.
+	Image infrav1.ImageSource
+	// DiskSizeBytes is the root disk's size; zero for the image's own.
+	DiskSizeBytes uint64
+
+	// State is libvirt's state of the domain as the status last recorded
+	// it, or as the domain step found it; "" after a move or a restore,
+	// which keep no status.
+	State string
+	// Provisioned is set once the VM was reported provisioned: from then
+	// on a vanished or dead domain is a terminal failure, and a guest that
+	// stops answering keeps the addresses it last reported. Never set for
+	// the HAProxy VM, which holds no state and is recreated.
+	Provisioned bool
+	// BootstrapDataRemoved is set once the seed was rewritten without the
+	// bootstrap data (kept in status).
+	BootstrapDataRemoved bool
+	// Addresses are the guest's IPs as the address check of this
+	// reconcile read them; nil when it did not read them.
+	Addresses []string
+
+	// Found is set when this reconcile found the VM's domain in libvirt:
+	// the volumes it was defined on are complete.
+	Found bool
+	// BootstrapSucceeded is set when this reconcile's bootstrap check
+	// found the bootstrap done (in the guest, or in the emptied seed).
+	BootstrapSucceeded bool
+	// RootDisk and Seed are the volumes the disk and seed steps ensured in
+	// this reconcile, which the domain step attaches; nil when they did
+	// not run (a provisioned VM skips them).
+	RootDisk, Seed *virt.VolumeInfo
+
+	// placementRecorded is set by RecordPlacement.
+	placementRecorded bool
+	// object writes the VM back to its object and persists it, and
+	// records events on it.
+	object vmObject
 }
 
-// SetRootDisk records the root disk the disk step ensured.
-func (v *vmVolumes) SetRootDisk(info virt.VolumeInfo) { v.rootDisk = &info }
+// vmObject is the object a VM is written back to.
+type vmObject interface {
+	// persist writes the VM back and patches the object now.
+	persist(ctx context.Context) error
+	Event(eventType, reason, message string)
+}
 
-// RootDisk is the root disk the disk step ensured in this reconcile;
-// false when it did not run (a provisioned VM skips it).
-func (v *vmVolumes) RootDisk() (virt.VolumeInfo, bool) {
-	if v.rootDisk == nil {
-		return virt.VolumeInfo{}, false
+// OverlayVolume is the name of the root disk's volume.
+func (vm *VM) OverlayVolume() string { return naming.OverlayVolumeName(vm.Domain) }
+
+// SeedVolume is the name of the NoCloud seed's volume.
+func (vm *VM) SeedVolume() string { return naming.SeedVolumeName(vm.Domain) }
+
+// ConsoleLogVolume is the name of the serial console log's volume.
+func (vm *VM) ConsoleLogVolume() string { return naming.ConsoleLogVolumeName(vm.Domain) }
+
+// DomainDefined tells whether the VM's domain exists in libvirt: this
+// reconcile found it, or the status holds the state libvirt reported.
+func (vm *VM) DomainDefined() bool { return vm.Found || vm.State != "" }
+
+// RecordPlacement has the write-back record the pool and network (once),
+// before anything is created there, so that deletion finds them after the
+// cluster's spec changed or the LibvirtCluster is gone.
+func (vm *VM) RecordPlacement() { vm.placementRecorded = true }
+
+// Persist writes the VM back and patches its object now: before something
+// is created in libvirt whose identity must survive a crash (the MAC and
+// placement).
+func (vm *VM) Persist(ctx context.Context) error {
+	if vm.object == nil {
+		return errors.New("the VM was not built from an object: nothing to persist it to")
 	}
-	return *v.rootDisk, true
+	return vm.object.persist(ctx)
 }
 
-// SetSeed records the seed volume the seed step ensured.
-func (v *vmVolumes) SetSeed(info virt.VolumeInfo) { v.seed = &info }
-
-// Seed is the seed volume the seed step ensured in this reconcile; false
-// when it did not run.
-func (v *vmVolumes) Seed() (virt.VolumeInfo, bool) {
-	if v.seed == nil {
-		return virt.VolumeInfo{}, false
+// Event records an event on the VM's object; a VM built without one (a
+// unit test's) records none.
+func (vm *VM) Event(eventType, reason, message string) {
+	if vm.object != nil {
+		vm.object.Event(eventType, reason, message)
 	}
-	return *v.seed, true
 }
 
-// Image is the machine's base image.
-func (s *MachineScope) Image() infrav1.ImageSource { return s.LibvirtMachine.Spec.Image }
+// domainStatus is the status.domain the write-back leaves: st updated
+// with the VM's identity and state, created once the VM has a MAC or a
+// state; nil while it has neither.
+func (vm *VM) domainStatus(st *infrav1.DomainStatus) *infrav1.DomainStatus {
+	if st == nil {
+		if vm.MAC == "" && vm.State == "" {
+			return nil
+		}
+		st = &infrav1.DomainStatus{}
+	}
+	st.Name, st.UUID = vm.Domain, vm.UUID
+	if vm.Host != "" {
+		st.Host = vm.Host
+	}
+	if vm.MAC != "" {
+		st.MAC = vm.MAC.String()
+	}
+	if vm.State != "" {
+		st.State = vm.State
+	}
+	return st
+}
+
+// recordedMAC is the MAC a status recorded, else the annotation it was
+// recorded in, else zero.
+func recordedMAC(st *infrav1.DomainStatus, annotation string) netalloc.MAC {
+	if st != nil && st.MAC != "" {
+		return netalloc.CanonicalMAC(st.MAC)
+	}
+	return netalloc.CanonicalMAC(annotation)
+}
+
+// recordedState is the domain state a status recorded; "" for none.
+func recordedState(st *infrav1.DomainStatus) string {
+	if st == nil {
+		return ""
+	}
+	return st.State
+}
 
 // defaultHardware is hw with the API's defaults applied (the same the
 // webhooks write, for objects stored before they ran), and without a TCG

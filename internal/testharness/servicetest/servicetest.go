@@ -173,8 +173,8 @@ func Provision(t *testing.T, f *Fixture) *scope.MachineScope {
 	t.Helper()
 	s := f.Scope()
 	for _, st := range []services.Step{
-		{Service: address.New(s, f.Host), Condition: infrav1.AddressReservedCondition},
-		{Service: disk.New(s, f.Host, &SyncImporter{Host: f.Host}), Condition: infrav1.DiskReadyCondition},
+		{Service: address.New(s.VM, f.Host), Condition: infrav1.AddressReservedCondition},
+		{Service: disk.New(s.VM, f.Host, &SyncImporter{Host: f.Host}), Condition: infrav1.DiskReadyCondition},
 		{Service: seed.New(s, f.Host), Condition: infrav1.BootstrapDataReadyCondition},
 	} {
 		if err := Reconcile(s, st.Condition, st.Service); err != nil {

@@ -24,30 +24,10 @@ const macCandidates = 8
 // looks again (no watch covers the LibvirtCluster's status.network).
 const waitForNetwork = 30 * time.Second
 
-// Scope is what the service needs of the VM it reserves an address for:
-// a machine or the load balancer's HAProxy VM.
-type Scope interface {
-	// Owner is whose the VM's DHCP host entry is: the entry is named
-	// after it, and only its own entry is shared with or released by it.
-	Owner() virt.Owner
-	// Network is the VM's network; zero until known.
-	Network() scope.NetworkRef
-	// DomainUUID is the VM's domain UUID, which the identity step chose:
-	// its candidate MACs derive from it (naming.MACCandidates).
-	DomainUUID() string
-	// MAC is the NIC's MAC once chosen; SetMAC and RecordPlacement
-	// record it and where the VM's objects go, and PatchObject persists
-	// them before anything is created in libvirt.
-	MAC() netalloc.MAC
-	SetMAC(mac netalloc.MAC)
-	RecordPlacement()
-	PatchObject(ctx context.Context) error
-}
-
 // Service reserves the address; its outcome is AddressReserved's.
 type Service struct {
-	scope Scope
-	host  virt.NetworkHost
+	vm   *scope.VM
+	host virt.NetworkHost
 	// reserved is the address Reconcile reserved; invalid when the
 	// network has none to give (a bridge, no libvirt DHCP).
 	reserved netip.Addr
@@ -55,8 +35,8 @@ type Service struct {
 
 var _ services.Service = (*Service)(nil)
 
-// New returns the address reservation service of s.
-func New(s Scope, host virt.NetworkHost) *Service { return &Service{scope: s, host: host} }
+// New returns the address reservation service of vm.
+func New(vm *scope.VM, host virt.NetworkHost) *Service { return &Service{vm: vm, host: host} }
 
 // Name labels the service in logs.
 func (*Service) Name() string { return "address" }
@@ -68,8 +48,8 @@ func (svc *Service) Reserved() netip.Addr { return svc.reserved }
 // Reconcile chooses the MAC (persisting it and the placement before
 // anything exists in libvirt) and reserves an address for it.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
-	s := svc.scope
-	network := s.Network()
+	vm := svc.vm
+	network := vm.Network
 	if network.IsZero() {
 		return services.Result{}, services.Fail(infrav1.WaitingForNetworkReason, services.Requeue(waitForNetwork, "cluster network unknown"),
 			"The LibvirtCluster has not reported its network yet")
@@ -81,13 +61,13 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		return services.Done(infrav1.ReservationNotSupportedReason,
 			fmt.Sprintf("Host bridge %s: the address comes from the LAN's DHCP server", network.Bridge)), nil
 	}
-	owner := s.Owner()
-	ip, err := svc.host.ReserveAddress(ctx, network.Name, virt.Reservation{MAC: s.MAC(), Owner: &owner})
+	owner := vm.Owner
+	ip, err := svc.host.ReserveAddress(ctx, network.Name, virt.Reservation{MAC: vm.MAC, Owner: &owner})
 	var conflict *virt.AddressConflictError
 	switch {
 	case err == nil:
 		svc.reserved = ip
-		return services.Done(infrav1.ReadyReason, fmt.Sprintf("%s is reserved for %s on network %s", ip, s.MAC(), network.Name)), nil
+		return services.Done(infrav1.ReadyReason, fmt.Sprintf("%s is reserved for %s on network %s", ip, vm.MAC, network.Name)), nil
 	case errors.Is(err, virt.ErrNoDHCP):
 		return services.Done(infrav1.ReservationNotSupportedReason,
 			fmt.Sprintf("libvirt serves no DHCP on network %s: the guest agent reports the address", network.Name)), nil
@@ -109,8 +89,8 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 // onto the object, together with the pool and network, before the
 // reservation is made, so a crash never leaves an entry we cannot name.
 func (svc *Service) ensureMAC(ctx context.Context, network scope.NetworkRef) error {
-	s := svc.scope
-	if s.MAC() != "" {
+	vm := svc.vm
+	if vm.MAC != "" {
 		return nil
 	}
 	var taken []virt.Reservation
@@ -126,11 +106,11 @@ func (svc *Service) ensureMAC(ctx context.Context, network scope.NetworkRef) err
 			return services.Fail(infrav1.LibvirtErrorReason, err, "Listing reservations: %v", err)
 		}
 	}
-	if s.DomainUUID() == "" {
+	if vm.UUID == "" {
 		return fmt.Errorf("choosing a MAC: the VM has no domain UUID yet (the identity step runs first)")
 	}
 	var mac netalloc.MAC
-	for _, c := range naming.MACCandidates(s.DomainUUID(), macCandidates) {
+	for _, c := range naming.MACCandidates(vm.UUID, macCandidates) {
 		if !reserved(taken, c) {
 			mac = c
 			break
@@ -140,9 +120,9 @@ func (svc *Service) ensureMAC(ctx context.Context, network scope.NetworkRef) err
 		return services.Fail(infrav1.AddressConflictReason, fmt.Errorf("no free MAC among %d candidates", macCandidates),
 			"All %d MACs derived for this machine are reserved on network %s", macCandidates, network.Name)
 	}
-	s.SetMAC(mac)
-	s.RecordPlacement()
-	return s.PatchObject(ctx)
+	vm.MAC = mac
+	vm.RecordPlacement()
+	return vm.Persist(ctx)
 }
 
 func reserved(entries []virt.Reservation, mac netalloc.MAC) bool {
@@ -159,14 +139,14 @@ func reserved(entries []virt.Reservation, mac netalloc.MAC) bool {
 // not take another VM's reservation away. A VM whose MAC was never
 // recorded made no reservation.
 func (svc *Service) Delete(ctx context.Context) error {
-	s := svc.scope
-	network := s.Network()
-	if s.MAC() == "" || network.Name == "" {
+	vm := svc.vm
+	network := vm.Network
+	if vm.MAC == "" || network.Name == "" {
 		return nil
 	}
-	owner := s.Owner()
-	if err := svc.host.ReleaseOwnedAddress(ctx, network.Name, virt.Reservation{MAC: s.MAC(), Owner: &owner}); err != nil {
-		return fmt.Errorf("releasing the address of %s: %w", s.MAC(), err)
+	owner := vm.Owner
+	if err := svc.host.ReleaseOwnedAddress(ctx, network.Name, virt.Reservation{MAC: vm.MAC, Owner: &owner}); err != nil {
+		return fmt.Errorf("releasing the address of %s: %w", vm.MAC, err)
 	}
 	return nil
 }

@@ -22,8 +22,8 @@ import (
 func TestAddressPersistsMACBeforeReserving(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	s := f.Scope()
-	s.SetDomainUUID("0b9d6c86-1111-4e2e-9c55-3b6f1b0d7a11")
-	first := naming.MACCandidates(s.DomainUUID(), 2)
+	s.VM.UUID = "0b9d6c86-1111-4e2e-9c55-3b6f1b0d7a11"
+	first := naming.MACCandidates(s.VM.UUID, 2)
 	// Someone else's entry holds the first candidate.
 	f.Host.Entries["net"] = []virt.Reservation{{MAC: netalloc.MAC(strings.ToUpper(first[0].String())), IP: netip.MustParseAddr("192.168.100.2")}}
 	f.Host.OnCall = func(method string) {
@@ -31,11 +31,11 @@ func TestAddressPersistsMACBeforeReserving(t *testing.T) {
 			t.Error("ReserveAddress ran before the MAC was persisted")
 		}
 	}
-	if err := servicetest.Reconcile(s, infrav1.AddressReservedCondition, address.New(s, s.Host)); err != nil {
+	if err := servicetest.Reconcile(s, infrav1.AddressReservedCondition, address.New(s.VM, s.Host)); err != nil {
 		t.Fatal(err)
 	}
-	if s.MAC() != first[1] {
-		t.Errorf("MAC = %s, want the second candidate %s", s.MAC(), first[1])
+	if s.VM.MAC != first[1] {
+		t.Errorf("MAC = %s, want the second candidate %s", s.VM.MAC, first[1])
 	}
 	stored := f.Stored()
 	if stored.Annotations[scope.PoolAnnotation] != "pool" || stored.Annotations[scope.NetworkAnnotation] != "network:net" {
@@ -44,14 +44,14 @@ func TestAddressPersistsMACBeforeReserving(t *testing.T) {
 	servicetest.WantCondition(t, f.LM, infrav1.AddressReservedCondition, metav1.ConditionTrue, infrav1.ReadyReason)
 	// Idempotent: a second run keeps the MAC and the one entry.
 	fs := f.Scope()
-	if err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs, fs.Host)); err != nil {
+	if err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs.VM, fs.Host)); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(f.Host.Entries["net"]); n != 2 {
 		t.Errorf("%d entries, want 2", n)
 	}
 	fs = f.Scope()
-	if err := address.New(fs, fs.Host).Delete(context.Background()); err != nil {
+	if err := address.New(fs.VM, fs.Host).Delete(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(f.Host.Entries["net"]); n != 1 {
@@ -63,7 +63,7 @@ func TestAddressWaitsForNetworkAndHandlesBridges(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	f.LC.Status.Network = nil
 	fs := f.Scope()
-	err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs, fs.Host))
+	err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs.VM, fs.Host))
 	if rq, ok := services.AsRequeue(err); !ok || rq.After == 0 {
 		t.Fatalf("err = %v, want a timed requeue", err)
 	}
@@ -71,7 +71,7 @@ func TestAddressWaitsForNetworkAndHandlesBridges(t *testing.T) {
 
 	f.LM.Spec.Network = &infrav1.NetworkAttachment{Bridge: "br0"}
 	fs = f.Scope()
-	if err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs, fs.Host)); err != nil {
+	if err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs.VM, fs.Host)); err != nil {
 		t.Fatal(err)
 	}
 	servicetest.WantCondition(t, f.LM, infrav1.AddressReservedCondition, metav1.ConditionTrue, infrav1.ReservationNotSupportedReason)
@@ -84,7 +84,7 @@ func TestAddressConflict(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	f.Host.Errs["ReserveAddress"] = &virt.AddressConflictError{Network: "net", Reason: virt.ConflictLeased, HeldBy: "52:54:00:00:00:01", Until: time.Now().Add(time.Minute)}
 	fs := f.Scope()
-	err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs, fs.Host))
+	err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs.VM, fs.Host))
 	if _, ok := services.AsRequeue(err); !ok {
 		t.Fatalf("err = %v, want a requeue until the lease expires", err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -35,26 +36,9 @@ type Importer interface {
 	Release(w imageimport.Waiter)
 }
 
-// Scope is what the service needs of the VM whose root disk it makes: a
-// machine or the load balancer's HAProxy VM.
-type Scope interface {
-	// Pool, OverlayVolume, DiskSizeBytes and Image say where the root
-	// disk goes, its name, its size (zero: the image's) and what it is a
-	// copy of.
-	Pool() virt.PoolSpec
-	OverlayVolume() string
-	DiskSizeBytes() uint64
-	Image() infrav1.ImageSource
-	// Owner is whose reconcile a finished image import triggers.
-	Owner() virt.Owner
-	// SetRootDisk hands the root disk to the domain step of the same
-	// reconcile, which attaches it.
-	SetRootDisk(info virt.VolumeInfo)
-}
-
 // Service makes the root disk; its outcome is DiskReady's.
 type Service struct {
-	scope  Scope
+	vm     *scope.VM
 	host   virt.StorageHost
 	images Importer
 	// maxBytes bounds the root disk whatever the image (0: no bound).
@@ -63,9 +47,9 @@ type Service struct {
 
 var _ services.Service = (*Service)(nil)
 
-// New returns the disk service of s; images imports base images given by URL.
-func New(s Scope, host virt.StorageHost, images Importer) *Service {
-	return &Service{scope: s, host: host, images: images}
+// New returns the disk service of vm; images imports base images given by URL.
+func New(vm *scope.VM, host virt.StorageHost, images Importer) *Service {
+	return &Service{vm: vm, host: host, images: images}
 }
 
 // WithMaxBytes bounds the root disk at n bytes (the operator's
@@ -80,11 +64,11 @@ func (*Service) Name() string { return "disk" }
 
 // Reconcile ensures the overlay exists with at least the requested size.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
-	s := svc.scope
-	pool := s.Pool()
-	want := s.DiskSizeBytes()
-	if info, err := svc.host.VolumeInfo(ctx, pool.Name, s.OverlayVolume()); err == nil && info.CapacityBytes >= want {
-		s.SetRootDisk(info)
+	vm := svc.vm
+	pool := vm.Pool
+	want := vm.DiskSizeBytes
+	if info, err := svc.host.VolumeInfo(ctx, pool.Name, vm.OverlayVolume()); err == nil && info.CapacityBytes >= want {
+		vm.RootDisk = &info
 		return services.Done(infrav1.ReadyReason, ""), nil
 	}
 	if pool.Path != "" {
@@ -97,21 +81,21 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		return services.Result{}, err
 	}
 	info, err := svc.host.EnsureOverlay(ctx, virt.OverlaySpec{
-		Pool: pool.Name, Name: s.OverlayVolume(),
+		Pool: pool.Name, Name: vm.OverlayVolume(),
 		BackingPool: basePool, BackingVolume: baseVolume,
 		CapacityBytes: want, MaxCapacityBytes: svc.maxBytes,
 	})
 	if err != nil {
 		return services.Result{}, fail(err, "Creating the root disk on %s/%s: %v", basePool, baseVolume, err)
 	}
-	s.SetRootDisk(info)
+	vm.RootDisk = &info
 	return services.Done(infrav1.ReadyReason, ""), nil
 }
 
 // baseImage returns the base volume: imported from spec.image.url (named
 // after its checksum, so it is shared and never stale), or the named one.
 func (svc *Service) baseImage(ctx context.Context, pool string) (string, string, error) {
-	img := svc.scope.Image()
+	img := svc.vm.Image
 	if img.Volume != nil {
 		p := img.Volume.Pool
 		if p == "" {
@@ -125,7 +109,7 @@ func (svc *Service) baseImage(ctx context.Context, pool string) (string, string,
 			"spec.image needs a volume, or a url with a sha256 checksum")
 	}
 	return svc.importImage(imageimport.Key{Host: svc.host, Pool: pool, Volume: naming.ImageVolumeName(sum), Source: img.URL, SHA256: sum,
-		DiskBytes: svc.scope.DiskSizeBytes()})
+		DiskBytes: svc.vm.DiskSizeBytes})
 }
 
 // importImage asks the importer for the image and reports how its import
@@ -155,7 +139,7 @@ func (svc *Service) importImage(key imageimport.Key) (string, string, error) {
 
 // waiter is the VM's owner, whose reconcile the importer triggers.
 func (svc *Service) waiter() imageimport.Waiter {
-	o := svc.scope.Owner()
+	o := svc.vm.Owner
 	return imageimport.Waiter{Kind: o.Kind, Namespace: o.Namespace, Name: o.Name}
 }
 
@@ -223,11 +207,10 @@ func fail(err error, format string, args ...any) error {
 // Delete stops waiting for an image import and removes the overlay; the
 // shared base image stays.
 func (svc *Service) Delete(ctx context.Context) error {
-	s := svc.scope
 	if svc.images != nil {
 		svc.images.Release(svc.waiter())
 	}
-	if err := svc.host.DeleteVolume(ctx, s.Pool().Name, s.OverlayVolume()); err != nil {
+	if err := svc.host.DeleteVolume(ctx, svc.vm.Pool.Name, svc.vm.OverlayVolume()); err != nil {
 		return fmt.Errorf("deleting the root disk: %w", err)
 	}
 	return nil

@@ -41,7 +41,7 @@ func TestDiskErrorsBecomeReasons(t *testing.T) {
 			f := servicetest.NewFixture(t)
 			tc.setup(f)
 			fs := f.Scope()
-			err := servicetest.Reconcile(fs, infrav1.DiskReadyCondition, disk.New(fs, fs.Host, &servicetest.SyncImporter{Host: f.Host}))
+			err := servicetest.Reconcile(fs, infrav1.DiskReadyCondition, disk.New(fs.VM, fs.Host, &servicetest.SyncImporter{Host: f.Host}))
 			if _, ok := services.AsRequeue(err); !ok {
 				t.Fatalf("err = %v, want a requeue", err)
 			}
@@ -89,7 +89,7 @@ func TestDiskImportReasons(t *testing.T) {
 			f := servicetest.NewFixture(t)
 			f.LM.Spec.Image = infrav1.ImageSource{URL: "http://user:pw@images.example/img.qcow2?sig=s3cr3t", Checksum: "sha256:" + strings.Repeat("a", 64)}
 			fs := f.Scope()
-			err := servicetest.Reconcile(fs, infrav1.DiskReadyCondition, disk.New(fs, fs.Host, runningImporter{tc.st}))
+			err := servicetest.Reconcile(fs, infrav1.DiskReadyCondition, disk.New(fs.VM, fs.Host, runningImporter{tc.st}))
 			if rq, ok := services.AsRequeue(err); !ok || rq.After <= 0 {
 				t.Fatalf("err = %v, want a timed requeue", err)
 			}
@@ -113,13 +113,13 @@ func TestDiskImportsByChecksum(t *testing.T) {
 	f.Host.Images["file:///img.qcow2"] = sum
 	f.LM.Spec.Image = infrav1.ImageSource{URL: "file:///img.qcow2", Checksum: "sha256:" + sum}
 	s := f.Scope()
-	if err := servicetest.Reconcile(s, infrav1.DiskReadyCondition, disk.New(s, s.Host, &servicetest.SyncImporter{Host: f.Host})); err != nil {
+	if err := servicetest.Reconcile(s, infrav1.DiskReadyCondition, disk.New(s.VM, s.Host, &servicetest.SyncImporter{Host: f.Host})); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := f.Host.Volumes["pool/"+naming.ImageVolumeName(sum)]; !ok {
 		t.Errorf("base not imported under its checksum name: %v", f.Host.Volumes)
 	}
-	ov, ok := f.Host.Volumes["pool/"+s.OverlayVolume()]
+	ov, ok := f.Host.Volumes["pool/"+s.VM.OverlayVolume()]
 	if !ok || ov.CapacityBytes != uint64(infrav1.DefaultDiskSizeGiB)<<30 {
 		t.Errorf("overlay = %+v", ov)
 	}
@@ -127,13 +127,13 @@ func TestDiskImportsByChecksum(t *testing.T) {
 		t.Errorf("pool not ensured: %v", f.Host.Pools)
 	}
 	images := &servicetest.SyncImporter{Host: f.Host}
-	if err := disk.New(s, s.Host, images).Delete(context.Background()); err != nil {
+	if err := disk.New(s.VM, s.Host, images).Delete(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if len(images.Released) != 1 || images.Released[0].Name != f.LM.Name {
 		t.Errorf("Delete released %v, want the machine's wait", images.Released)
 	}
-	if _, ok := f.Host.Volumes["pool/"+s.OverlayVolume()]; ok {
+	if _, ok := f.Host.Volumes["pool/"+s.VM.OverlayVolume()]; ok {
 		t.Error("overlay survived Delete")
 	}
 	if _, ok := f.Host.Volumes["pool/"+naming.ImageVolumeName(sum)]; !ok {

@@ -11,7 +11,6 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -26,31 +25,6 @@ const DefaultShutdownTimeout = 30 * time.Second
 // skipped once the VM is provisioned). It is a not-found: the volumes are
 // ensured again before the domain is defined anew.
 var ErrVolumesUnknown = fmt.Errorf("the root disk and seed were not ensured in this reconcile: %w", virt.ErrNotFound)
-
-// Scope is what the service needs of the VM whose domain it runs: a
-// machine or the load balancer's HAProxy VM.
-type Scope interface {
-	// DomainName, DomainUUID and Owner are the domain's identity.
-	DomainName() string
-	DomainUUID() string
-	Owner() virt.Owner
-	// Hardware, Network and MAC shape the domain; RootDisk and Seed are
-	// the volumes the disk and seed steps of this reconcile ensured.
-	Hardware() infrav1.VirtualHardware
-	Network() scope.NetworkRef
-	MAC() netalloc.MAC
-	RootDisk() (virt.VolumeInfo, bool)
-	Seed() (virt.VolumeInfo, bool)
-	// Pool and ConsoleLogVolume place the serial console's log.
-	Pool() virt.PoolSpec
-	ConsoleLogVolume() string
-	// SetDomainState records libvirt's state of the domain.
-	SetDomainState(state string)
-	// IsProvisioned tells whether a vanished or dead domain is a terminal
-	// failure (a bootstrapped machine) rather than something to recreate.
-	IsProvisioned() bool
-	Event(eventType, reason, message string)
-}
 
 // Host is what the service needs of the libvirt host: its domains, and
 // the pool that keeps the serial console's log.
@@ -72,7 +46,7 @@ type Options struct {
 
 // Service runs the domain; its outcome is DomainReady's.
 type Service struct {
-	scope Scope
+	vm *scope.VM
 	// domains defines, starts and stops the VM; volumes holds its console log.
 	domains virt.DomainHost
 	volumes virt.StorageHost
@@ -81,12 +55,12 @@ type Service struct {
 
 var _ services.Service = (*Service)(nil)
 
-// New returns the domain service of s.
-func New(s Scope, host Host, opts Options) *Service {
+// New returns the domain service of vm.
+func New(vm *scope.VM, host Host, opts Options) *Service {
 	if opts.ShutdownTimeout <= 0 {
 		opts.ShutdownTimeout = DefaultShutdownTimeout
 	}
-	return &Service{scope: s, domains: host, volumes: host, opts: opts}
+	return &Service{vm: vm, domains: host, volumes: host, opts: opts}
 }
 
 // Reconcile makes the domain exist with the provider-chosen UUID and run.
@@ -95,36 +69,36 @@ func New(s Scope, host Host, opts Options) *Service {
 // stopped and cannot be started again, is a terminal failure: recreating
 // it would silently give the Machine a fresh, unbootstrapped disk.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
-	s := svc.scope
-	info, err := svc.domains.DomainInfo(ctx, s.DomainName())
+	s := svc.vm
+	info, err := svc.domains.DomainInfo(ctx, s.Domain)
 	switch {
-	case virt.IsNotFound(err) && s.IsProvisioned():
+	case virt.IsNotFound(err) && s.Provisioned:
 		return services.Result{}, services.Terminal(scope.FailureReasonUpdate, infrav1.DomainMissingReason,
-			"Domain %s vanished after the machine was provisioned", s.DomainName())
+			"Domain %s vanished after the machine was provisioned", s.Domain)
 	case virt.IsNotFound(err):
 		if info, err = svc.define(ctx); err != nil {
 			return services.Result{}, err
 		}
 	case err != nil:
-		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, err, "Reading domain %s: %v", s.DomainName(), err)
+		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, err, "Reading domain %s: %v", s.Domain, err)
 	}
-	if !strings.EqualFold(info.UUID, s.DomainUUID()) {
-		return services.Result{}, svc.replaced(&virt.DomainReplacedError{Name: s.DomainName(), ExpectedUUID: s.DomainUUID(), ActualUUID: info.UUID})
+	if !strings.EqualFold(info.UUID, s.UUID) {
+		return services.Result{}, svc.replaced(&virt.DomainReplacedError{Name: s.Domain, ExpectedUUID: s.UUID, ActualUUID: info.UUID})
 	}
-	s.SetDomainState(info.State)
+	s.State = info.State
 	switch info.State {
 	case "running":
 	case "paused":
 		return services.Result{}, services.Fail(infrav1.DomainPausedReason, services.Requeue(time.Minute, "domain paused"),
-			"Domain %s is paused (%s)", s.DomainName(), info.Reason)
+			"Domain %s is paused (%s)", s.Domain, info.Reason)
 	case "shutdown":
 		return services.Result{}, services.Fail(infrav1.DomainCrashedReason, services.Requeue(0, "domain shutting down"),
-			"Domain %s is shutting down", s.DomainName())
+			"Domain %s is shutting down", s.Domain)
 	default: // shutoff, crashed, pmsuspended…
 		if err := svc.start(ctx, info); err != nil {
 			return services.Result{}, err
 		}
-		s.SetDomainState("running")
+		s.State = "running"
 	}
 	return svc.hardwareResult(info), nil
 }
@@ -135,35 +109,34 @@ func (*Service) Name() string { return "domain" }
 // define creates the domain on the overlay and seed volumes, unless the
 // host could never hold it.
 func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
-	s := svc.scope
+	s := svc.vm
 	if err := svc.checkHostMemory(ctx); err != nil {
 		return virt.DomainInfo{}, err
 	}
-	disk, haveDisk := s.RootDisk()
-	seed, haveSeed := s.Seed()
-	if !haveDisk || !haveSeed {
-		return virt.DomainInfo{}, fmt.Errorf("defining domain %s: %w", s.DomainName(), ErrVolumesUnknown)
+	disk, seed := s.RootDisk, s.Seed
+	if disk == nil || seed == nil {
+		return virt.DomainInfo{}, fmt.Errorf("defining domain %s: %w", s.Domain, ErrVolumesUnknown)
 	}
-	consoleLog, err := svc.volumes.EnsureLogVolume(ctx, s.Pool().Name, s.ConsoleLogVolume())
+	consoleLog, err := svc.volumes.EnsureLogVolume(ctx, s.Pool.Name, s.ConsoleLogVolume())
 	if err != nil {
 		return virt.DomainInfo{}, services.Fail(infrav1.LibvirtErrorReason, err, "Creating the console log volume: %v", err)
 	}
-	hw := s.Hardware()
-	network := s.Network()
+	hw := s.Hardware
+	network := s.Network
 	info, err := svc.domains.EnsureDomain(ctx, virt.DomainSpec{
-		Name: s.DomainName(), UUID: s.DomainUUID(), Owner: s.Owner(),
+		Name: s.Domain, UUID: s.UUID, Owner: s.Owner,
 		Type: string(hw.DomainType), CPUMode: string(hw.CPUMode), CPUModel: hw.CPUModel, CPUFeatures: hw.CPUFeatures,
 		VCPUs: uint(hw.CPUs), MemoryMiB: uint64(hw.MemoryMiB), CPUShares: uint(hw.CPUShares),
 		TCGCacheMiB: uint64(hw.TCGTranslationCacheMiB), DiskPath: disk.Path, DiskFormat: disk.Format, SeedISOPath: seed.Path,
 		DiskBackingPath: disk.BackingPath, DiskBackingFormat: disk.BackingFormat,
-		Network: network.Name, Bridge: network.Bridge, MAC: s.MAC(), TrafficFilter: svc.trafficFilter(network),
+		Network: network.Name, Bridge: network.Bridge, MAC: s.MAC, TrafficFilter: svc.trafficFilter(network),
 		ConsoleLogPath: consoleLog.Path,
 	})
 	if errors.Is(err, virt.ErrDomainReplaced) {
 		return virt.DomainInfo{}, svc.replaced(err)
 	}
 	if err != nil {
-		return virt.DomainInfo{}, services.Fail(infrav1.LibvirtErrorReason, err, "Defining domain %s: %v", s.DomainName(), err)
+		return virt.DomainInfo{}, services.Fail(infrav1.LibvirtErrorReason, err, "Defining domain %s: %v", s.Domain, err)
 	}
 	s.Event("Normal", "DomainDefined", fmt.Sprintf("Defined domain %s with UUID %s", info.Name, info.UUID))
 	return info, nil
@@ -186,12 +159,12 @@ func (svc *Service) trafficFilter(network scope.NetworkRef) string {
 // Memory in use by other VMs is not counted: it changes all the time and
 // the kernel overcommits, so only the impossible is refused.
 func (svc *Service) checkHostMemory(ctx context.Context) error {
-	s := svc.scope
+	s := svc.vm
 	total, err := svc.domains.HostMemory(ctx)
 	if err != nil {
 		return services.Fail(infrav1.LibvirtErrorReason, err, "Reading the libvirt host's memory: %v", err)
 	}
-	asked := uint64(s.Hardware().MemoryMiB)
+	asked := uint64(s.Hardware.MemoryMiB)
 	if asked<<20 <= total {
 		return nil
 	}
@@ -202,30 +175,30 @@ func (svc *Service) checkHostMemory(ctx context.Context) error {
 // start starts a defined, stopped domain. After provisioning, a domain
 // that cannot start again is a terminal failure.
 func (svc *Service) start(ctx context.Context, info virt.DomainInfo) error {
-	s := svc.scope
-	err := svc.domains.StartDomain(ctx, s.DomainName())
+	s := svc.vm
+	err := svc.domains.StartDomain(ctx, s.Domain)
 	var startErr *virt.DomainStartError
 	switch {
 	case err == nil:
-		if s.IsProvisioned() {
-			s.Event("Warning", "DomainRestarted", fmt.Sprintf("Domain %s was %s (%s) and was started again", s.DomainName(), info.State, info.Reason))
+		if s.Provisioned {
+			s.Event("Warning", "DomainRestarted", fmt.Sprintf("Domain %s was %s (%s) and was started again", s.Domain, info.State, info.Reason))
 		} else {
-			s.Event("Normal", "DomainStarted", fmt.Sprintf("Started domain %s", s.DomainName()))
+			s.Event("Normal", "DomainStarted", fmt.Sprintf("Started domain %s", s.Domain))
 		}
 		return nil
-	case errors.As(err, &startErr) && s.IsProvisioned():
+	case errors.As(err, &startErr) && s.Provisioned:
 		return services.Terminal(scope.FailureReasonUpdate, infrav1.DomainCrashedReason, "Domain %s was %s (%s) and cannot be started again: %s",
-			s.DomainName(), info.State, info.Reason, startErr.Message)
+			s.Domain, info.State, info.Reason, startErr.Message)
 	case errors.As(err, &startErr):
 		return services.Fail(infrav1.DomainFailedToStartReason, err, "%s", startErr.Message)
 	default:
-		return services.Fail(infrav1.LibvirtErrorReason, err, "Starting domain %s: %v", s.DomainName(), err)
+		return services.Fail(infrav1.LibvirtErrorReason, err, "Starting domain %s: %v", s.Domain, err)
 	}
 }
 
 // replaced handles a domain of our name with a foreign UUID.
 func (svc *Service) replaced(err error) error {
-	if svc.scope.IsProvisioned() {
+	if svc.vm.Provisioned {
 		return services.Terminal(scope.FailureReasonUpdate, infrav1.DomainMissingReason, "%v", err)
 	}
 	return services.Fail(infrav1.DomainMissingReason, err, "%v", err)
@@ -235,7 +208,7 @@ func (svc *Service) replaced(err error) error {
 // differ from the spec. The VM is never recreated to fix that: its disk
 // holds a bootstrapped node.
 func (svc *Service) hardwareResult(info virt.DomainInfo) services.Result {
-	hw := svc.scope.Hardware()
+	hw := svc.vm.Hardware
 	if info.VCPUs != uint(hw.CPUs) || info.MemoryMiB != uint64(hw.MemoryMiB) {
 		return services.Done(infrav1.HardwareDriftReason, fmt.Sprintf(
 			"Domain runs with %d vCPUs and %d MiB, the spec asks for %d and %d; replace the Machine to apply the spec",
@@ -249,22 +222,22 @@ func (svc *Service) hardwareResult(info virt.DomainInfo) services.Result {
 // outlive the machine. A domain of our name with another UUID is not ours
 // and is left alone, with the log of our name.
 func (svc *Service) Delete(ctx context.Context) error {
-	s := svc.scope
-	info, err := svc.domains.DomainInfo(ctx, s.DomainName())
+	s := svc.vm
+	info, err := svc.domains.DomainInfo(ctx, s.Domain)
 	switch {
 	case virt.IsNotFound(err):
 		return svc.deleteConsoleLog(ctx)
 	case err != nil:
-		return fmt.Errorf("reading domain %s: %w", s.DomainName(), err)
+		return fmt.Errorf("reading domain %s: %w", s.Domain, err)
 	case !svc.owns(info):
-		s.Event("Warning", "DomainNotOwned", fmt.Sprintf("Domain %s has UUID %s, not %s: leaving it alone", s.DomainName(), info.UUID, s.DomainUUID()))
+		s.Event("Warning", "DomainNotOwned", fmt.Sprintf("Domain %s has UUID %s, not %s: leaving it alone", s.Domain, info.UUID, s.UUID))
 		return nil
 	}
-	if err := svc.domains.ShutdownDomain(ctx, s.DomainName(), svc.opts.ShutdownTimeout); err != nil {
-		return fmt.Errorf("shutting down domain %s: %w", s.DomainName(), err)
+	if err := svc.domains.ShutdownDomain(ctx, s.Domain, svc.opts.ShutdownTimeout); err != nil {
+		return fmt.Errorf("shutting down domain %s: %w", s.Domain, err)
 	}
-	if err := svc.domains.DeleteDomain(ctx, s.DomainName()); err != nil {
-		return fmt.Errorf("deleting domain %s: %w", s.DomainName(), err)
+	if err := svc.domains.DeleteDomain(ctx, s.Domain); err != nil {
+		return fmt.Errorf("deleting domain %s: %w", s.Domain, err)
 	}
 	return svc.deleteConsoleLog(ctx)
 }
@@ -273,16 +246,16 @@ func (svc *Service) Delete(ctx context.Context) error {
 // UUID is the one chosen, or, for a VM deleted before it chose one, its
 // ownership metadata names the VM.
 func (svc *Service) owns(info virt.DomainInfo) bool {
-	s := svc.scope
-	if id := s.DomainUUID(); id != "" {
+	s := svc.vm
+	if id := s.UUID; id != "" {
 		return strings.EqualFold(info.UUID, id)
 	}
-	return info.Owner.IsObject(s.Owner())
+	return info.Owner.IsObject(s.Owner)
 }
 
 func (svc *Service) deleteConsoleLog(ctx context.Context) error {
-	s := svc.scope
-	if err := svc.volumes.DeleteLogVolume(ctx, s.Pool().Name, s.ConsoleLogVolume()); err != nil {
+	s := svc.vm
+	if err := svc.volumes.DeleteLogVolume(ctx, s.Pool.Name, s.ConsoleLogVolume()); err != nil {
 		return fmt.Errorf("deleting the console log: %w", err)
 	}
 	return nil

@@ -11,7 +11,6 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/fakehost"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
@@ -25,44 +24,28 @@ type condition struct {
 	message string
 }
 
-// vm is a domain.Scope over a fake host that keeps conditions in memory:
-// the domain service's decisions are pure logic on what the host answers.
+// vm is the VM the domain service runs, over a fake host, with the
+// conditions its plan step sets kept in memory: the domain service's
+// decisions are pure logic on what the host answers.
 type vm struct {
-	host       *fakehost.Host
-	memoryMiB  int32
-	state      string
+	*scope.VM
 	conditions map[string]condition
 }
 
-var _ domain.Scope = (*vm)(nil)
-
+// newVM is a machine's VM whose root disk and seed the steps before the
+// domain's ensured.
 func newVM(host *fakehost.Host, memoryMiB int32) *vm {
-	host.Volumes["pool/m0-root"] = virt.VolumeInfo{Pool: "pool", Name: "m0-root", Path: "/pools/pool/m0-root", Format: "qcow2"}
-	host.Volumes["pool/m0-seed"] = virt.VolumeInfo{Pool: "pool", Name: "m0-seed", Path: "/pools/pool/m0-seed", Format: "raw"}
-	return &vm{host: host, memoryMiB: memoryMiB, conditions: map[string]condition{}}
+	root := virt.VolumeInfo{Pool: "pool", Name: "m0-root", Path: "/pools/pool/m0-root", Format: "qcow2"}
+	seed := virt.VolumeInfo{Pool: "pool", Name: "m0-seed", Path: "/pools/pool/m0-seed", Format: "raw"}
+	host.Volumes["pool/m0-root"], host.Volumes["pool/m0-seed"] = root, seed
+	return &vm{VM: &scope.VM{
+		Domain: "capl-ns.m0", UUID: "0b9d6c86-1111-4e2e-9c55-3b6f1b0d7a11",
+		Owner:   virt.Owner{Kind: "LibvirtMachine", Namespace: "ns", Name: "m0"},
+		Network: scope.NetworkRef{Name: "net"}, MAC: "52:54:00:00:00:01", Pool: virt.PoolSpec{Name: "pool"},
+		Hardware: infrav1.VirtualHardware{CPUs: 1, MemoryMiB: memoryMiB, DomainType: "qemu", CPUMode: "maximum"},
+		RootDisk: &root, Seed: &seed,
+	}, conditions: map[string]condition{}}
 }
-
-func (v *vm) DomainName() string { return "capl-ns.m0" }
-func (v *vm) DomainUUID() string { return "0b9d6c86-1111-4e2e-9c55-3b6f1b0d7a11" }
-func (v *vm) Owner() virt.Owner {
-	return virt.Owner{Kind: "LibvirtMachine", Namespace: "ns", Name: "m0"}
-}
-func (v *vm) Network() scope.NetworkRef { return scope.NetworkRef{Name: "net"} }
-func (v *vm) Hardware() infrav1.VirtualHardware {
-	return infrav1.VirtualHardware{CPUs: 1, MemoryMiB: v.memoryMiB, DomainType: "qemu", CPUMode: "maximum"}
-}
-func (v *vm) MAC() netalloc.MAC                       { return "52:54:00:00:00:01" }
-func (v *vm) SetDomainState(state string)             { v.state = state }
-func (v *vm) IsProvisioned() bool                     { return false }
-func (v *vm) Event(eventType, reason, message string) {}
-func (v *vm) RootDisk() (virt.VolumeInfo, bool) {
-	return v.host.Volumes["pool/m0-root"], true
-}
-func (v *vm) Seed() (virt.VolumeInfo, bool) {
-	return v.host.Volumes["pool/m0-seed"], true
-}
-func (v *vm) Pool() virt.PoolSpec      { return virt.PoolSpec{Name: "pool"} }
-func (v *vm) ConsoleLogVolume() string { return "capl-ns.m0-console.log" }
 
 // SetCondition keeps the condition a plan step sets (services.Reporter).
 func (v *vm) SetCondition(condType string, status metav1.ConditionStatus, reason, message string) {
@@ -108,7 +91,7 @@ func TestDomainChecksHostMemory(t *testing.T) {
 				host.Errs["HostMemory"] = tc.hostErr
 			}
 			v := newVM(host, tc.memoryMiB)
-			svc := domain.New(v, host, domain.Options{})
+			svc := domain.New(v.VM, host, domain.Options{})
 			// The second reconcile is the controller's retry: it must not
 			// define the domain either.
 			for attempt := range 2 {
@@ -127,12 +110,12 @@ func TestDomainChecksHostMemory(t *testing.T) {
 				if c.reason != tc.reason || !strings.Contains(c.message, tc.message) || c.status != tc.defined {
 					t.Errorf("attempt %d: DomainReady = %+v, want reason %s with %q", attempt, c, tc.reason, tc.message)
 				}
-				_, exists := host.Domains[v.DomainName()]
+				_, exists := host.Domains[v.Domain]
 				if exists != tc.defined || host.Called("EnsureDomain") != tc.defined {
 					t.Fatalf("attempt %d: domain exists %v, EnsureDomain called %v; want both %v", attempt, exists, host.Called("EnsureDomain"), tc.defined)
 				}
-				if tc.defined && v.state != "running" {
-					t.Errorf("attempt %d: domain state %q, want running", attempt, v.state)
+				if tc.defined && v.State != "running" {
+					t.Errorf("attempt %d: domain state %q, want running", attempt, v.State)
 				}
 			}
 			if err := svc.Delete(context.Background()); err != nil {
@@ -154,14 +137,14 @@ func TestDomainChecksHostMemory(t *testing.T) {
 func TestDomainLogsConsoleToAPoolVolume(t *testing.T) {
 	host := fakehost.New()
 	v := newVM(host, 512)
-	if err := v.reconcile(domain.New(v, host, domain.Options{})); err != nil {
+	if err := v.reconcile(domain.New(v.VM, host, domain.Options{})); err != nil {
 		t.Fatal(err)
 	}
 	log, ok := host.Volumes["pool/"+v.ConsoleLogVolume()]
 	if !ok {
 		t.Fatal("no console log volume")
 	}
-	if got := host.Specs[v.DomainName()].ConsoleLogPath; got != log.Path {
+	if got := host.Specs[v.Domain].ConsoleLogPath; got != log.Path {
 		t.Errorf("console logged to %q, want the volume %q", got, log.Path)
 	}
 }
@@ -172,7 +155,7 @@ func TestDomainLogsConsoleToAPoolVolume(t *testing.T) {
 func TestDomainSteadyStateAsksOnce(t *testing.T) {
 	host := fakehost.New()
 	v := newVM(host, 512)
-	svc := domain.New(v, host, domain.Options{})
+	svc := domain.New(v.VM, host, domain.Options{})
 	if err := v.reconcile(svc); err != nil {
 		t.Fatal(err)
 	}
@@ -184,14 +167,6 @@ func TestDomainSteadyStateAsksOnce(t *testing.T) {
 		t.Errorf("steady-state calls = %s, want DomainInfo", got)
 	}
 }
-
-// netVM is a vm on a given network.
-type netVM struct {
-	*vm
-	network scope.NetworkRef
-}
-
-func (v netVM) Network() scope.NetworkRef { return v.network }
 
 // TestDomainFiltersSharedSegments: a NIC on a host bridge or on a libvirt
 // network the provider did not make for the cluster gets the operator's
@@ -210,38 +185,31 @@ func TestDomainFiltersSharedSegments(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			host := fakehost.New()
-			v := netVM{newVM(host, 512), tc.network}
-			err := services.Plan{{Service: domain.New(v, host, domain.Options{TrafficFilter: tc.filter}), Condition: infrav1.DomainReadyCondition}}.
-				Run(context.Background(), v.vm, false)
+			v := newVM(host, 512)
+			v.Network = tc.network
+			err := services.Plan{{Service: domain.New(v.VM, host, domain.Options{TrafficFilter: tc.filter}), Condition: infrav1.DomainReadyCondition}}.
+				Run(context.Background(), v, false)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := host.Specs[v.DomainName()].TrafficFilter; got != tc.want {
+			if got := host.Specs[v.Domain].TrafficFilter; got != tc.want {
 				t.Errorf("filter %q, want %q", got, tc.want)
 			}
 		})
 	}
 }
 
-// customCPUVM asks for a named CPU model with required features.
-type customCPUVM struct{ *vm }
-
-func (v customCPUVM) Hardware() infrav1.VirtualHardware {
-	hw := v.vm.Hardware()
-	hw.CPUMode, hw.CPUModel, hw.CPUFeatures = infrav1.CPUModeCustom, "Nehalem", []string{"aes"}
-	return hw
-}
-
 // TestDomainGetsTheCustomCPU: the model and features of cpuMode custom
 // reach the domain definition.
 func TestDomainGetsTheCustomCPU(t *testing.T) {
 	host := fakehost.New()
-	v := customCPUVM{newVM(host, 512)}
-	plan := services.Plan{{Service: domain.New(v, host, domain.Options{}), Condition: infrav1.DomainReadyCondition}}
-	if err := plan.Run(context.Background(), v.vm, false); err != nil {
+	v := newVM(host, 512)
+	v.Hardware.CPUMode, v.Hardware.CPUModel, v.Hardware.CPUFeatures = infrav1.CPUModeCustom, "Nehalem", []string{"aes"}
+	plan := services.Plan{{Service: domain.New(v.VM, host, domain.Options{}), Condition: infrav1.DomainReadyCondition}}
+	if err := plan.Run(context.Background(), v, false); err != nil {
 		t.Fatal(err)
 	}
-	spec := host.Specs[v.DomainName()]
+	spec := host.Specs[v.Domain]
 	if spec.CPUMode != virt.CPUModeCustom || spec.CPUModel != "Nehalem" || strings.Join(spec.CPUFeatures, ",") != "aes" {
 		t.Errorf("domain CPU %q %q %v, want custom Nehalem [aes]", spec.CPUMode, spec.CPUModel, spec.CPUFeatures)
 	}

@@ -43,38 +43,19 @@ type LeaseWatcher interface {
 	WatchLease(host virt.NetworkHost, network string, mac netalloc.MAC)
 }
 
-// Scope is what the guest services need of the machine whose guest they
-// read.
-type Scope interface {
-	DomainName() string
-	Network() scope.NetworkRef
-	MAC() netalloc.MAC
-	// IsProvisioned tells whether the machine was reported provisioned:
-	// from then on, a guest that stops answering keeps what it last said.
-	IsProvisioned() bool
-	// SetAddresses records the guest's addresses.
-	SetAddresses(ips []string)
-	// BootstrapDataRemoved tells whether the seed lost its bootstrap
-	// data, which happens only once the bootstrap succeeded: the sentinel
-	// is read until then. SetBootstrapSucceeded records that the check
-	// found the bootstrap done, for the removal after it.
-	BootstrapDataRemoved() bool
-	SetBootstrapSucceeded()
-}
-
 // Addresses reads the guest's addresses; its outcome is AddressAssigned's.
 // It creates nothing, so its Delete does nothing.
 type Addresses struct {
-	scope  Scope
+	vm     *scope.VM
 	host   virt.NetworkHost
 	leases LeaseWatcher
 }
 
 var _ services.Service = (*Addresses)(nil)
 
-// NewAddresses returns the address reader of s; leases may be nil.
-func NewAddresses(s Scope, host virt.NetworkHost, leases LeaseWatcher) *Addresses {
-	return &Addresses{scope: s, host: host, leases: leases}
+// NewAddresses returns the address reader of vm; leases may be nil.
+func NewAddresses(vm *scope.VM, host virt.NetworkHost, leases LeaseWatcher) *Addresses {
+	return &Addresses{vm: vm, host: host, leases: leases}
 }
 
 // Name labels the service in logs.
@@ -87,13 +68,13 @@ func (*Addresses) Delete(context.Context) error { return nil }
 // agent on networks without libvirt DHCP). A reservation alone does not
 // count: the guest must actually hold the address.
 func (svc *Addresses) Reconcile(ctx context.Context) (services.Result, error) {
-	s := svc.scope
-	network := s.Network()
-	addrs, err := svc.host.Addresses(ctx, virt.AddressQuery{Domain: s.DomainName(), Network: network.Name, MAC: s.MAC()})
+	s := svc.vm
+	network := s.Network
+	addrs, err := svc.host.Addresses(ctx, virt.AddressQuery{Domain: s.Domain, Network: network.Name, MAC: s.MAC})
 	switch {
 	case err == nil:
 	case network.Name == "" || errors.Is(err, virt.ErrAgentUnavailable):
-		if s.IsProvisioned() {
+		if s.Provisioned {
 			return services.Result{}, nil // keep the addresses last seen
 		}
 		return services.Result{}, services.Fail(infrav1.WaitingForAddressReason, services.Requeue(recheckAgent, "guest agent not answering"),
@@ -108,23 +89,23 @@ func (svc *Addresses) Reconcile(ctx context.Context) (services.Result, error) {
 		}
 	}
 	if len(ips) == 0 {
-		if s.IsProvisioned() {
+		if s.Provisioned {
 			return services.Result{}, nil
 		}
 		if network.Name != "" && svc.leases != nil {
-			svc.leases.WatchLease(svc.host, network.Name, s.MAC())
+			svc.leases.WatchLease(svc.host, network.Name, s.MAC)
 		}
 		return services.Result{}, services.Fail(infrav1.WaitingForAddressReason, services.Requeue(recheckLease, "waiting for a lease"),
-			"No DHCP lease for %s yet", s.MAC())
+			"No DHCP lease for %s yet", s.MAC)
 	}
-	s.SetAddresses(ips)
+	s.Addresses = ips
 	return services.Done(infrav1.ReadyReason, ""), nil
 }
 
 // Bootstrap reads whether the guest's bootstrap succeeded; its outcome is
 // BootstrapSucceeded's. It creates nothing, so its Delete does nothing.
 type Bootstrap struct {
-	scope         Scope
+	vm            *scope.VM
 	host          virt.GuestHost
 	succeededOnce SucceededOnce
 }
@@ -137,10 +118,10 @@ type SucceededOnce func(ctx context.Context) (bool, error)
 
 var _ services.Service = (*Bootstrap)(nil)
 
-// NewBootstrap returns the bootstrap check of s; succeededOnce is asked
+// NewBootstrap returns the bootstrap check of vm; succeededOnce is asked
 // when cloud-init finished without the sentinel.
-func NewBootstrap(s Scope, host virt.GuestHost, succeededOnce SucceededOnce) *Bootstrap {
-	return &Bootstrap{scope: s, host: host, succeededOnce: succeededOnce}
+func NewBootstrap(vm *scope.VM, host virt.GuestHost, succeededOnce SucceededOnce) *Bootstrap {
+	return &Bootstrap{vm: vm, host: host, succeededOnce: succeededOnce}
 }
 
 // Name labels the service in logs.
@@ -151,11 +132,11 @@ func (*Bootstrap) Delete(context.Context) error { return nil }
 
 // Reconcile checks the sentinel until it is seen once.
 func (svc *Bootstrap) Reconcile(ctx context.Context) (services.Result, error) {
-	s := svc.scope
-	if s.BootstrapDataRemoved() {
+	s := svc.vm
+	if s.BootstrapDataRemoved {
 		return services.Result{}, nil
 	}
-	_, err := svc.host.GuestReadFile(ctx, s.DomainName(), SentinelPath)
+	_, err := svc.host.GuestReadFile(ctx, s.Domain, SentinelPath)
 	switch {
 	case err == nil:
 		return svc.succeeded("")
@@ -165,7 +146,7 @@ func (svc *Bootstrap) Reconcile(ctx context.Context) (services.Result, error) {
 			// of which links /run/cluster-api to where the sentinel of an
 			// earlier boot is kept (cloudinit.BootstrapSentinelVendorData):
 			// read again, the sentinel is there by now if it exists.
-			if _, err := svc.host.GuestReadFile(ctx, s.DomainName(), SentinelPath); err == nil {
+			if _, err := svc.host.GuestReadFile(ctx, s.Domain, SentinelPath); err == nil {
 				return svc.succeeded("")
 			}
 			if once, err := svc.succeededOnce(ctx); err != nil {
@@ -189,7 +170,7 @@ func (svc *Bootstrap) Reconcile(ctx context.Context) (services.Result, error) {
 // exists, errs how many errors it lists. Its error texts are not copied
 // anywhere: they may quote bootstrap data.
 func (svc *Bootstrap) cloudInitResult(ctx context.Context) (errs int, done bool) {
-	data, err := svc.host.GuestReadFile(ctx, svc.scope.DomainName(), cloudInitResultPath)
+	data, err := svc.host.GuestReadFile(ctx, svc.vm.Domain, cloudInitResultPath)
 	if err != nil {
 		return 0, false
 	}
@@ -206,6 +187,6 @@ func (svc *Bootstrap) cloudInitResult(ctx context.Context) (errs int, done bool)
 
 // succeeded reports the bootstrap done, for the removal step after it.
 func (svc *Bootstrap) succeeded(message string) (services.Result, error) {
-	svc.scope.SetBootstrapSucceeded()
+	svc.vm.BootstrapSucceeded = true
 	return services.Done(infrav1.ReadyReason, message), nil
 }

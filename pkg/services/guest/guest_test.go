@@ -31,17 +31,21 @@ func TestGuestAddressesNeedALease(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	s := servicetest.Provision(t, f)
 	leases := &leaseRecorder{}
-	g := guest.NewAddresses(s, s.Host, leases)
+	g := guest.NewAddresses(s.VM, s.Host, leases)
 	err := servicetest.Reconcile(s, infrav1.AddressAssignedCondition, g)
 	if _, ok := services.AsRequeue(err); !ok {
 		t.Fatalf("err = %v, want to wait for a lease", err)
 	}
 	servicetest.WantCondition(t, f.LM, infrav1.AddressAssignedCondition, metav1.ConditionFalse, infrav1.WaitingForAddressReason)
-	if len(leases.watched) != 1 || leases.watched[0] != "net/"+s.MAC().String() {
+	if len(leases.watched) != 1 || leases.watched[0] != "net/"+s.VM.MAC.String() {
 		t.Errorf("lease watches = %v", leases.watched)
 	}
-	f.Host.Leases["net"] = map[string]netip.Addr{strings.ToUpper(s.MAC().String()): netip.MustParseAddr("192.168.100.2")}
+	f.Host.Leases["net"] = map[string]netip.Addr{strings.ToUpper(s.VM.MAC.String()): netip.MustParseAddr("192.168.100.2")}
 	if err := servicetest.Reconcile(s, infrav1.AddressAssignedCondition, g); err != nil {
+		t.Fatal(err)
+	}
+	// The write-back puts the VM's addresses into status.
+	if err := s.PatchObject(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	want := []clusterv1.MachineAddress{{Type: clusterv1.MachineInternalIP, Address: "192.168.100.2"}, {Type: clusterv1.MachineHostName, Address: "m0"}}
@@ -53,32 +57,32 @@ func TestGuestAddressesNeedALease(t *testing.T) {
 func TestGuestBootstrapSentinel(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	s := f.Scope()
-	g := guest.NewBootstrap(s, s.Host, neverBefore)
+	g := guest.NewBootstrap(s.VM, s.Host, neverBefore)
 	err := servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, g)
 	if rq, ok := services.AsRequeue(err); !ok || rq.After < 10*time.Second {
 		t.Fatalf("err = %v, want a requeue with backoff", err)
 	}
 	servicetest.WantCondition(t, f.LM, infrav1.BootstrapSucceededCondition, metav1.ConditionFalse, infrav1.WaitingForBootstrapReason)
 
-	f.Host.Files[s.DomainName()+":/run/cloud-init/result.json"] = []byte(`{"v1": {"errors": ["runcmd failed: ` + servicetest.SecretMarker + `"]}}`)
+	f.Host.Files[s.VM.Domain+":/run/cloud-init/result.json"] = []byte(`{"v1": {"errors": ["runcmd failed: ` + servicetest.SecretMarker + `"]}}`)
 	_ = servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, g)
 	c := servicetest.WantCondition(t, f.LM, infrav1.BootstrapSucceededCondition, metav1.ConditionFalse, infrav1.BootstrapFailedReason)
 	if !strings.Contains(c.Message, "1 errors") || !strings.Contains(c.Message, "went down before it ended") {
 		t.Errorf("message %q", c.Message)
 	}
 
-	f.Host.Files[s.DomainName()+":"+guest.SentinelPath] = []byte("success\n")
+	f.Host.Files[s.VM.Domain+":"+guest.SentinelPath] = []byte("success\n")
 	if err := servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, g); err != nil {
 		t.Fatal(err)
 	}
 	servicetest.WantCondition(t, f.LM, infrav1.BootstrapSucceededCondition, metav1.ConditionTrue, infrav1.ReadyReason)
-	if !s.BootstrapSucceeded() {
+	if !s.VM.BootstrapSucceeded {
 		t.Error("the success is not handed to the removal step")
 	}
 	f.NoLeaks()
 
 	// The removal step after it empties the seed: the check is done.
-	s.SetBootstrapDataRemoved()
+	s.VM.BootstrapDataRemoved = true
 	f.Host.Errs["GuestReadFile"] = errors.New("must not be called again")
 	if err := servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, g); err != nil {
 		t.Errorf("sentinel re-read after success: %v", err)
@@ -107,8 +111,8 @@ func TestGuestBootstrapAfterReboot(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := servicetest.NewFixture(t)
 			s := f.Scope()
-			f.Host.Files[s.DomainName()+":/run/cloud-init/result.json"] = []byte(`{"v1": {"errors": []}}`)
-			_ = servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, guest.NewBootstrap(s, s.Host, tc.once))
+			f.Host.Files[s.VM.Domain+":/run/cloud-init/result.json"] = []byte(`{"v1": {"errors": []}}`)
+			_ = servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, guest.NewBootstrap(s.VM, s.Host, tc.once))
 			servicetest.WantCondition(t, f.LM, infrav1.BootstrapSucceededCondition, tc.status, tc.reason)
 		})
 	}
@@ -128,11 +132,11 @@ func TestGuestBootstrapSentinelShownDuringTheCheck(t *testing.T) {
 			return
 		}
 		if reads++; reads == 2 { // the result's read: the link is there by now
-			f.Host.Files[s.DomainName()+":/run/cloud-init/result.json"] = []byte(`{"v1": {"errors": []}}`)
-			f.Host.Files[s.DomainName()+":"+guest.SentinelPath] = []byte("success\n")
+			f.Host.Files[s.VM.Domain+":/run/cloud-init/result.json"] = []byte(`{"v1": {"errors": []}}`)
+			f.Host.Files[s.VM.Domain+":"+guest.SentinelPath] = []byte("success\n")
 		}
 	}
-	if err := servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, guest.NewBootstrap(s, s.Host, neverBefore)); err != nil {
+	if err := servicetest.Reconcile(s, infrav1.BootstrapSucceededCondition, guest.NewBootstrap(s.VM, s.Host, neverBefore)); err != nil {
 		t.Fatal(err)
 	}
 	servicetest.WantCondition(t, f.LM, infrav1.BootstrapSucceededCondition, metav1.ConditionTrue, infrav1.ReadyReason)

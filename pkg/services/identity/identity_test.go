@@ -66,24 +66,24 @@ func TestIdentity(t *testing.T) {
 			}
 			s := f.Scope()
 			if tc.domain != nil {
-				f.Host.Domains[s.DomainName()] = *tc.domain
+				f.Host.Domains[s.VM.Domain] = *tc.domain
 			}
 			f.Host.Calls = nil
-			if _, err := identity.New(s, s.Host).Reconcile(context.Background()); err != nil {
+			if _, err := identity.New(s.VM, s.Host).Reconcile(context.Background()); err != nil {
 				t.Fatal(err)
 			}
-			got := s.DomainUUID()
+			got := s.VM.UUID
 			if tc.wantUUID != "" && got != tc.wantUUID {
 				t.Errorf("UUID %q, want %q", got, tc.wantUUID)
 			}
 			if _, err := uuid.Parse(got); err != nil || (tc.wantUUID == "" && got == oldUUID) {
 				t.Errorf("UUID %q: want a new one (%v)", got, err)
 			}
-			if s.MAC() != tc.wantMAC {
-				t.Errorf("MAC %q, want %q", s.MAC(), tc.wantMAC)
+			if s.VM.MAC != tc.wantMAC {
+				t.Errorf("MAC %q, want %q", s.VM.MAC, tc.wantMAC)
 			}
-			if s.DomainDefined() != tc.wantDefined {
-				t.Errorf("domain defined %v, want %v", s.DomainDefined(), tc.wantDefined)
+			if s.VM.DomainDefined() != tc.wantDefined {
+				t.Errorf("domain defined %v, want %v", s.VM.DomainDefined(), tc.wantDefined)
 			}
 			if len(f.Host.Calls) != tc.wantCalls {
 				t.Errorf("libvirt calls %v, want %d", f.Host.Calls, tc.wantCalls)

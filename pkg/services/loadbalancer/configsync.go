@@ -50,7 +50,7 @@ func (c configSync) Reconcile(ctx context.Context) (services.Result, error) {
 			return res, nil
 		}
 	}
-	running, err := RunningConfigID(ctx, s.Host, svc.vm.DomainName())
+	running, err := RunningConfigID(ctx, s.Host, svc.vm.Domain)
 	if errors.Is(err, virt.ErrAgentUnavailable) {
 		return services.Result{}, c.notServing("Waiting for the HAProxy VM's guest agent", services.Requeue(recheckAgent, "guest agent not answering"))
 	}
@@ -85,7 +85,7 @@ func (c configSync) notServing(message string, wait error) error {
 	reason := notServingReason(since, time.Now(), servingBound)
 	if reason == infrav1.LoadBalancerNotServingReason {
 		message = fmt.Sprintf("HAProxy has not served for %s (since %s): %s; look at the VM's console (virsh console %s)",
-			time.Since(since).Round(time.Second), since.UTC().Format(time.RFC3339), message, c.lb.vm.DomainName())
+			time.Since(since).Round(time.Second), since.UTC().Format(time.RFC3339), message, c.lb.vm.Domain)
 	}
 	return services.Fail(reason, wait, "%s", message)
 }
@@ -103,7 +103,7 @@ func notServingReason(since, now time.Time, bound time.Duration) string {
 func (c configSync) apply(ctx context.Context, cfg []byte, id string, backends []infrav1.LoadBalancerBackend) error {
 	s := c.lb.scope
 	start := time.Now()
-	err := Apply(ctx, s.Host, c.lb.vm.DomainName(), cfg, id)
+	err := Apply(ctx, s.Host, c.lb.vm.Domain, cfg, id)
 	var invalid *ConfigInvalidError
 	var reload *ReloadError
 	switch {

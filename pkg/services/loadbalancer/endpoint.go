@@ -28,7 +28,7 @@ func (endpoint) Name() string { return "endpoint" }
 func (e endpoint) Reconcile(ctx context.Context) (services.Result, error) {
 	svc := e.lb
 	s := svc.scope
-	network := svc.vm.Network()
+	network := svc.vm.Network
 	if network.Bridge != "" {
 		return e.static()
 	}
@@ -89,14 +89,14 @@ func staticAddress(lc *infrav1.LibvirtCluster) (netip.Addr, error) {
 // from the LAN plus the endpoint as a static address; on a libvirt
 // network, none (DHCP hands it the reserved address).
 func (svc *Service) networkConfig() ([]byte, error) {
-	if svc.vm.Network().Bridge == "" {
+	if svc.vm.Network.Bridge == "" {
 		return nil, nil
 	}
 	ip, err := staticAddress(svc.scope.LibvirtCluster)
 	if err != nil {
 		return nil, err
 	}
-	return cloudinit.DHCPWithStaticAddress{MAC: svc.vm.MAC().String(), InterfaceName: guestInterface, Static: ip}.NetworkConfig()
+	return cloudinit.DHCPWithStaticAddress{MAC: svc.vm.MAC.String(), InterfaceName: guestInterface, Static: ip}.NetworkConfig()
 }
 
 // Delete does nothing: the address step releases the reservation, and

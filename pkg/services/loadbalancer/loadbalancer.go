@@ -1,6 +1,6 @@
 // Package loadbalancer serves a cluster's control-plane endpoint: an
 // HAProxy VM built by the machine services (address, disk, seed, domain)
-// on a scope.LoadBalancerScope, whose reserved address is the endpoint (on
+// on the cluster's scope.VM, whose reserved address is the endpoint (on
 // a host bridge it holds the user's endpoint as a static address) and
 // whose configuration follows the cluster's control-plane machines. The
 // configuration is written, checked and reloaded through the guest agent,
@@ -54,9 +54,11 @@ const userData = `#cloud-config
 // Service serves the endpoint. It reports LoadBalancerReady itself, step
 // by step, through its own plan.
 type Service struct {
-	scope   *scope.ClusterScope
-	vm      *scope.LoadBalancerScope
-	images  disk.Importer
+	scope  *scope.ClusterScope
+	images disk.Importer
+	// vm and address are the HAProxy VM and its address step, which plan
+	// builds for the Reconcile or Delete it runs in.
+	vm      *scope.VM
 	address *address.Service
 	// trafficFilter is the HAProxy VM's NIC filter on a shared segment.
 	trafficFilter string
@@ -70,8 +72,7 @@ var _ services.Service = (*Service)(nil)
 // image when spec.loadBalancer.image names a URL, trafficFilter guards its
 // NIC on a shared segment.
 func New(s *scope.ClusterScope, images disk.Importer, trafficFilter string) *Service {
-	vm := s.LoadBalancer()
-	return &Service{scope: s, vm: vm, images: images, address: address.New(vm, s.Host), trafficFilter: trafficFilter}
+	return &Service{scope: s, images: images, trafficFilter: trafficFilter}
 }
 
 // WithMaxDiskBytes bounds the HAProxy VM's root disk at n bytes (the
@@ -92,7 +93,9 @@ func (*Service) Name() string { return "load balancer" }
 // address) published between them, then the configuration; with type
 // None, the user's endpoint. The VM's address, disk and seed are
 // SkipOnceProvisioned: once the VM ran (provisioned) they are settled, and
-// ensuring them on every reconcile would only cost libvirt calls.
+// ensuring them on every reconcile would only cost libvirt calls. The VM
+// is built from the LibvirtCluster as it stands, after the cluster's
+// network step.
 func (svc *Service) plan(haproxy bool) services.Plan {
 	const ready = infrav1.LoadBalancerReadyCondition
 	if !haproxy {
@@ -101,7 +104,10 @@ func (svc *Service) plan(haproxy bool) services.Plan {
 			{Service: provisioned{svc}, Condition: ready},
 		}
 	}
-	host, vm := svc.scope.Host, "HAProxy VM "+svc.vm.DomainName()
+	host := svc.scope.Host
+	svc.vm = svc.scope.LoadBalancerVM()
+	svc.address = address.New(svc.vm, host)
+	vm := "HAProxy VM " + svc.vm.Domain
 	return services.Plan{
 		{Service: identity.New(svc.vm, host), Condition: ready, PartOf: vm},
 		{Service: svc.address, Condition: ready, PartOf: vm, SkipOnceProvisioned: true},
@@ -135,14 +141,15 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 // It deletes the VM whatever the type: a VM made before the type changed
 // is deleted with the cluster.
 func (svc *Service) Delete(ctx context.Context) error {
-	if svc.vm.MAC() == "" && svc.scope.LibvirtCluster.Status.LoadBalancer == nil {
+	plan := svc.plan(true)
+	if svc.vm.MAC == "" && svc.scope.LibvirtCluster.Status.LoadBalancer == nil {
 		// Nothing was ever created: the MAC is persisted before anything is.
 		return nil
 	}
-	if err := svc.plan(true).Delete(ctx, svc.scope); err != nil {
+	if err := plan.Delete(ctx, svc.scope); err != nil {
 		return err
 	}
-	svc.scope.LibvirtCluster.Status.LoadBalancer = nil
+	svc.scope.LoadBalancerDeleted()
 	return nil
 }
 

@@ -36,14 +36,10 @@ func refused(what, condType, reason, format string, args ...any) error {
 // it asks for, and what the namespace's machines created before it ask for.
 type MachineScope interface {
 	Namespace() string
-	Pool() virt.PoolSpec
-	Network() scope.NetworkRef
-	Image() infrav1.ImageSource
 	// Spec is the machine's spec, defaulted.
 	Spec() *infrav1.LibvirtMachineSpec
-	// Object is the LibvirtMachine; DomainName names its domain.
+	// Object is the LibvirtMachine.
 	Object() *infrav1.LibvirtMachine
-	DomainName() string
 }
 
 // Admitter admits objects within their namespace's totals (quota.Ledger).
@@ -55,14 +51,15 @@ type Admitter interface {
 // admits it within its namespace's totals.
 type Machine struct {
 	scope  MachineScope
+	vm     *scope.VM
 	policy tenancy.Policy
 	quota  Admitter
 }
 
-// NewMachine returns the reference check of s under policy; q (nil for
-// none) admits it within its namespace's totals.
-func NewMachine(s MachineScope, policy tenancy.Policy, q Admitter) *Machine {
-	return &Machine{scope: s, policy: policy, quota: q}
+// NewMachine returns the reference check of machine s, whose VM is vm,
+// under policy; q (nil for none) admits it within its namespace's totals.
+func NewMachine(s MachineScope, vm *scope.VM, policy tenancy.Policy, q Admitter) *Machine {
+	return &Machine{scope: s, vm: vm, policy: policy, quota: q}
 }
 
 // Name labels the check in logs.
@@ -72,25 +69,25 @@ func (*Machine) Name() string { return "references" }
 // when it names what its namespace may not use; it runs before any step
 // creates something.
 func (m *Machine) Reconcile(ctx context.Context) (services.Result, error) {
-	s, p := m.scope, m.policy
-	pool := s.Pool()
+	s, vm, p := m.scope, m.vm, m.policy
+	pool := vm.Pool
 	if f, err := p.CheckPool(pool.Name, pool.Path); err != nil {
 		return services.Result{}, refused("storage pool", infrav1.DiskReadyCondition, infrav1.StoragePoolNotAllowedReason,
 			"Storage pool %s %q %v", f, poolField(pool.Name, pool.Path, f), err)
 	}
-	if err := checkNetwork(p, s.Namespace(), s.Network()); err != nil {
+	if err := checkNetwork(p, s.Namespace(), vm.Network); err != nil {
 		return services.Result{}, refused("network", infrav1.AddressReservedCondition, infrav1.NetworkNotAllowedReason,
-			"%s %v", describe(s.Network()), err)
+			"%s %v", describe(vm.Network), err)
 	}
-	if v := s.Image().Volume; v != nil {
+	if v := vm.Image.Volume; v != nil {
 		if f, err := p.CheckImageVolume(*v, pool.Name); err != nil {
 			return services.Result{}, refused("image", infrav1.DiskReadyCondition, infrav1.ImageNotAllowedReason,
 				"spec.image.volume.%s %q %v", f, volumeField(*v, f), err)
 		}
 	}
-	if err := p.CheckImageURL(s.Image().URL); err != nil {
+	if err := p.CheckImageURL(vm.Image.URL); err != nil {
 		return services.Result{}, refused("image", infrav1.DiskReadyCondition, infrav1.ImageNotAllowedReason,
-			"spec.image.url %q %v", virt.RedactURL(s.Image().URL), err)
+			"spec.image.url %q %v", virt.RedactURL(vm.Image.URL), err)
 	}
 	if exceeded := p.Machine.Exceeded(tenancy.MachineUsage(s.Spec()), "--max-machine-"); len(exceeded) > 0 {
 		return services.Result{}, refused("machine size", infrav1.DomainReadyCondition, infrav1.MachineSizeNotAllowedReason,
@@ -108,7 +105,7 @@ func (m *Machine) checkQuota(ctx context.Context) error {
 	if m.quota == nil {
 		return nil
 	}
-	domain := m.scope.DomainName()
+	domain := m.vm.Domain
 	lm := m.scope.Object().DeepCopy()
 	lm.Spec = *m.scope.Spec()
 	err := m.quota.Admit(ctx, quota.Request{
@@ -143,7 +140,7 @@ type ClusterScope interface {
 	Pool() virt.PoolSpec
 	NetworkSpec() infrav1.ClusterNetwork
 	LoadBalancerEnabled() bool
-	LoadBalancer() *scope.LoadBalancerScope
+	LoadBalancerImage() infrav1.ImageSource
 	// Object is the LibvirtCluster.
 	Object() *infrav1.LibvirtCluster
 }
@@ -193,13 +190,13 @@ func (c *Cluster) Reconcile(ctx context.Context) (services.Result, error) {
 			"spec.network.cidr %q %v", ns.CIDR, cerr))
 	}
 	if s.LoadBalancerEnabled() {
-		if v := s.LoadBalancer().Image().Volume; v != nil {
+		if v := s.LoadBalancerImage().Volume; v != nil {
 			if f, ierr := p.CheckImageVolume(*v, s.Pool().Name); ierr != nil {
 				refusals = append(refusals, refused("load balancer image", infrav1.LoadBalancerReadyCondition, infrav1.ImageNotAllowedReason,
 					"spec.loadBalancer.image.volume.%s %q %v", f, volumeField(*v, f), ierr))
 			}
 		}
-		u := s.LoadBalancer().Image().URL
+		u := s.LoadBalancerImage().URL
 		if uerr := p.CheckImageURL(u); uerr != nil {
 			refusals = append(refusals, refused("load balancer image", infrav1.LoadBalancerReadyCondition, infrav1.ImageNotAllowedReason,
 				"spec.loadBalancer.image.url %q %v", virt.RedactURL(u), uerr))

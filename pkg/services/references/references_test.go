@@ -104,7 +104,7 @@ func TestMachine(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkOutcome(t, lm, run(s, references.NewMachine(s, policy, nil)), tc.want)
+			checkOutcome(t, lm, run(s, references.NewMachine(s, s.VM, policy, nil)), tc.want)
 		})
 	}
 }

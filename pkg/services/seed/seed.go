@@ -29,27 +29,10 @@ const FormatCloudConfig = "cloud-config"
 // bootstrap provider normally creates it before naming it.
 const recheckSecret = 30 * time.Second
 
-// Scope is what the service needs of the VM whose seed it writes: a
-// machine or the load balancer's HAProxy VM.
-type Scope interface {
-	// Pool and SeedVolume say where the seed goes; DomainUUID and
-	// Hostname are its instance-id and local-hostname.
-	Pool() virt.PoolSpec
-	SeedVolume() string
-	DomainUUID() string
-	Hostname() string
-	// DomainDefined tells whether the VM's domain exists, which libvirt
-	// defined on a complete seed.
-	DomainDefined() bool
-	// SetSeed hands the seed to the domain step of the same reconcile,
-	// which attaches it.
-	SetSeed(info virt.VolumeInfo)
-}
-
 // Service writes the seed; its outcome is BootstrapDataReady's.
 type Service struct {
-	scope Scope
-	host  virt.StorageHost
+	vm   *scope.VM
+	host virt.StorageHost
 	// userData returns the seed's user-data: the machine's bootstrap
 	// Secret, or what the caller generated.
 	userData func(context.Context) ([]byte, error)
@@ -62,20 +45,20 @@ type Service struct {
 
 var _ services.Service = (*Service)(nil)
 
-// New returns the seed service of s, whose user-data is the Machine's
+// New returns the seed service of s's VM, whose user-data is the Machine's
 // bootstrap data. Its vendor-data keeps the bootstrap's sentinel through
 // reboots (cloudinit.BootstrapSentinelVendorData), which the bootstrap
 // check relies on when the guest went down before the sentinel was read.
 func New(s *scope.MachineScope, host virt.StorageHost) *Service {
-	return &Service{scope: s, host: host, userData: func(ctx context.Context) ([]byte, error) { return bootstrapData(ctx, s) },
+	return &Service{vm: s.VM, host: host, userData: func(ctx context.Context) ([]byte, error) { return bootstrapData(ctx, s) },
 		vendorData: []byte(cloudinit.BootstrapSentinelVendorData)}
 }
 
 // NewWithUserData returns the seed service of a VM whose user-data the
 // caller generates (the load balancer's). It must not be secret: it is not
 // read from a Secret and may be rebuilt at any time.
-func NewWithUserData(s Scope, host virt.StorageHost, userData []byte) *Service {
-	return &Service{scope: s, host: host, userData: func(context.Context) ([]byte, error) { return userData, nil }}
+func NewWithUserData(vm *scope.VM, host virt.StorageHost, userData []byte) *Service {
+	return &Service{vm: vm, host: host, userData: func(context.Context) ([]byte, error) { return userData, nil }}
 }
 
 // WithNetworkConfig gives the seed a network-config document, which
@@ -96,12 +79,12 @@ func (*Service) Name() string { return "seed" }
 // (made before the VM's UUID was chosen). Once the domain exists the
 // Secret is not read again.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
-	s := svc.scope
-	pool := s.Pool().Name
-	info, err := svc.host.VolumeInfo(ctx, pool, s.SeedVolume())
+	vm := svc.vm
+	pool := vm.Pool.Name
+	info, err := svc.host.VolumeInfo(ctx, pool, vm.SeedVolume())
 	switch {
-	case err == nil && s.DomainDefined():
-		s.SetSeed(info)
+	case err == nil && vm.DomainDefined():
+		vm.Seed = &info
 		return services.Done(infrav1.ReadyReason, ""), nil
 	case err != nil && !virt.IsNotFound(err):
 		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, err, "Looking up the seed volume: %v", err)
@@ -118,8 +101,8 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		}
 	}
 	iso, err := cloudinit.BuildISO(cloudinit.Seed{
-		InstanceID:    s.DomainUUID(),
-		LocalHostname: s.Hostname(),
+		InstanceID:    vm.UUID,
+		LocalHostname: vm.Hostname,
 		UserData:      userData,
 		NetworkConfig: networkConfig,
 		VendorData:    svc.vendorData,
@@ -130,12 +113,12 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	}
 	if exists {
 		// A failed read is an unknown seed: written again.
-		if complete, err := holds(ctx, svc.host, pool, s.SeedVolume(), iso); err == nil && complete {
-			s.SetSeed(info)
+		if complete, err := holds(ctx, svc.host, pool, vm.SeedVolume(), iso); err == nil && complete {
+			vm.Seed = &info
 			return services.Done(infrav1.ReadyReason, ""), nil
 		}
 	}
-	info, err = svc.host.UploadVolume(ctx, pool, s.SeedVolume(), iso)
+	info, err = svc.host.UploadVolume(ctx, pool, vm.SeedVolume(), iso)
 	if err != nil {
 		reason := infrav1.LibvirtErrorReason
 		if errors.Is(err, virt.ErrPoolFull) {
@@ -143,23 +126,8 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		}
 		return services.Result{}, services.Fail(reason, err, "Uploading the seed: %v", err)
 	}
-	s.SetSeed(info)
+	vm.Seed = &info
 	return services.Done(infrav1.ReadyReason, ""), nil
-}
-
-// RemovalScope is what Removal needs of a machine whose bootstrap is done.
-type RemovalScope interface {
-	Pool() virt.PoolSpec
-	SeedVolume() string
-	DomainUUID() string
-	Hostname() string
-	// BootstrapSucceeded tells whether this reconcile's bootstrap check
-	// found the bootstrap done; BootstrapDataRemoved and
-	// SetBootstrapDataRemoved record the rewrite.
-	BootstrapSucceeded() bool
-	BootstrapDataRemoved() bool
-	SetBootstrapDataRemoved()
-	Event(eventType, reason, message string)
 }
 
 // Removal takes the bootstrap data off the host once the guest used it:
@@ -169,15 +137,15 @@ type RemovalScope interface {
 // host keeps neither for the machine's life. It runs after the bootstrap
 // check, also once the machine is provisioned.
 type Removal struct {
-	scope RemovalScope
-	host  virt.StorageHost
+	vm   *scope.VM
+	host virt.StorageHost
 }
 
 var _ services.Service = (*Removal)(nil)
 
-// NewRemoval returns the bootstrap data removal of s.
-func NewRemoval(s RemovalScope, host virt.StorageHost) *Removal {
-	return &Removal{scope: s, host: host}
+// NewRemoval returns the bootstrap data removal of vm.
+func NewRemoval(vm *scope.VM, host virt.StorageHost) *Removal {
+	return &Removal{vm: vm, host: host}
 }
 
 // Name labels the service in logs.
@@ -186,11 +154,11 @@ func (*Removal) Name() string { return "bootstrap data removal" }
 // Reconcile rewrites the seed once bootstrap succeeded, and then never
 // again: a steady machine costs no libvirt call here.
 func (r *Removal) Reconcile(ctx context.Context) (services.Result, error) {
-	s := r.scope
-	if !s.BootstrapSucceeded() || s.BootstrapDataRemoved() {
+	vm := r.vm
+	if !vm.BootstrapSucceeded || vm.BootstrapDataRemoved {
 		return services.Result{}, nil
 	}
-	iso, err := emptySeed(s)
+	iso, err := emptySeed(vm)
 	if err != nil {
 		return services.Result{}, err
 	}
@@ -199,14 +167,14 @@ func (r *Removal) Reconcile(ctx context.Context) (services.Result, error) {
 	// running QEMU, which keeps the file open, and the guest after a
 	// reboot see the new bytes, and no unlinked copy of the old ones stays
 	// on disk while the domain runs.
-	if info, err := r.host.VolumeInfo(ctx, s.Pool().Name, s.SeedVolume()); err == nil && info.CapacityBytes > uint64(len(iso)) {
+	if info, err := r.host.VolumeInfo(ctx, vm.Pool.Name, vm.SeedVolume()); err == nil && info.CapacityBytes > uint64(len(iso)) {
 		iso = append(iso, make([]byte, info.CapacityBytes-uint64(len(iso)))...)
 	}
-	if _, err := r.host.UploadVolume(ctx, s.Pool().Name, s.SeedVolume(), iso); err != nil {
+	if _, err := r.host.UploadVolume(ctx, vm.Pool.Name, vm.SeedVolume(), iso); err != nil {
 		return services.Result{}, fmt.Errorf("removing the bootstrap data from the seed: %w", err)
 	}
-	s.SetBootstrapDataRemoved()
-	s.Event(corev1.EventTypeNormal, "BootstrapDataRemoved", "The seed no longer holds the bootstrap data: bootstrap succeeded")
+	vm.BootstrapDataRemoved = true
+	vm.Event(corev1.EventTypeNormal, "BootstrapDataRemoved", "The seed no longer holds the bootstrap data: bootstrap succeeded")
 	return services.Result{}, nil
 }
 
@@ -219,8 +187,8 @@ func (*Removal) Delete(context.Context) error { return nil }
 // either: cloud-init ran that once for the instance, and what it installed
 // stays on the guest's disk. Without it the bytes are those that releases
 // before the vendor-data wrote, so Emptied recognises their machines too.
-func emptySeed(s RemovalScope) ([]byte, error) {
-	iso, err := cloudinit.BuildISO(cloudinit.Seed{InstanceID: s.DomainUUID(), LocalHostname: s.Hostname()})
+func emptySeed(vm *scope.VM) ([]byte, error) {
+	iso, err := cloudinit.BuildISO(cloudinit.Seed{InstanceID: vm.UUID, LocalHostname: vm.Hostname})
 	if err != nil {
 		return nil, fmt.Errorf("building the seed without bootstrap data: %w", err)
 	}
@@ -234,12 +202,12 @@ func emptySeed(s RemovalScope) ([]byte, error) {
 // keep it (seeds of older releases, user-data that disables vendor data),
 // and BootstrapSucceeded in status (gone after clusterctl move or a
 // restore).
-func Emptied(ctx context.Context, s RemovalScope, host virt.StorageHost) (bool, error) {
-	iso, err := emptySeed(s)
+func Emptied(ctx context.Context, vm *scope.VM, host virt.StorageHost) (bool, error) {
+	iso, err := emptySeed(vm)
 	if err != nil {
 		return false, err
 	}
-	return holds(ctx, host, s.Pool().Name, s.SeedVolume(), iso)
+	return holds(ctx, host, vm.Pool.Name, vm.SeedVolume(), iso)
 }
 
 // holds tells whether a seed volume holds iso: its first bytes are iso,
@@ -289,8 +257,7 @@ func bootstrapData(ctx context.Context, s *scope.MachineScope) ([]byte, error) {
 
 // Delete removes the seed volume.
 func (svc *Service) Delete(ctx context.Context) error {
-	s := svc.scope
-	if err := svc.host.DeleteVolume(ctx, s.Pool().Name, s.SeedVolume()); err != nil {
+	if err := svc.host.DeleteVolume(ctx, svc.vm.Pool.Name, svc.vm.SeedVolume()); err != nil {
 		return fmt.Errorf("deleting the seed: %w", err)
 	}
 	return nil

@@ -25,8 +25,8 @@ func TestSeedUploadsOnceAndNeverLeaks(t *testing.T) {
 		t.Fatal(err)
 	}
 	servicetest.WantCondition(t, f.LM, infrav1.BootstrapDataReadyCondition, metav1.ConditionTrue, infrav1.ReadyReason)
-	iso := string(f.Host.Data["pool/"+s.SeedVolume()])
-	if !strings.Contains(iso, "instance-id: "+s.DomainUUID()) || !strings.Contains(iso, "local-hostname: m0") || !strings.Contains(iso, servicetest.SecretMarker) {
+	iso := string(f.Host.Data["pool/"+s.VM.SeedVolume()])
+	if !strings.Contains(iso, "instance-id: "+s.VM.UUID) || !strings.Contains(iso, "local-hostname: m0") || !strings.Contains(iso, servicetest.SecretMarker) {
 		t.Error("seed lacks instance-id, hostname or user-data")
 	}
 	// The volume holds the seed's bytes: it is not written again.
@@ -38,7 +38,7 @@ func TestSeedUploadsOnceAndNeverLeaks(t *testing.T) {
 		t.Error("uploaded again although the volume holds the seed")
 	}
 	// Once the domain exists (defined on the seed), the Secret is not read.
-	s.SetDomainFound()
+	s.VM.Found = true
 	f.Secret.Data = nil
 	if err := f.Client.Delete(context.Background(), f.Secret); err != nil {
 		t.Fatal(err)
@@ -63,12 +63,12 @@ func TestSeedOfAnotherInstanceIsRewritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	const other = "0b7d4c1e-3f5a-4a8e-9c2d-6e1f0a9b8c7d"
-	f.LM.Spec.ProviderID = infrav1.ProviderIDPrefix + other
+	s.VM.UUID = other
 	f.Host.Calls = nil
 	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s, s.Host)); err != nil {
 		t.Fatal(err)
 	}
-	if !f.Host.Called("UploadVolume") || !strings.Contains(string(f.Host.Data["pool/"+s.SeedVolume()]), "instance-id: "+other) {
+	if !f.Host.Called("UploadVolume") || !strings.Contains(string(f.Host.Data["pool/"+s.VM.SeedVolume()]), "instance-id: "+other) {
 		t.Error("a seed of another instance-id was kept")
 	}
 	f.NoLeaks()
@@ -78,7 +78,7 @@ func TestSeedRewritesUnconfirmedVolume(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	s := f.Scope()
 	// A volume from an upload cut short by a crash: not the seed's bytes.
-	f.Host.Volumes["pool/"+s.SeedVolume()] = virt.VolumeInfo{Name: s.SeedVolume()}
+	f.Host.Volumes["pool/"+s.VM.SeedVolume()] = virt.VolumeInfo{Name: s.VM.SeedVolume()}
 	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s, s.Host)); err != nil {
 		t.Fatal(err)
 	}
@@ -125,30 +125,33 @@ func TestRemovalTakesBootstrapDataOffTheHost(t *testing.T) {
 	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s, s.Host)); err != nil {
 		t.Fatal(err)
 	}
-	removal := seed.NewRemoval(s, s.Host)
-	before := len(f.Host.Data["pool/"+s.SeedVolume()])
+	removal := seed.NewRemoval(s.VM, s.Host)
+	before := len(f.Host.Data["pool/"+s.VM.SeedVolume()])
 	f.Host.Calls = nil
 	if _, err := removal.Reconcile(context.Background()); err != nil || f.Host.Called("UploadVolume") {
 		t.Fatalf("before bootstrap succeeded: err %v, uploaded %v", err, f.Host.Called("UploadVolume"))
 	}
-	s.SetBootstrapSucceeded()
+	s.VM.BootstrapSucceeded = true
 	if _, err := removal.Reconcile(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	iso := string(f.Host.Data["pool/"+s.SeedVolume()])
+	iso := string(f.Host.Data["pool/"+s.VM.SeedVolume()])
 	if strings.Contains(iso, servicetest.SecretMarker) {
 		t.Error("the seed still holds the bootstrap data")
 	}
 	if len(iso) != before {
 		t.Errorf("the rewritten seed has %d bytes, the volume %d: it would be replaced, not overwritten in place", len(iso), before)
 	}
-	if !strings.Contains(iso, "instance-id: "+s.DomainUUID()) || !strings.Contains(iso, "local-hostname: m0") {
+	if !strings.Contains(iso, "instance-id: "+s.VM.UUID) || !strings.Contains(iso, "local-hostname: m0") {
 		t.Error("the rewritten seed lost its instance-id or hostname: a reboot would bootstrap again")
 	}
 	if strings.Contains(iso, cloudinit.VendorDataFile) {
 		t.Error("the rewritten seed holds vendor-data: it would not be the bytes Emptied looks for")
 	}
-	if !f.LM.Status.BootstrapDataRemoved {
+	if err := s.PatchObject(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !f.Stored().Status.BootstrapDataRemoved {
 		t.Error("the removal is not recorded")
 	}
 	f.Host.Calls = nil
@@ -167,7 +170,7 @@ func TestEmptiedTellsAnEarlierBootstrap(t *testing.T) {
 	ctx := context.Background()
 	emptied := func(when string, want bool) {
 		t.Helper()
-		got, err := seed.Emptied(ctx, s, s.Host)
+		got, err := seed.Emptied(ctx, s.VM, s.Host)
 		if err != nil || got != want {
 			t.Errorf("%s: Emptied = %v, %v; want %v", when, got, err, want)
 		}
@@ -177,8 +180,8 @@ func TestEmptiedTellsAnEarlierBootstrap(t *testing.T) {
 		t.Fatal(err)
 	}
 	emptied("seed with the bootstrap data", false)
-	s.SetBootstrapSucceeded()
-	if _, err := seed.NewRemoval(s, s.Host).Reconcile(ctx); err != nil {
+	s.VM.BootstrapSucceeded = true
+	if _, err := seed.NewRemoval(s.VM, s.Host).Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
 	emptied("seed rewritten without the bootstrap data", true)
@@ -186,7 +189,7 @@ func TestEmptiedTellsAnEarlierBootstrap(t *testing.T) {
 	f.LM.Status = infrav1.LibvirtMachineStatus{}
 	emptied("after the status was lost", true)
 	f.Host.Errs["ReadVolume"] = errors.New("libvirtd gone")
-	if _, err := seed.Emptied(ctx, s, s.Host); err == nil {
+	if _, err := seed.Emptied(ctx, s.VM, s.Host); err == nil {
 		t.Error("a failed read was taken for an answer")
 	}
 }
@@ -202,7 +205,7 @@ func TestSeedVendorData(t *testing.T) {
 	}{
 		{name: "machine", svc: func(s *scope.MachineScope) *seed.Service { return seed.New(s, s.Host) }, want: true},
 		{name: "generated user-data", svc: func(s *scope.MachineScope) *seed.Service {
-			return seed.NewWithUserData(s, s.Host, []byte("#cloud-config\n"))
+			return seed.NewWithUserData(s.VM, s.Host, []byte("#cloud-config\n"))
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -211,7 +214,7 @@ func TestSeedVendorData(t *testing.T) {
 			if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, tc.svc(s)); err != nil {
 				t.Fatal(err)
 			}
-			iso := string(f.Host.Data["pool/"+s.SeedVolume()])
+			iso := string(f.Host.Data["pool/"+s.VM.SeedVolume()])
 			got := strings.Contains(iso, cloudinit.VendorDataFile+";1") && strings.Contains(iso, cloudinit.BootstrapSentinelVendorData)
 			if got != tc.want {
 				t.Errorf("seed holds the sentinel vendor-data: %v, want %v", got, tc.want)
@@ -233,7 +236,7 @@ func TestSeedCarriesGeneratedNetworkConfig(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := servicetest.NewFixture(t)
 			s := f.Scope()
-			svc := seed.NewWithUserData(s, s.Host, []byte("#cloud-config\n")).WithNetworkConfig(tc.config)
+			svc := seed.NewWithUserData(s.VM, s.Host, []byte("#cloud-config\n")).WithNetworkConfig(tc.config)
 			err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, svc)
 			if tc.wantErr {
 				if err == nil || f.Host.Called("UploadVolume") {
@@ -244,7 +247,7 @@ func TestSeedCarriesGeneratedNetworkConfig(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if iso := string(f.Host.Data["pool/"+s.SeedVolume()]); !strings.Contains(iso, tc.wantISO) || !strings.Contains(iso, "network-config") {
+			if iso := string(f.Host.Data["pool/"+s.VM.SeedVolume()]); !strings.Contains(iso, tc.wantISO) || !strings.Contains(iso, "network-config") {
 				t.Errorf("the seed lacks its network-config")
 			}
 		})
