@@ -122,7 +122,9 @@ type clusterObject struct{ s *ClusterScope }
 
 func (o clusterObject) persist(ctx context.Context) error { return o.s.PatchObject(ctx) }
 
-func (o clusterObject) Event(eventType, reason, message string) { o.s.Event(eventType, reason, message) }
+func (o clusterObject) Event(eventType, reason, message string) {
+	o.s.Event(eventType, reason, message)
+}
 
 // PatchObject writes the HAProxy VM back and persists the LibvirtCluster
 // now.

@@ -173,7 +173,9 @@ type machineObject struct{ s *MachineScope }
 
 func (o machineObject) persist(ctx context.Context) error { return o.s.PatchObject(ctx) }
 
-func (o machineObject) Event(eventType, reason, message string) { o.s.Event(eventType, reason, message) }
+func (o machineObject) Event(eventType, reason, message string) {
+	o.s.Event(eventType, reason, message)
+}
 
 // PatchObject writes the VM back and persists the LibvirtMachine now.
 func (s *MachineScope) PatchObject(ctx context.Context) error {
