@@ -46,7 +46,7 @@ func (s *ClusterScope) LoadBalancerVM() *VM {
 		// The root disk takes the image's size.
 		DiskSizeBytes: 0,
 		State:         recordedState(st),
-		object:        clusterObject{s},
+		object:        vmObject{persist: s.PatchObject, event: s.Event},
 	}
 	return s.loadBalancer
 }
@@ -115,15 +115,6 @@ func statusNetwork(lc *infrav1.LibvirtCluster) NetworkRef {
 	default:
 		return NetworkRef{Bridge: n.Bridge}
 	}
-}
-
-// clusterObject is the LibvirtCluster as its HAProxy VM's object.
-type clusterObject struct{ s *ClusterScope }
-
-func (o clusterObject) persist(ctx context.Context) error { return o.s.PatchObject(ctx) }
-
-func (o clusterObject) Event(eventType, reason, message string) {
-	o.s.Event(eventType, reason, message)
 }
 
 // PatchObject writes the HAProxy VM back and persists the LibvirtCluster

@@ -131,7 +131,7 @@ func (s *MachineScope) machineVM(hostName string) *VM {
 		State:                recordedState(st),
 		Provisioned:          s.IsProvisioned(),
 		BootstrapDataRemoved: lm.Status.BootstrapDataRemoved,
-		object:               machineObject{s},
+		object:               vmObject{persist: s.PatchObject, event: s.Event},
 	}
 	if s.Machine != nil {
 		vm.Hostname = s.Machine.Name
@@ -166,15 +166,6 @@ func (s *MachineScope) writeVM() {
 		lm.Status.Addresses = append(out, clusterv1.MachineAddress{Type: clusterv1.MachineHostName, Address: vm.Hostname})
 	}
 	lm.Status.BootstrapDataRemoved = lm.Status.BootstrapDataRemoved || vm.BootstrapDataRemoved
-}
-
-// machineObject is the LibvirtMachine as its VM's object.
-type machineObject struct{ s *MachineScope }
-
-func (o machineObject) persist(ctx context.Context) error { return o.s.PatchObject(ctx) }
-
-func (o machineObject) Event(eventType, reason, message string) {
-	o.s.Event(eventType, reason, message)
 }
 
 // PatchObject writes the VM back and persists the LibvirtMachine now.

@@ -75,16 +75,18 @@ type VM struct {
 
 	// placementRecorded is set by RecordPlacement.
 	placementRecorded bool
-	// object writes the VM back to its object and persists it, and
-	// records events on it.
+	// object persists the VM and records events on its object; zero for
+	// a VM built without one (a unit test's).
 	object vmObject
 }
 
-// vmObject is the object a VM is written back to.
-type vmObject interface {
+// vmObject is the object a VM is written back to, as its scope reaches
+// it.
+type vmObject struct {
 	// persist writes the VM back and patches the object now.
-	persist(ctx context.Context) error
-	Event(eventType, reason, message string)
+	persist func(ctx context.Context) error
+	// event records an event on the object.
+	event func(eventType, reason, message string)
 }
 
 // OverlayVolume is the name of the root disk's volume.
@@ -109,7 +111,7 @@ func (vm *VM) RecordPlacement() { vm.placementRecorded = true }
 // is created in libvirt whose identity must survive a crash (the MAC and
 // placement).
 func (vm *VM) Persist(ctx context.Context) error {
-	if vm.object == nil {
+	if vm.object.persist == nil {
 		return errors.New("the VM was not built from an object: nothing to persist it to")
 	}
 	return vm.object.persist(ctx)
@@ -118,8 +120,8 @@ func (vm *VM) Persist(ctx context.Context) error {
 // Event records an event on the VM's object; a VM built without one (a
 // unit test's) records none.
 func (vm *VM) Event(eventType, reason, message string) {
-	if vm.object != nil {
-		vm.object.Event(eventType, reason, message)
+	if vm.object.event != nil {
+		vm.object.event(eventType, reason, message)
 	}
 }
 
