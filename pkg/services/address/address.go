@@ -38,7 +38,6 @@ var _ services.Service = (*Service)(nil)
 // New returns the address reservation service of vm.
 func New(vm *scope.VM, host virt.NetworkHost) *Service { return &Service{vm: vm, host: host} }
 
-// Name labels the service in logs.
 func (*Service) Name() string { return "address" }
 
 // Reserved is the address the last Reconcile reserved; invalid when the

@@ -59,7 +59,6 @@ func (svc *Service) WithMaxBytes(n uint64) *Service {
 	return svc
 }
 
-// Name labels the service in logs.
 func (*Service) Name() string { return "disk" }
 
 // Reconcile ensures the overlay exists with at least the requested size.

@@ -103,7 +103,6 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	return svc.hardwareResult(info), nil
 }
 
-// Name labels the service in logs.
 func (*Service) Name() string { return "domain" }
 
 // define creates the domain on the overlay and seed volumes, unless the

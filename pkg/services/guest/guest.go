@@ -58,7 +58,6 @@ func NewAddresses(vm *scope.VM, host virt.NetworkHost, leases LeaseWatcher) *Add
 	return &Addresses{vm: vm, host: host, leases: leases}
 }
 
-// Name labels the service in logs.
 func (*Addresses) Name() string { return "addresses" }
 
 // Delete does nothing: reading addresses creates nothing.
@@ -124,7 +123,6 @@ func NewBootstrap(vm *scope.VM, host virt.GuestHost, succeededOnce SucceededOnce
 	return &Bootstrap{vm: vm, host: host, succeededOnce: succeededOnce}
 }
 
-// Name labels the service in logs.
 func (*Bootstrap) Name() string { return "bootstrap" }
 
 // Delete does nothing: checking the bootstrap creates nothing.

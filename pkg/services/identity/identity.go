@@ -27,7 +27,6 @@ var _ services.Service = (*Service)(nil)
 // New returns the identity step of vm.
 func New(vm *scope.VM, host virt.DomainHost) *Service { return &Service{vm: vm, host: host} }
 
-// Name labels the step in logs.
 func (*Service) Name() string { return "identity" }
 
 // Reconcile costs nothing once UUID and MAC are known and the status has

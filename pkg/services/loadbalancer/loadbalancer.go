@@ -83,7 +83,6 @@ func (svc *Service) WithMaxDiskBytes(n uint64) *Service {
 	return svc
 }
 
-// Name labels the service in logs.
 func (*Service) Name() string { return "load balancer" }
 
 // plan is the load balancer's steps, every one reported on

@@ -51,7 +51,6 @@ func New(s Scope, host virt.NetworkHost, candidates []netip.Prefix) *Service {
 	return &Service{scope: s, host: host, candidates: candidates}
 }
 
-// Name labels the service in logs.
 func (*Service) Name() string { return "network" }
 
 // Reconcile uses or creates the network and records it in status.network.

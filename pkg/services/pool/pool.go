@@ -32,7 +32,6 @@ var _ services.Service = (*Service)(nil)
 // New returns the storage pool service of s.
 func New(s Scope, host virt.StorageHost) *Service { return &Service{scope: s, host: host} }
 
-// Name labels the service in logs.
 func (*Service) Name() string { return "storage pool" }
 
 // Reconcile defines, starts and autostarts the pool spec.storagePool asks

@@ -62,7 +62,6 @@ func NewMachine(s MachineScope, vm *scope.VM, policy tenancy.Policy, q Admitter)
 	return &Machine{scope: s, vm: vm, policy: policy, quota: q}
 }
 
-// Name labels the check in logs.
 func (*Machine) Name() string { return "references" }
 
 // Reconcile refuses the machine, with DiskReady or AddressReserved False,
@@ -159,7 +158,6 @@ func NewCluster(s ClusterScope, policy tenancy.Policy, q Admitter) *Cluster {
 	return &Cluster{scope: s, policy: policy, quota: q}
 }
 
-// Name labels the check in logs.
 func (*Cluster) Name() string { return "references" }
 
 // Reconcile refuses the cluster, with StoragePoolReady, NetworkReady or

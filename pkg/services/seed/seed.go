@@ -69,7 +69,6 @@ func (svc *Service) WithNetworkConfig(networkConfig func() ([]byte, error)) *Ser
 	return svc
 }
 
-// Name labels the service in logs.
 func (*Service) Name() string { return "seed" }
 
 // Reconcile uploads the seed unless libvirt holds it complete: the VM's
@@ -148,7 +147,6 @@ func NewRemoval(vm *scope.VM, host virt.StorageHost) *Removal {
 	return &Removal{vm: vm, host: host}
 }
 
-// Name labels the service in logs.
 func (*Removal) Name() string { return "bootstrap data removal" }
 
 // Reconcile rewrites the seed once bootstrap succeeded, and then never
