@@ -83,7 +83,7 @@ func networkAddresses(leases []dhcpLease, hosts []Reservation, mac netalloc.MAC,
 	var out []Address
 	seen := map[netip.Addr]bool{}
 	for _, l := range leases {
-		if l.MAC == mac && l.current(now) && !seen[l.IP] {
+		if l.MAC == mac && l.Current(now) && !seen[l.IP] {
 			seen[l.IP] = true
 			out = append(out, Address{IP: l.IP, Source: AddressSourceLease, Hostname: l.Hostname})
 		}

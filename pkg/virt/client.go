@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"libvirt.org/go/libvirt"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt/fanout"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt/leases"
 )
 
 // DefaultURI is the libvirt URI used when Dial is given an empty one.
@@ -109,7 +112,7 @@ type Client struct {
 	closed bool
 	hooks  []connHook
 
-	events *broker
+	events *fanout.Broker[Event]
 
 	poolMu    sync.Mutex
 	poolLocks map[string]chan struct{} // one-slot semaphores, see lockPool
@@ -121,7 +124,7 @@ type Client struct {
 	hostMemory   uint64 // bytes; 0 until first read, see HostMemory
 
 	leasesOnce sync.Once
-	leases     *leaseWatcher // created on the first WatchLease; stops with ctx
+	leases     *leases.Watcher // created on the first WatchLease; stops with ctx
 
 	// lost is signalled when libvirtd drops the connection (see
 	// reconnectWhenLost).
@@ -166,7 +169,7 @@ func Dial(ctx context.Context, uri string, opts ...Option) (*Client, error) {
 	c := &Client{
 		uri:       uri,
 		opts:      o,
-		events:    newBroker(o.eventBuffer),
+		events:    fanout.New[Event](o.eventBuffer),
 		poolLocks: map[string]chan struct{}{},
 		owners:    map[string]*Owner{},
 		lost:      make(chan struct{}, 1),
@@ -205,7 +208,7 @@ func (c *Client) Close() error {
 	c.dropConnLocked()
 	c.mu.Unlock()
 	c.wg.Wait()
-	c.events.close()
+	c.events.Close()
 	return nil
 }
 

@@ -3,8 +3,6 @@ package virt
 import (
 	"context"
 	"strings"
-	"sync"
-	"sync/atomic"
 
 	"libvirt.org/go/libvirt"
 
@@ -69,83 +67,25 @@ type Event struct {
 	Detail string
 }
 
-// broker fans events out to subscribers without ever blocking the
-// publisher, which may be libvirt's event loop: a subscriber whose buffer is
-// full loses the event and the loss is counted.
-type broker struct {
-	size    int
-	mu      sync.RWMutex
-	subs    map[chan Event]struct{}
-	closed  bool
-	dropped atomic.Uint64
-}
-
-func newBroker(size int) *broker {
-	return &broker{size: size, subs: map[chan Event]struct{}{}}
-}
-
-func (b *broker) subscribe() chan Event {
-	ch := make(chan Event, b.size)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		close(ch)
-		return ch
-	}
-	b.subs[ch] = struct{}{}
-	return ch
-}
-
-func (b *broker) unsubscribe(ch chan Event) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if _, ok := b.subs[ch]; ok {
-		delete(b.subs, ch)
-		close(ch)
-	}
-}
-
-func (b *broker) publish(ev Event) {
-	b.mu.RLock()
-	defer b.mu.RUnlock()
-	for ch := range b.subs {
-		select {
-		case ch <- ev:
-		default:
-			b.dropped.Add(1)
-		}
-	}
-}
-
-func (b *broker) close() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.closed = true
-	for ch := range b.subs {
-		delete(b.subs, ch)
-		close(ch)
-	}
-}
-
 // Subscribe returns a channel of host events that is closed when ctx ends
 // or the client is closed. Each subscriber has its own bounded buffer; a
-// slow subscriber loses events (the broker counts them) rather than stalling
+// slow subscriber loses events (the broker counts them, fanout.Broker) rather than stalling
 // the others, so it should treat events as hints and resync on
 // EventReconnected.
 func (c *Client) Subscribe(ctx context.Context) <-chan Event {
-	ch := c.events.subscribe()
+	ch := c.events.Subscribe()
 	go func() {
 		select {
 		case <-ctx.Done():
 		case <-c.ctx.Done():
 		}
-		c.events.unsubscribe(ch)
+		c.events.Unsubscribe(ch)
 	}()
 	return ch
 }
 
 // publish hands ev to every subscriber without blocking.
-func (c *Client) publish(ev Event) { c.events.publish(ev) }
+func (c *Client) publish(ev Event) { c.events.Publish(ev) }
 
 // rawDomainEvent is what a libvirt callback can learn without a round
 // trip; the owner lookup happens later, off the event loop.
@@ -166,7 +106,7 @@ func (c *Client) startDomainEvents() {
 		select {
 		case queue <- ev:
 		default:
-			c.events.dropped.Add(1)
+			c.events.Drop()
 		}
 	}
 	// Registration before the first connect cannot fail: the hook only runs

@@ -6,39 +6,6 @@ import (
 	"libvirt.org/go/libvirt"
 )
 
-func TestBrokerFanOutAndDrop(t *testing.T) {
-	b := newBroker(2)
-	a, c := b.subscribe(), b.subscribe()
-	for i := 0; i < 3; i++ {
-		b.publish(Event{Kind: EventDomainStarted, Domain: string(rune('a' + i))})
-	}
-	for _, ch := range []chan Event{a, c} {
-		if got := len(ch); got != 2 {
-			t.Errorf("subscriber buffered %d events, want 2", got)
-		}
-		if ev := <-ch; ev.Domain != "a" {
-			t.Errorf("first event %q, want a (order kept)", ev.Domain)
-		}
-	}
-	if got := b.dropped.Load(); got != 2 {
-		t.Errorf("dropped %d, want one per subscriber", got)
-	}
-	b.unsubscribe(a)
-	b.unsubscribe(a) // twice is harmless
-	b.publish(Event{Kind: EventDomainStopped})
-	if got := len(c); got != 2 {
-		t.Errorf("remaining subscriber has %d events, want 2", got)
-	}
-	b.close()
-	for range c {
-	}
-	if ch := b.subscribe(); ch != nil {
-		if _, open := <-ch; open {
-			t.Error("subscribing to a closed broker yields an open channel")
-		}
-	}
-}
-
 func TestLifecycleKind(t *testing.T) {
 	tests := []struct {
 		event      libvirt.DomainEventType

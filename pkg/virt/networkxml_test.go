@@ -366,7 +366,7 @@ func TestLeaseCurrent(t *testing.T) {
 		{"no address", dhcpLease{}, false},
 	}
 	for _, tt := range tests {
-		if got := tt.lease.current(now); got != tt.want {
+		if got := tt.lease.Current(now); got != tt.want {
 			t.Errorf("%s: current = %v", tt.name, got)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt/leases"
 )
 
 // reservationLease is the DHCP lease time written into every host entry we
@@ -18,23 +19,7 @@ import (
 const reservationLease = 10 * time.Minute
 
 // dhcpLease is a lease as the engine uses it.
-type dhcpLease struct {
-	MAC      netalloc.MAC
-	IP       netip.Addr
-	Hostname string
-	// Expiry is zero for a lease that never expires.
-	Expiry time.Time
-}
-
-// current tells whether a lease is worth reporting: unexpired and not
-// link-local (a guest's IPv6 link-local address says nothing about where
-// to reach it).
-func (l dhcpLease) current(now time.Time) bool {
-	if !l.IP.IsValid() || l.IP.IsLinkLocalUnicast() {
-		return false
-	}
-	return l.Expiry.IsZero() || l.Expiry.After(now)
-}
+type dhcpLease = leases.Lease
 
 // reservationPlan is what ReserveAddress has to do.
 type reservationPlan struct {
@@ -106,7 +91,7 @@ func chooseAddress(network string, subnet netip.Prefix, hosts []Reservation, lea
 			}
 		}
 		for _, l := range leases {
-			if l.IP == r.IP && l.current(now) && l.MAC != r.MAC {
+			if l.IP == r.IP && l.Current(now) && l.MAC != r.MAC {
 				err := &AddressConflictError{Network: network, MAC: r.MAC, IP: r.IP, Reason: ConflictLeased, HeldBy: l.MAC.String(), Until: l.Expiry}
 				return netip.Addr{}, err
 			}
@@ -119,7 +104,7 @@ func chooseAddress(network string, subnet netip.Prefix, hosts []Reservation, lea
 	}
 	var own []netip.Addr
 	for _, l := range leases {
-		if !l.current(now) {
+		if !l.Current(now) {
 			continue
 		}
 		if l.MAC == r.MAC {
