@@ -79,6 +79,9 @@ const (
 	ImageChecksumMismatchReason = "ImageChecksumMismatch"
 	// PoolFullReason: the storage pool has no space left.
 	PoolFullReason = "PoolFull"
+	// StoragePoolNotFoundReason (DiskReady): a data disk names a storage
+	// pool that does not exist on the machine's libvirt host.
+	StoragePoolNotFoundReason = "StoragePoolNotFound"
 	// ImageHasBackingFileReason: the image is a qcow2 whose header names
 	// a backing file, which would make the host open that file. Nothing
 	// of it is kept; flatten it (qemu-img convert -O qcow2) and serve that.

@@ -63,6 +63,18 @@ type LibvirtMachineSpec struct {
 	// +kubebuilder:validation:Maximum=65536
 	DiskSizeGiB int32 `json:"diskSizeGiB,omitempty"`
 
+	// dataDisks are empty disks attached after the root disk, each a qcow2
+	// volume of its own created with the machine and deleted with it (for
+	// Longhorn, Rook, a separate etcd disk). The guest sees each as
+	// /dev/disk/by-id/virtio-<name>. They count in the operator's largest
+	// disk (--max-machine-disk, with the root disk) and the namespace's
+	// totals.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=8
+	DataDisks []DataDisk `json:"dataDisks,omitempty"`
+
 	// network overrides the cluster's network for this machine.
 	// +optional
 	Network *NetworkAttachment `json:"network,omitempty"`
@@ -75,6 +87,32 @@ type LibvirtMachineSpec struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=63
 	FailureDomain string `json:"failureDomain,omitempty"`
+}
+
+// DataDisk is an empty disk of a machine besides its root disk.
+type DataDisk struct {
+	// name identifies the disk in the machine: its volume's name ends in it
+	// and the guest sees it as /dev/disk/by-id/virtio-<name> (virtio's
+	// serial holds 20 characters).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=20
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
+
+	// sizeGiB is the disk's virtual size; the volume is sparse and grows as
+	// the guest writes.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65536
+	SizeGiB int32 `json:"sizeGiB"`
+
+	// pool is the storage pool of the disk's volume; defaults to the pool
+	// of the machine's root disk. A pool other than that must exist, and
+	// the operator must allow it (the manager's --storage-pools).
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Pool string `json:"pool,omitempty"`
 }
 
 // LibvirtMachineStatus is the observed state of a LibvirtMachine.

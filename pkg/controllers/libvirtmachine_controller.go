@@ -28,6 +28,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/address"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/datadisk"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/disk"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
@@ -211,6 +212,7 @@ func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
 		{Service: identity.New(vm, s.Host)},
 		{Service: address.New(vm, s.Host), Condition: infrav1.AddressReservedCondition, SkipOnceProvisioned: true},
 		{Service: disk.New(vm, s.Host, r.Images).WithMaxBytes(r.Tenancy.Machine.DiskBytes()), Condition: infrav1.DiskReadyCondition, SkipOnceProvisioned: true},
+		{Service: datadisk.New(vm, s.Host), Condition: infrav1.DiskReadyCondition, SkipOnceProvisioned: true},
 		{Service: seed.New(s, s.Host), Condition: infrav1.BootstrapDataReadyCondition, SkipOnceProvisioned: true},
 		{Service: domain.New(vm, s.Host, domain.Options{ShutdownTimeout: r.ShutdownTimeout, TrafficFilter: r.Tenancy.TrafficFilter}), Condition: infrav1.DomainReadyCondition},
 		{Service: guest.NewAddresses(vm, s.Host, r.events), Condition: infrav1.AddressAssignedCondition},

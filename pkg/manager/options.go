@@ -254,7 +254,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Host bridges clusters and machines may be plugged into (comma-separated); empty or * allows any bridge but those of the provider's networks.")
 	fs.IntVar(&o.MaxMachineVCPUs, "max-machine-vcpus", 32, "Most vCPUs one LibvirtMachine may ask for; 0 sets no bound.")
 	fs.StringVar(&o.MaxMachineMemory, "max-machine-memory", "128Gi", "Most memory one LibvirtMachine may ask for (a quantity); 0 sets no bound.")
-	fs.StringVar(&o.MaxMachineDisk, "max-machine-disk", "1Ti", "Largest root disk one LibvirtMachine may ask for (a quantity); 0 sets no bound.")
+	fs.StringVar(&o.MaxMachineDisk, "max-machine-disk", "1Ti", "Most disk one LibvirtMachine may ask for, its root disk and data disks together (a quantity); 0 sets no bound.")
 	fs.IntVar(&o.NamespaceMaxMachines, "namespace-max-machines", 0,
 		"Most LibvirtMachines of one namespace that get a domain, counted as they exist in libvirt (a VM whose object is gone still counts); machines created later wait. 0 sets no bound.")
 	fs.IntVar(&o.NamespaceMaxVCPUs, "namespace-max-vcpus", 0, "Most vCPUs the VMs of one namespace (its machines and HAProxy VMs, counted as they exist in libvirt) may take together; 0 sets no bound.")

@@ -28,6 +28,11 @@ const (
 	overlaySuffix    = "-root.qcow2"
 	seedSuffix       = "-seed.iso"
 	consoleLogSuffix = "-console.log"
+	// dataDiskInfix and dataDiskSuffix surround a data disk's name in its
+	// volume's name. Kubernetes names have no '_', so no machine's domain
+	// (and none of its other volumes) can end in a data disk's volume name.
+	dataDiskInfix  = "_data-"
+	dataDiskSuffix = ".qcow2"
 	// imagePrefix starts the names of base images imported from a URL. It
 	// has no '.', which every domain-derived name has, so a base image can
 	// never share a name with a machine's volume.
@@ -60,6 +65,24 @@ func SeedVolumeName(domain string) string { return domain + seedSuffix }
 // logged to: in the pool, so that it goes with the machine on any host.
 func ConsoleLogVolumeName(domain string) string { return domain + consoleLogSuffix }
 
+// DataDiskVolumeName is the volume of the machine's data disk named disk.
+func DataDiskVolumeName(domain, disk string) string {
+	return domain + dataDiskInfix + disk + dataDiskSuffix
+}
+
+// IsDataDiskVolumeOf tells whether name is the volume of one of the data
+// disks of domain.
+func IsDataDiskVolumeOf(domain, name string) bool {
+	disk, ok := strings.CutPrefix(name, domain+dataDiskInfix)
+	return ok && strings.HasSuffix(disk, dataDiskSuffix) && !strings.Contains(disk, dataDiskInfix)
+}
+
+// IsDataDiskVolumeName tells whether name is a data disk's volume, of any
+// machine.
+func IsDataDiskVolumeName(name string) bool {
+	return strings.HasPrefix(name, virt.NamePrefix) && strings.Contains(name, dataDiskInfix) && strings.HasSuffix(name, dataDiskSuffix)
+}
+
 // ImageVolumeName is the pool volume a base image with this sha256 (hex) is
 // imported into: content-addressed, so machines and clusters share it and a
 // changed image never reuses a stale volume.
@@ -89,15 +112,16 @@ func IsImageVolumeName(name string) bool {
 }
 
 // IsManagedVolumeName tells whether name is a volume the provider makes for
-// one machine or load balancer (its root disk, seed ISO or console log, of any
-// namespace) or the marker of an import under way: volumes that belong to
-// one object and must never back another's disk.
+// one machine or load balancer (its root disk, data disks, seed ISO or
+// console log, of any namespace) or the marker of an import under way:
+// volumes that belong to one object and must never back another's disk.
 func IsManagedVolumeName(name string) bool {
 	if strings.HasSuffix(name, partialSuffix) {
 		return true
 	}
 	return strings.HasPrefix(name, virt.NamePrefix) &&
-		(strings.HasSuffix(name, overlaySuffix) || strings.HasSuffix(name, seedSuffix) || strings.Contains(name, consoleLogSuffix))
+		(strings.HasSuffix(name, overlaySuffix) || strings.HasSuffix(name, seedSuffix) || strings.Contains(name, consoleLogSuffix) ||
+			IsDataDiskVolumeName(name))
 }
 
 // NameNamespace is the namespace a name derived by DomainName (a domain,

@@ -55,7 +55,8 @@ func TestDomainNameLong(t *testing.T) {
 
 func TestVolumeNamesAreDisjoint(t *testing.T) {
 	d := DomainName("ns", "m")
-	names := []string{OverlayVolumeName(d), SeedVolumeName(d), ImageVolumeName(strings.Repeat("ab", 32))}
+	names := []string{OverlayVolumeName(d), SeedVolumeName(d), ImageVolumeName(strings.Repeat("ab", 32)),
+		DataDiskVolumeName(d, "root"), DataDiskVolumeName(d, "seed")}
 	for i := range names {
 		if !strings.HasPrefix(names[i], "capl-") {
 			t.Errorf("%q lacks the capl- prefix orphan listing relies on", names[i])
@@ -68,6 +69,26 @@ func TestVolumeNamesAreDisjoint(t *testing.T) {
 	}
 	if strings.Contains(ImageVolumeName(strings.Repeat("ab", 32)), ".") {
 		t.Error("image volume names must not contain '.', which every machine volume has")
+	}
+}
+
+// TestDataDiskVolumeOf: a machine's data disks are its own, whatever the
+// names of the namespace's other machines (which may end in "_data-..."
+// only if a Kubernetes name could hold '_', which none can).
+func TestDataDiskVolumeOf(t *testing.T) {
+	for _, tc := range []struct {
+		domain, volume string
+		want           bool
+	}{
+		{DomainName("ns", "m"), DataDiskVolumeName(DomainName("ns", "m"), "etcd"), true},
+		{DomainName("ns", "m"), DataDiskVolumeName(DomainName("ns", "m-data-x"), "etcd"), false},
+		{DomainName("ns", "m"), DataDiskVolumeName(DomainName("ns", "m2"), "etcd"), false},
+		{DomainName("ns", "m"), OverlayVolumeName(DomainName("ns", "m")), false},
+		{DomainName("ns", "m"), DomainName("ns", "m") + "_data-etcd.qcow2_data-x.qcow2", false},
+	} {
+		if got := IsDataDiskVolumeOf(tc.domain, tc.volume); got != tc.want {
+			t.Errorf("IsDataDiskVolumeOf(%s, %s) = %v, want %v", tc.domain, tc.volume, got, tc.want)
+		}
 	}
 }
 
@@ -90,11 +111,14 @@ func TestMACCandidates(t *testing.T) {
 func TestNameKinds(t *testing.T) {
 	long := DomainName(strings.Repeat("n", 63), strings.Repeat("m", 253))
 	for _, d := range []string{DomainName("ns", "m"), LoadBalancerDomainName("ns", "c"), long} {
-		for _, v := range []string{OverlayVolumeName(d), SeedVolumeName(d)} {
+		for _, v := range []string{OverlayVolumeName(d), SeedVolumeName(d), DataDiskVolumeName(d, "etcd")} {
 			if !IsManagedVolumeName(v) || IsImageVolumeName(v) {
 				t.Errorf("%s: managed %v, image %v", v, IsManagedVolumeName(v), IsImageVolumeName(v))
 			}
 		}
+	}
+	if !IsDataDiskVolumeName(DataDiskVolumeName(long, strings.Repeat("d", 20))) || len(DataDiskVolumeName(long, strings.Repeat("d", 20))) > 255 {
+		t.Error("a long domain's data disk volume is misjudged or too long for a file name")
 	}
 	img := ImageVolumeName(strings.Repeat("0f", 32))
 	if !IsImageVolumeName(img) || IsManagedVolumeName(img) || !IsManagedVolumeName(img+".partial") {

@@ -104,11 +104,11 @@ func (h Holdings) record(o virt.OwnedObject) {
 	}
 }
 
-// volumeBytes is what a volume takes from the host: a root disk its whole
-// virtual size (it grows to it as the guest writes), any other volume
-// what it occupies.
+// volumeBytes is what a volume takes from the host: a root or data disk
+// its whole virtual size (it grows to it as the guest writes), any other
+// volume what it occupies.
 func volumeBytes(o virt.OwnedObject) uint64 {
-	if strings.HasSuffix(o.Name, naming.OverlayVolumeName("")) {
+	if strings.HasSuffix(o.Name, naming.OverlayVolumeName("")) || naming.IsDataDiskVolumeName(o.Name) {
 		return max(o.CapacityBytes, o.AllocationBytes)
 	}
 	return o.AllocationBytes
@@ -137,14 +137,14 @@ func ClusterAsk(lc *infrav1.LibvirtCluster, h Holdings) tenancy.Usage {
 }
 
 // OfDomain tells whether o is the domain called domain or one of its
-// volumes (root disk, seed, console log and its rotated files).
+// volumes (root disk, data disks, seed, console log and its rotated files).
 func OfDomain(domain string, o virt.OwnedObject) bool {
 	switch o.Kind {
 	case virt.OwnedDomain:
 		return o.Name == domain
 	case virt.OwnedVolume:
 		return o.Name == naming.OverlayVolumeName(domain) || o.Name == naming.SeedVolumeName(domain) ||
-			strings.HasPrefix(o.Name, naming.ConsoleLogVolumeName(domain))
+			strings.HasPrefix(o.Name, naming.ConsoleLogVolumeName(domain)) || naming.IsDataDiskVolumeOf(domain, o.Name)
 	}
 	return false
 }

@@ -29,6 +29,12 @@ func machine(ns, name string, created time.Duration, cpus, memoryMiB, diskGiB in
 	return lm
 }
 
+// withDataDisk gives lm a data disk of sizeGiB.
+func withDataDisk(lm *infrav1.LibvirtMachine, sizeGiB int32) *infrav1.LibvirtMachine {
+	lm.Spec.DataDisks = append(lm.Spec.DataDisks, infrav1.DataDisk{Name: "data", SizeGiB: sizeGiB})
+	return lm
+}
+
 func cluster(ns, name string, created time.Duration, lb infrav1.LoadBalancerType) *infrav1.LibvirtCluster {
 	lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, CreationTimestamp: metav1.NewTime(base.Add(created))}}
 	lc.Spec.LoadBalancer.Type = lb
@@ -87,7 +93,8 @@ func TestEachTotal(t *testing.T) {
 	overlay := virt.OwnedObject{Kind: virt.OwnedVolume, Name: naming.OverlayVolumeName(naming.DomainName("team-b", "gone")), CapacityBytes: 10 * gib, AllocationBytes: gib}
 	seed := virt.OwnedObject{Kind: virt.OwnedVolume, Name: naming.SeedVolumeName(naming.DomainName("team-b", "gone")), CapacityBytes: gib, AllocationBytes: gib / 2}
 	lbNet := virt.OwnedObject{Kind: virt.OwnedNetwork, Name: naming.ClusterNetworkName("team-b", "old"), Owner: &virt.Owner{Kind: "LibvirtCluster", Namespace: "team-b", Name: "old"}}
-	held := []virt.OwnedObject{orphan, other, overlay, seed, lbNet}
+	data := virt.OwnedObject{Kind: virt.OwnedVolume, Name: naming.DataDiskVolumeName(naming.DomainName("team-b", "gone"), "etcd"), CapacityBytes: 3 * gib, AllocationBytes: gib / 4}
+	held := []virt.OwnedObject{orphan, other, overlay, seed, data, lbNet}
 	ahead := machine("team-b", "ahead", 0, 2, 1024, 4)
 	for _, tc := range []struct {
 		name   string
@@ -101,8 +108,9 @@ func TestEachTotal(t *testing.T) {
 		{"vcpus: exactly at the total", tenancy.Limits{VCPUs: 5}, machine("team-b", "new", time.Second, 1, 512, 4), ""},
 		{"memory: 2048 held + 1024 ahead + 1024", tenancy.Limits{MemoryMiB: 4000}, machine("team-b", "new", time.Second, 1, 1024, 4), "--namespace-max-memory"},
 		{"memory: within", tenancy.Limits{MemoryMiB: 4096}, machine("team-b", "new", time.Second, 1, 1024, 4), ""},
-		{"disk: overlay at its capacity, seed as allocated, ahead and new as asked", tenancy.Limits{DiskGiB: 18}, machine("team-b", "new", time.Second, 1, 512, 4), "--namespace-max-disk"},
-		{"disk: within", tenancy.Limits{DiskGiB: 19}, machine("team-b", "new", time.Second, 1, 512, 4), ""},
+		{"disk: overlay and data disk at their capacity, seed as allocated, ahead and new as asked", tenancy.Limits{DiskGiB: 21}, machine("team-b", "new", time.Second, 1, 512, 4), "--namespace-max-disk"},
+		{"disk: within", tenancy.Limits{DiskGiB: 22}, machine("team-b", "new", time.Second, 1, 512, 4), ""},
+		{"disk: the new machine's data disks count", tenancy.Limits{DiskGiB: 22}, withDataDisk(machine("team-b", "new", time.Second, 1, 512, 4), 1), "--namespace-max-disk"},
 		{"created before the one ahead: it does not count", tenancy.Limits{Machines: 2}, machine("team-b", "first", -time.Second, 1, 512, 4), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

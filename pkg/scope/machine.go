@@ -113,6 +113,7 @@ func (s *MachineScope) machineVM(hostName string) *VM {
 	lm := s.LibvirtMachine
 	spec, st := &lm.Spec, lm.Status.Domain
 	domain := naming.DomainName(lm.Namespace, lm.Name)
+	pool := recordedPool(ClusterPool(s.LibvirtCluster), lm.Annotations)
 	vm := &VM{
 		Domain:   domain,
 		UUID:     strings.TrimPrefix(spec.ProviderID, infrav1.ProviderIDPrefix),
@@ -123,11 +124,12 @@ func (s *MachineScope) machineVM(hostName string) *VM {
 			UID: string(lm.UID), Cluster: s.ClusterName(),
 		},
 		Host:                 hostName,
-		Pool:                 recordedPool(ClusterPool(s.LibvirtCluster), lm.Annotations),
+		Pool:                 pool,
 		Network:              s.network(),
 		Hardware:             defaultHardware(spec.VirtualHardware, infrav1.DefaultMachineCPUs, infrav1.DefaultMachineMemoryMiB),
 		Image:                spec.Image,
 		DiskSizeBytes:        diskSizeBytes(spec.DiskSizeGiB),
+		DataDisks:            dataDisks(spec.DataDisks, pool.Name),
 		State:                recordedState(st),
 		Provisioned:          s.IsProvisioned(),
 		BootstrapDataRemoved: lm.Status.BootstrapDataRemoved,
@@ -260,6 +262,20 @@ func diskSizeBytes(gib int32) uint64 {
 		gib = infrav1.DefaultDiskSizeGiB
 	}
 	return uint64(gib) << 30
+}
+
+// dataDisks are the VM's data disks of spec, those without a pool in
+// vmPool.
+func dataDisks(spec []infrav1.DataDisk, vmPool string) []DataDisk {
+	var out []DataDisk
+	for _, d := range spec {
+		pool := d.Pool
+		if pool == "" {
+			pool = vmPool
+		}
+		out = append(out, DataDisk{Name: d.Name, Pool: pool, SizeBytes: uint64(d.SizeGiB) << 30})
+	}
+	return out
 }
 
 // annotateOnce sets an annotation of obj unless it is set: what it records

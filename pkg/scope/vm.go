@@ -45,6 +45,8 @@ type VM struct {
 	Image infrav1.ImageSource
 	// DiskSizeBytes is the root disk's size; zero for the image's own.
 	DiskSizeBytes uint64
+	// DataDisks are the empty disks attached after the root disk.
+	DataDisks []DataDisk
 
 	// State is libvirt's state of the domain as the status last recorded
 	// it, or as the domain step found it; "" after a move or a restore,
@@ -72,6 +74,10 @@ type VM struct {
 	// this reconcile, which the domain step attaches; nil when they did
 	// not run (a provisioned VM skips them).
 	RootDisk, Seed *virt.VolumeInfo
+	// DataVolumes are the data disks' volumes, in DataDisks' order, which
+	// the data disk step ensured in this reconcile; nil when it did not
+	// run.
+	DataVolumes []virt.VolumeInfo
 
 	// placementRecorded is set by RecordPlacement.
 	placementRecorded bool
@@ -88,6 +94,20 @@ type vmObject struct {
 	// event records an event on the object.
 	event func(eventType, reason, message string)
 }
+
+// DataDisk is one of a VM's data disks.
+type DataDisk struct {
+	// Name is the disk's name in the VM, and its serial in the guest.
+	Name string
+	// Pool is the pool of its volume: the one the spec names, else the
+	// VM's.
+	Pool string
+	// SizeBytes is its virtual size.
+	SizeBytes uint64
+}
+
+// DataDiskVolume is the name of the volume of the data disk named disk.
+func (vm *VM) DataDiskVolume(disk string) string { return naming.DataDiskVolumeName(vm.Domain, disk) }
 
 // OverlayVolume is the name of the root disk's volume.
 func (vm *VM) OverlayVolume() string { return naming.OverlayVolumeName(vm.Domain) }

@@ -14,9 +14,10 @@ type Limits struct {
 	Machines int
 	Clusters int
 	// VCPUs and MemoryMiB bound vCPUs and memory. DiskGiB bounds one
-	// VM's root disk (Machine) or what a namespace's volumes take on the
-	// hosts (Namespace: root disks at their full size, seeds, console
-	// logs and images at what they occupy).
+	// VM's disks, its root disk and data disks together (Machine), or what
+	// a namespace's volumes take on the hosts (Namespace: root and data
+	// disks at their full size, seeds, console logs and images at what
+	// they occupy).
 	VCPUs     int64
 	MemoryMiB int64
 	DiskGiB   int64
@@ -34,7 +35,11 @@ type Usage struct {
 
 // MachineUsage is what one machine of spec asks for.
 func MachineUsage(spec *infrav1.LibvirtMachineSpec) Usage {
-	return Usage{Machines: 1, VCPUs: int64(spec.CPUs), MemoryMiB: int64(spec.MemoryMiB), DiskGiB: int64(spec.DiskSizeGiB)}
+	disk := int64(spec.DiskSizeGiB)
+	for _, d := range spec.DataDisks {
+		disk += int64(d.SizeGiB)
+	}
+	return Usage{Machines: 1, VCPUs: int64(spec.CPUs), MemoryMiB: int64(spec.MemoryMiB), DiskGiB: disk}
 }
 
 // LoadBalancerUsage is what the HAProxy VM of spec asks for, defaults
@@ -69,6 +74,6 @@ func (l Limits) Exceeded(u Usage, flagPrefix string) map[string]string {
 	check("clusters", "clusters", int64(u.Clusters), int64(l.Clusters), "")
 	check("cpus", "vcpus", u.VCPUs, l.VCPUs, " vCPUs")
 	check("memoryMiB", "memory", u.MemoryMiB, l.MemoryMiB, " MiB")
-	check("diskSizeGiB", "disk", u.DiskGiB, l.DiskGiB, " GiB")
+	check("diskSizeGiB", "disk", u.DiskGiB, l.DiskGiB, " GiB of disk")
 	return out
 }

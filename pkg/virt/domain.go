@@ -55,6 +55,9 @@ type DomainSpec struct {
 	// SeedISOPath is the NoCloud seed volume's path, attached as a cdrom on
 	// virtio-scsi; empty for none.
 	SeedISOPath string
+	// DataDisks are attached after the root disk, as virtio disks vdb,
+	// vdc, ... in order.
+	DataDisks []DataDisk
 	// Network is a libvirt network name; Bridge a host bridge. Exactly one
 	// is set.
 	Network string
@@ -70,6 +73,18 @@ type DomainSpec struct {
 	// libvirt host (through virtlogd).
 	ConsoleLogPath string
 }
+
+// DataDisk is an empty volume attached to a domain besides its root disk.
+type DataDisk struct {
+	// Path is the volume's path on the libvirt host (VolumeInfo.Path).
+	Path string
+	// Serial is the disk's virtio serial: the guest sees the disk as
+	// /dev/disk/by-id/virtio-<Serial>. At most 20 characters.
+	Serial string
+}
+
+// maxDataDisks bounds a domain's data disks: vdb to vdi.
+const maxDataDisks = 8
 
 // DomainInfo describes a domain as libvirt sees it.
 type DomainInfo struct {

@@ -80,6 +80,14 @@ func validateDomainSpec(s DomainSpec) error {
 	if s.SeedISOPath != "" && !path.IsAbs(s.SeedISOPath) {
 		errs = append(errs, fmt.Sprintf("seed ISO path %q is not absolute", s.SeedISOPath))
 	}
+	if len(s.DataDisks) > maxDataDisks {
+		errs = append(errs, fmt.Sprintf("%d data disks, at most %d", len(s.DataDisks), maxDataDisks))
+	}
+	for _, disk := range s.DataDisks {
+		if !path.IsAbs(disk.Path) || disk.Serial == "" || len(disk.Serial) > 20 || strings.ContainsFunc(disk.Serial, notSerialRune) {
+			errs = append(errs, fmt.Sprintf("data disk %q (serial %q) needs an absolute path and a serial of 1-20 letters, digits and dashes", disk.Path, disk.Serial))
+		}
+	}
 	if s.Network != "" && s.Bridge != "" {
 		errs = append(errs, "both network and bridge are set")
 	}
@@ -95,6 +103,12 @@ func validateDomainSpec(s DomainSpec) error {
 		return fmt.Errorf("invalid domain spec: %s", strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// notSerialRune tells which runes a disk serial may not hold: QEMU passes
+// it to the guest, whose udev names /dev/disk/by-id after it.
+func notSerialRune(r rune) bool {
+	return (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') && (r < '0' || r > '9') && r != '-'
 }
 
 // domainXML builds the domain definition for spec. Disks are attached by
@@ -166,6 +180,16 @@ func domainXML(s DomainSpec) (*libvirtxml.Domain, error) {
 	}
 	if s.TCGCacheMiB > 0 {
 		d.Features.TCG = &libvirtxml.DomainFeatureTCG{TBCache: &libvirtxml.DomainFeatureTCGTBCache{Unit: "MiB", Size: uint(s.TCGCacheMiB)}}
+	}
+	for i, disk := range s.DataDisks {
+		d.Devices.Disks = append(d.Devices.Disks, libvirtxml.DomainDisk{
+			Device:       "disk",
+			Driver:       &libvirtxml.DomainDiskDriver{Name: "qemu", Type: FormatQCOW2, Discard: "unmap"},
+			Source:       &libvirtxml.DomainDiskSource{File: &libvirtxml.DomainDiskSourceFile{File: disk.Path}},
+			BackingStore: diskChain("", ""),
+			Target:       &libvirtxml.DomainDiskTarget{Dev: "vd" + string(rune('b'+i)), Bus: "virtio"},
+			Serial:       disk.Serial,
+		})
 	}
 	if s.SeedISOPath != "" {
 		d.Devices.Controllers = []libvirtxml.DomainController{{Type: "scsi", Index: &index0, Model: "virtio-scsi"}}

@@ -41,6 +41,12 @@ func TestDomainXMLGolden(t *testing.T) {
 		{"domain-tcg-custom-cpu.xml", func(s *DomainSpec) {
 			s.Type, s.CPUMode, s.CPUModel, s.CPUFeatures = DomainTypeQEMU, CPUModeCustom, "qemu64", []string{"sse4.2", "popcnt"}
 		}},
+		{"domain-data-disks.xml", func(s *DomainSpec) {
+			s.DataDisks = []DataDisk{
+				{Path: "/var/lib/libvirt/capl-images/capl-default-worker-0_data-etcd.qcow2", Serial: "etcd"},
+				{Path: "/var/lib/libvirt/capl-images/capl-default-worker-0_data-longhorn.qcow2", Serial: "longhorn"},
+			}
+		}},
 		{"domain-host-model-no-seed-no-nic.xml", func(s *DomainSpec) {
 			s.CPUMode = CPUModeHostModel
 			s.SeedISOPath, s.Network, s.MAC = "", "", ""
@@ -86,6 +92,16 @@ func TestValidateDomainSpec(t *testing.T) {
 		{"relative backing file", func(s *DomainSpec) { s.DiskBackingPath = "base.qcow2" }, "backing file"},
 		{"backing file of unknown format", func(s *DomainSpec) { s.DiskBackingFormat = "" }, "raw or qcow2"},
 		{"vmdk backing file", func(s *DomainSpec) { s.DiskBackingFormat = "vmdk" }, "raw or qcow2"},
+		{"data disk", func(s *DomainSpec) { s.DataDisks = []DataDisk{{Path: "/pool/d.qcow2", Serial: "data-0"}} }, ""},
+		{"relative data disk", func(s *DomainSpec) { s.DataDisks = []DataDisk{{Path: "d.qcow2", Serial: "d"}} }, "data disk"},
+		{"data disk without serial", func(s *DomainSpec) { s.DataDisks = []DataDisk{{Path: "/pool/d.qcow2"}} }, "data disk"},
+		{"serial too long", func(s *DomainSpec) { s.DataDisks = []DataDisk{{Path: "/pool/d.qcow2", Serial: strings.Repeat("d", 21)}} }, "data disk"},
+		{"serial with a quote", func(s *DomainSpec) { s.DataDisks = []DataDisk{{Path: "/pool/d.qcow2", Serial: "d'x"}} }, "data disk"},
+		{"nine data disks", func(s *DomainSpec) {
+			for range 9 {
+				s.DataDisks = append(s.DataDisks, DataDisk{Path: "/pool/d.qcow2", Serial: "d"})
+			}
+		}, "at most 8"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

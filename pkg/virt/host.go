@@ -48,6 +48,9 @@ type StorageHost interface {
 	// ReadVolume returns up to the first limit bytes of a volume (a seed);
 	// IsNotFound(err) when it does not exist.
 	ReadVolume(ctx context.Context, pool, name string, limit int64) ([]byte, error)
+	// EnsureDataVolume returns an empty qcow2 volume of capacity bytes (a
+	// machine's data disk), created when missing, never resized.
+	EnsureDataVolume(ctx context.Context, pool, name string, capacity uint64) (VolumeInfo, error)
 	// EnsureLogVolume returns the 0600 volume a console log goes to,
 	// created empty when missing; DeleteLogVolume removes it with the
 	// files virtlogd rotated out of it.

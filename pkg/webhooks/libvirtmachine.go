@@ -69,6 +69,7 @@ func (w *LibvirtMachine) ValidateUpdate(ctx context.Context, oldM, newM *infrav1
 		{"tcgTranslationCacheMiB", o.TCGTranslationCacheMiB, n.TCGTranslationCacheMiB},
 		{"cpuShares", o.CPUShares, n.CPUShares},
 		{"diskSizeGiB", o.DiskSizeGiB, n.DiskSizeGiB},
+		{"dataDisks", o.DataDisks, n.DataDisks},
 		{"network", o.Network, n.Network},
 	} {
 		errs = append(errs, immutable(path.Child(f.name), f.old, f.new, why)...)

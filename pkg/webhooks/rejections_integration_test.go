@@ -180,6 +180,15 @@ func TestRejections(t *testing.T) {
 			s.Image = infrav1.ImageSource{URL: "https://images.example/debian.qcow2"}
 		}), field: "spec.image", detail: "checksum is required when url is set"},
 		{name: "negative cpus", obj: machine(func(s *infrav1.LibvirtMachineSpec) { s.CPUs = -1 }), field: "spec.cpus"},
+		{name: "data disk named in capitals", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
+			s.DataDisks = []infrav1.DataDisk{{Name: "Etcd", SizeGiB: 1}}
+		}), field: "spec.dataDisks[0].name"},
+		{name: "two data disks of one name", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
+			s.DataDisks = []infrav1.DataDisk{{Name: "data", SizeGiB: 1}, {Name: "data", SizeGiB: 2}}
+		}), field: "spec.dataDisks[1]"},
+		{name: "data disk of 0 GiB", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
+			s.DataDisks = []infrav1.DataDisk{{Name: "data"}}
+		}), field: "spec.dataDisks[0].sizeGiB"},
 		{name: "qemu with host-passthrough", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
 			s.DomainType, s.CPUMode = infrav1.DomainTypeQEMU, infrav1.CPUModeHostPassthrough
 		}), field: "spec", detail: "host-passthrough needs domainType kvm"},
@@ -195,6 +204,9 @@ func TestRejections(t *testing.T) {
 		}), update: onMachine(func(s *infrav1.LibvirtMachineSpec) { s.CPUModel = "Westmere" }), field: "spec.cpuModel", detail: "is immutable"},
 		{name: "machine disk changed", obj: machine(func(*infrav1.LibvirtMachineSpec) {}),
 			update: onMachine(func(s *infrav1.LibvirtMachineSpec) { s.DiskSizeGiB = 40 }), field: "spec.diskSizeGiB"},
+		{name: "machine data disk added", obj: machine(func(*infrav1.LibvirtMachineSpec) {}),
+			update: onMachine(func(s *infrav1.LibvirtMachineSpec) { s.DataDisks = []infrav1.DataDisk{{Name: "data", SizeGiB: 1}} }),
+			field: "spec.dataDisks", detail: "is immutable"},
 		{name: "machine network changed", obj: machine(func(*infrav1.LibvirtMachineSpec) {}),
 			update: onMachine(func(s *infrav1.LibvirtMachineSpec) { s.Network = &infrav1.NetworkAttachment{Bridge: "br0"} }), field: "spec.network", detail: "is immutable"},
 		{name: "providerID changed once set", obj: machine(func(s *infrav1.LibvirtMachineSpec) {

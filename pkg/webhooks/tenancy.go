@@ -95,6 +95,14 @@ func (r references) machine(namespace string, spec *infrav1.LibvirtMachineSpec, 
 	}
 	errs = append(errs, r.imageURL(spec.Image.URL, path.Child("image", "url"))...)
 	errs = append(errs, r.sizes(tenancy.MachineUsage(spec), path)...)
+	for i, d := range spec.DataDisks {
+		if d.Pool == "" {
+			continue // the root disk's pool, checked with the cluster
+		}
+		if err := r.policy.CheckPoolName(d.Pool); err != nil {
+			errs = append(errs, field.Invalid(path.Child("dataDisks").Index(i).Child("pool"), d.Pool, err.Error()))
+		}
+	}
 	if n := spec.Network; n != nil {
 		errs = append(errs, r.network(namespace, n.Name, n.Bridge, path.Child("network"))...)
 	}

@@ -394,3 +394,41 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestMachineDataDiskReferences: a data disk's pool must be one the
+// operator allows, and the data disks count with the root disk against
+// --max-machine-disk; a template is judged the same.
+func TestMachineDataDiskReferences(t *testing.T) {
+	ctx := context.Background()
+	capped := strictPolicy
+	capped.Machine = tenancy.Limits{DiskGiB: 50}
+	for _, tc := range []struct {
+		name   string
+		policy tenancy.Policy
+		disks  []infrav1.DataDisk
+		want   []string
+	}{
+		{"in the machine's pool", strictPolicy, []infrav1.DataDisk{{Name: "etcd", SizeGiB: 10}}, nil},
+		{"in an allowed pool", strictPolicy, []infrav1.DataDisk{{Name: "etcd", SizeGiB: 10, Pool: "tenants"}}, nil},
+		{"in a pool not allowed", strictPolicy, []infrav1.DataDisk{{Name: "etcd", SizeGiB: 10}, {Name: "data", SizeGiB: 1, Pool: "default"}},
+			[]string{"spec.dataDisks[1].pool"}},
+		{"root and data disks within the largest disk", capped, []infrav1.DataDisk{{Name: "etcd", SizeGiB: 30}}, nil},
+		{"root and data disks beyond it", capped, []infrav1.DataDisk{{Name: "etcd", SizeGiB: 20}, {Name: "data", SizeGiB: 11}},
+			[]string{"spec.diskSizeGiB"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "cp-0"}}
+			m.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: importedImg}}
+			m.Spec.DataDisks = tc.disks
+			w := &LibvirtMachine{refs: references{policy: &tc.policy}}
+			must(t, w.Default(ctx, m))
+			_, err := w.ValidateCreate(ctx, m)
+			checkFields(t, "LibvirtMachine", err, tc.want)
+
+			tmpl := &infrav1.LibvirtMachineTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "cp"}}
+			tmpl.Spec.Template.Spec = m.Spec
+			_, err = (&LibvirtMachineTemplate{refs: references{policy: &tc.policy}}).ValidateCreate(ctx, tmpl)
+			checkFields(t, "LibvirtMachineTemplate", err, templatePaths(tc.want))
+		})
+	}
+}

@@ -3,6 +3,7 @@ package fakehost
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -119,6 +120,26 @@ func (h *Host) EnsureLogVolume(_ context.Context, pool, name string) (virt.Volum
 	return v, nil
 }
 
+// EnsureDataVolume creates an empty qcow2 volume unless it exists; the
+// pool must exist (a volume or EnsurePool put it there).
+func (h *Host) EnsureDataVolume(_ context.Context, pool, name string, capacity uint64) (virt.VolumeInfo, error) {
+	if err := h.call("EnsureDataVolume"); err != nil {
+		return virt.VolumeInfo{}, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	key := pool + "/" + name
+	if v, ok := h.Volumes[key]; ok {
+		return v, nil
+	}
+	if !h.poolExistsLocked(pool) {
+		return virt.VolumeInfo{}, fmt.Errorf("pool %s: %w", pool, virt.ErrNotFound)
+	}
+	v := virt.VolumeInfo{Pool: pool, Name: name, Path: "/pools/" + key, Format: virt.FormatQCOW2, CapacityBytes: capacity}
+	h.Volumes[key] = v
+	return v, nil
+}
+
 // DeleteLogVolume removes a log volume.
 func (h *Host) DeleteLogVolume(_ context.Context, pool, name string) error {
 	if err := h.call("DeleteLogVolume"); err != nil {
@@ -142,4 +163,17 @@ func (h *Host) VolumeInfo(_ context.Context, pool, name string) (virt.VolumeInfo
 		return v, notFound("volume " + name)
 	}
 	return v, nil
+}
+
+// poolExistsLocked tells whether pool was ensured or holds a volume.
+func (h *Host) poolExistsLocked(pool string) bool {
+	if _, ok := h.Pools[pool]; ok {
+		return true
+	}
+	for key := range h.Volumes {
+		if strings.HasPrefix(key, pool+"/") {
+			return true
+		}
+	}
+	return false
 }

@@ -113,7 +113,7 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 		return virt.DomainInfo{}, err
 	}
 	disk, seed := s.RootDisk, s.Seed
-	if disk == nil || seed == nil {
+	if disk == nil || seed == nil || len(s.DataVolumes) != len(s.DataDisks) {
 		return virt.DomainInfo{}, fmt.Errorf("defining domain %s: %w", s.Domain, ErrVolumesUnknown)
 	}
 	consoleLog, err := svc.volumes.EnsureLogVolume(ctx, s.Pool.Name, s.ConsoleLogVolume())
@@ -129,7 +129,7 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 		TCGCacheMiB: uint64(hw.TCGTranslationCacheMiB), DiskPath: disk.Path, DiskFormat: disk.Format, SeedISOPath: seed.Path,
 		DiskBackingPath: disk.BackingPath, DiskBackingFormat: disk.BackingFormat,
 		Network: network.Name, Bridge: network.Bridge, MAC: s.MAC, TrafficFilter: svc.trafficFilter(network),
-		ConsoleLogPath: consoleLog.Path,
+		ConsoleLogPath: consoleLog.Path, DataDisks: dataDisks(s),
 	})
 	if errors.Is(err, virt.ErrDomainReplaced) {
 		return virt.DomainInfo{}, svc.replaced(err)
@@ -258,4 +258,14 @@ func (svc *Service) deleteConsoleLog(ctx context.Context) error {
 		return fmt.Errorf("deleting the console log: %w", err)
 	}
 	return nil
+}
+
+// dataDisks are the VM's data disk volumes as the domain attaches them:
+// each with its name as serial.
+func dataDisks(vm *scope.VM) []virt.DataDisk {
+	var out []virt.DataDisk
+	for i, v := range vm.DataVolumes {
+		out = append(out, virt.DataDisk{Path: v.Path, Serial: vm.DataDisks[i].Name})
+	}
+	return out
 }

@@ -74,6 +74,12 @@ func (m *Machine) Reconcile(ctx context.Context) (services.Result, error) {
 		return services.Result{}, refused("storage pool", infrav1.DiskReadyCondition, infrav1.StoragePoolNotAllowedReason,
 			"Storage pool %s %q %v", f, poolField(pool.Name, pool.Path, f), err)
 	}
+	for i, d := range s.Spec().DataDisks {
+		if err := p.CheckPoolName(d.Pool); d.Pool != "" && err != nil {
+			return services.Result{}, refused("storage pool", infrav1.DiskReadyCondition, infrav1.StoragePoolNotAllowedReason,
+				"spec.dataDisks[%d].pool %q %v", i, d.Pool, err)
+		}
+	}
 	if err := checkNetwork(p, s.Namespace(), vm.Network); err != nil {
 		return services.Result{}, refused("network", infrav1.AddressReservedCondition, infrav1.NetworkNotAllowedReason,
 			"%s %v", describe(vm.Network), err)
