@@ -302,6 +302,8 @@ type machineOpts struct {
 	failureDomain string
 	// memoryMiB overrides the default 512.
 	memoryMiB int32
+	// dataDisks are the LibvirtMachine's.
+	dataDisks []infrav1.DataDisk
 	// annotations and finalizers go onto the LibvirtMachine as it is
 	// created.
 	annotations map[string]string
@@ -351,6 +353,7 @@ func (h *harness) createMachine(name string, o machineOpts) {
 		lm.Spec.MemoryMiB = o.memoryMiB
 	}
 	lm.Spec.DiskSizeGiB = 4
+	lm.Spec.DataDisks = o.dataDisks
 	must(h.t, h.c.Create(h.ctx, lm))
 
 	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: name, Labels: labels}}
@@ -450,12 +453,17 @@ func (h *harness) deleteMachine(name string, timeout time.Duration) {
 }
 
 // assertClean fails when anything of the named machine is left in libvirt:
-// its domain, overlay, seed, console log or DHCP host entry.
+// its domain, overlay, data disks, seed, console log or DHCP host entry.
 func (h *harness) assertClean(name, mac string) {
 	h.t.Helper()
 	domain := naming.DomainName(h.ns, name)
 	if _, err := h.host.DomainInfo(h.ctx, domain); !virt.IsNotFound(err) {
 		h.t.Errorf("domain %s left behind (err %v)", domain, err)
+	}
+	for _, vol := range h.poolVolumes() {
+		if naming.IsDataDiskVolumeOf(domain, vol) {
+			h.t.Errorf("data disk %s left behind", vol)
+		}
 	}
 	for _, vol := range []string{naming.OverlayVolumeName(domain), naming.SeedVolumeName(domain), naming.ConsoleLogVolumeName(domain)} {
 		if _, err := h.host.VolumeInfo(h.ctx, h.pool, vol); !virt.IsNotFound(err) {

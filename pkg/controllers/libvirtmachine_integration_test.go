@@ -348,13 +348,14 @@ func testLibvirtdRestart(h *harness, cluster string) {
 // terminal failure the Machine carries, and provisioned stays true.
 func testDestroyedBehindOurBack(h *harness, cluster string) {
 	h.booted = true
-	h.createMachine("d0", machineOpts{cluster: cluster, userData: bootUserData()})
+	h.createMachine("d0", machineOpts{cluster: cluster, userData: bootUserData(), dataDisks: []infrav1.DataDisk{{Name: "scratch", SizeGiB: 2}}})
 	h.setBootstrapData("d0")
 	var lm *infrav1.LibvirtMachine
 	h.waitFor("d0 provisioned", 6*time.Minute, func() (bool, string) {
 		lm = h.lm("d0")
 		return lm.Status.Initialization.IsProvisioned(), fmt.Sprintf("addresses %v", lm.Status.Addresses)
 	})
+	h.checkDataDisk(lm.Status.Domain.Name, "scratch", 2<<30)
 	mac := lm.Status.Domain.MAC
 	h.destroyBehindOurBack(lm.Status.Domain.Name)
 	h.waitFor("terminal failure of d0", 2*time.Minute, func() (bool, string) {
@@ -372,6 +373,27 @@ func testDestroyedBehindOurBack(h *harness, cluster string) {
 	}
 	h.deleteMachine("d0", 3*time.Minute)
 	h.assertClean("d0", mac)
+}
+
+// checkDataDisk asks the guest of domain, through its agent, what its data
+// disk named disk is: the device its /dev/disk/by-id/virtio-<disk> link
+// names, of size bytes.
+func (h *harness) checkDataDisk(domain, disk string, size uint64) {
+	h.t.Helper()
+	link := "/dev/disk/by-id/virtio-" + disk
+	var out string
+	h.waitFor("the guest's view of data disk "+disk, 2*time.Minute, func() (bool, string) {
+		res, err := h.host.GuestExec(h.ctx, domain, "/bin/sh", []string{"-c", "readlink -f " + link + " && blockdev --getsize64 " + link}, nil)
+		if err != nil {
+			return false, err.Error()
+		}
+		out = strings.TrimSpace(string(res.Stdout))
+		return res.ExitCode == 0, fmt.Sprintf("exit %d: %s%s", res.ExitCode, res.Stdout, res.Stderr)
+	})
+	if want := fmt.Sprintf("/dev/vdb\n%d", size); out != want {
+		h.t.Errorf("%s in the guest: %q, want %q (the first data disk, of its size)", link, out, want)
+	}
+	h.t.Logf("the guest sees data disk %s as %s", disk, strings.ReplaceAll(out, "\n", ", "))
 }
 
 // testBootedMachines boots three small VMs at once: it measures the
