@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 )
@@ -25,7 +26,43 @@ type LibvirtMachineTemplateResource struct {
 	Spec LibvirtMachineSpec `json:"spec"`
 }
 
+// LibvirtMachineTemplateStatus is what the provider reports of a
+// template: what every machine made from it will offer, for the cluster
+// autoscaler to scale a MachineDeployment from zero (Cluster API's
+// "autoscaling from zero" contract).
+type LibvirtMachineTemplateStatus struct {
+	// capacity is what a Node of a machine made from the template has:
+	// cpu (its vCPUs), memory and ephemeral-storage (its root disk).
+	// +optional
+	Capacity corev1.ResourceList `json:"capacity,omitempty"`
+
+	// nodeInfo is the architecture and operating system of the Node.
+	// +optional
+	NodeInfo NodeInfo `json:"nodeInfo,omitempty,omitzero"`
+}
+
+// Architecture is a Node's CPU architecture, as Kubernetes names it.
+// +kubebuilder:validation:Enum=amd64;arm64;s390x;ppc64le
+type Architecture string
+
+// ArchitectureAmd64 is x86_64, the architecture of every domain the
+// provider defines.
+const ArchitectureAmd64 Architecture = "amd64"
+
+// NodeInfo is the architecture and operating system of a template's Nodes.
+// +kubebuilder:validation:MinProperties=1
+type NodeInfo struct {
+	// architecture is the Node's CPU architecture.
+	// +optional
+	Architecture Architecture `json:"architecture,omitempty"`
+	// operatingSystem is the Node's operating system (linux).
+	// +optional
+	// +kubebuilder:validation:MaxLength=32
+	OperatingSystem string `json:"operatingSystem,omitempty"`
+}
+
 // +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
 // +kubebuilder:resource:path=libvirtmachinetemplates,scope=Namespaced,categories=cluster-api
 // +kubebuilder:storageversion
 // +kubebuilder:metadata:labels="cluster.x-k8s.io/v1beta2=v1alpha1"
@@ -41,6 +78,10 @@ type LibvirtMachineTemplate struct {
 	// spec is the desired state.
 	// +optional
 	Spec LibvirtMachineTemplateSpec `json:"spec,omitempty,omitzero"`
+
+	// status is what the provider reports of the template.
+	// +optional
+	Status LibvirtMachineTemplateStatus `json:"status,omitempty,omitzero"`
 }
 
 // +kubebuilder:object:root=true

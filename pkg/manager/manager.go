@@ -205,6 +205,9 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 	}).SetupWithManager(context.Background(), mgr, controller.Options{MaxConcurrentReconciles: opts.MachineConcurrency}); err != nil {
 		return nil, fmt.Errorf("setting up the LibvirtMachine controller: %w", err)
 	}
+	if err := (&controllers.LibvirtMachineTemplateReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr, controller.Options{}); err != nil {
+		return nil, fmt.Errorf("setting up the LibvirtMachineTemplate controller: %w", err)
+	}
 
 	if err := webhooks.SetupWithManager(mgr, webhooks.Options{Volumes: w.Host, Reader: mgr.GetClient(), LiveReader: mgr.GetAPIReader(), Tenancy: &policy}); err != nil {
 		return nil, fmt.Errorf("setting up the webhooks: %w", err)
