@@ -95,7 +95,9 @@ func TestValidateDomainSpec(t *testing.T) {
 		{"data disk", func(s *DomainSpec) { s.DataDisks = []DataDisk{{Path: "/pool/d.qcow2", Serial: "data-0"}} }, ""},
 		{"relative data disk", func(s *DomainSpec) { s.DataDisks = []DataDisk{{Path: "d.qcow2", Serial: "d"}} }, "data disk"},
 		{"data disk without serial", func(s *DomainSpec) { s.DataDisks = []DataDisk{{Path: "/pool/d.qcow2"}} }, "data disk"},
-		{"serial too long", func(s *DomainSpec) { s.DataDisks = []DataDisk{{Path: "/pool/d.qcow2", Serial: strings.Repeat("d", 21)}} }, "data disk"},
+		{"serial too long", func(s *DomainSpec) {
+			s.DataDisks = []DataDisk{{Path: "/pool/d.qcow2", Serial: strings.Repeat("d", 21)}}
+		}, "data disk"},
 		{"serial with a quote", func(s *DomainSpec) { s.DataDisks = []DataDisk{{Path: "/pool/d.qcow2", Serial: "d'x"}} }, "data disk"},
 		{"nine data disks", func(s *DomainSpec) {
 			for range 9 {

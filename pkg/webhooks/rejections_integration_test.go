@@ -206,7 +206,7 @@ func TestRejections(t *testing.T) {
 			update: onMachine(func(s *infrav1.LibvirtMachineSpec) { s.DiskSizeGiB = 40 }), field: "spec.diskSizeGiB"},
 		{name: "machine data disk added", obj: machine(func(*infrav1.LibvirtMachineSpec) {}),
 			update: onMachine(func(s *infrav1.LibvirtMachineSpec) { s.DataDisks = []infrav1.DataDisk{{Name: "data", SizeGiB: 1}} }),
-			field: "spec.dataDisks", detail: "is immutable"},
+			field:  "spec.dataDisks", detail: "is immutable"},
 		{name: "machine network changed", obj: machine(func(*infrav1.LibvirtMachineSpec) {}),
 			update: onMachine(func(s *infrav1.LibvirtMachineSpec) { s.Network = &infrav1.NetworkAttachment{Bridge: "br0"} }), field: "spec.network", detail: "is immutable"},
 		{name: "providerID changed once set", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
