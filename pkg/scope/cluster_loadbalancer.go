@@ -1,7 +1,6 @@
 package scope
 
 import (
-	"context"
 	"strings"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
@@ -48,6 +47,7 @@ func (s *ClusterScope) LoadBalancerVM() *VM {
 		State:         recordedState(st),
 		object:        vmObject{persist: s.PatchObject, event: s.Event},
 	}
+	s.writeBack = s.writeLoadBalancerVM
 	return s.loadBalancer
 }
 
@@ -115,18 +115,4 @@ func statusNetwork(lc *infrav1.LibvirtCluster) NetworkRef {
 	default:
 		return NetworkRef{Bridge: n.Bridge}
 	}
-}
-
-// PatchObject writes the HAProxy VM back and persists the LibvirtCluster
-// now.
-func (s *ClusterScope) PatchObject(ctx context.Context) error {
-	s.writeLoadBalancerVM()
-	return s.objectScope.PatchObject(ctx)
-}
-
-// Close writes the HAProxy VM back, summarises the step conditions into
-// Ready and persists the LibvirtCluster.
-func (s *ClusterScope) Close(ctx context.Context) error {
-	s.writeLoadBalancerVM()
-	return s.objectScope.Close(ctx)
 }

@@ -103,6 +103,7 @@ func NewMachineScope(p MachineScopeParams) (*MachineScope, error) {
 		LibvirtMachine: p.LibvirtMachine, Host: p.Host, failureDomain: p.FailureDomain, objectScope: o,
 	}
 	s.VM = s.machineVM(p.HostName)
+	s.writeBack = s.writeVM
 	return s, nil
 }
 
@@ -141,7 +142,7 @@ func (s *MachineScope) machineVM(hostName string) *VM {
 	return vm
 }
 
-// writeVM writes the VM back to the LibvirtMachine: the UUID into
+// writeVM writes the VM back to the LibvirtMachine before every patch: the UUID into
 // spec.providerID and the MAC into its annotation (each once, as
 // clusterctl move carries them), the placement annotations once recorded,
 // status.domain, the addresses the guest reported and the seed's state.
@@ -168,19 +169,6 @@ func (s *MachineScope) writeVM() {
 		lm.Status.Addresses = append(out, clusterv1.MachineAddress{Type: clusterv1.MachineHostName, Address: vm.Hostname})
 	}
 	lm.Status.BootstrapDataRemoved = lm.Status.BootstrapDataRemoved || vm.BootstrapDataRemoved
-}
-
-// PatchObject writes the VM back and persists the LibvirtMachine now.
-func (s *MachineScope) PatchObject(ctx context.Context) error {
-	s.writeVM()
-	return s.objectScope.PatchObject(ctx)
-}
-
-// Close writes the VM back, summarises the step conditions into Ready and
-// persists the LibvirtMachine.
-func (s *MachineScope) Close(ctx context.Context) error {
-	s.writeVM()
-	return s.objectScope.Close(ctx)
 }
 
 // Name is the LibvirtMachine's name.

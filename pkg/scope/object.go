@@ -33,6 +33,9 @@ type objectScope struct {
 	// owned are the conditions the patch lets this controller win on
 	// conflict.
 	owned []string
+	// writeBack, when set, writes what the reconcile kept apart from the
+	// object (a scope's VM) into it before every patch.
+	writeBack func()
 }
 
 // newObjectScope snapshots obj for the patch; rec may be nil.
@@ -75,6 +78,9 @@ func (o objectScope) Event(eventType, reason, message string) {
 // libvirt whose identity must survive a crash (finalizer, MAC, placement),
 // or to publish what others wait for (the control-plane endpoint).
 func (o objectScope) PatchObject(ctx context.Context) error {
+	if o.writeBack != nil {
+		o.writeBack()
+	}
 	return o.helper.Patch(ctx, o.obj, patch.WithOwnedConditions{Conditions: o.owned})
 }
 

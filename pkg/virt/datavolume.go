@@ -13,8 +13,14 @@ import (
 // is returned as it is: a data disk's size never changes (the spec is
 // immutable), and a volume with the guest's data is never recreated.
 func (c *Client) EnsureDataVolume(ctx context.Context, pool, name string, capacity uint64) (VolumeInfo, error) {
+	return c.ensureVolume(ctx, "EnsureDataVolume", pool, name, "data", qcow2VolumeXML(name, capacity))
+}
+
+// ensureVolume describes the volume name of pool, creating it from doc
+// when missing; what describes it says which kind of volume it is.
+func (c *Client) ensureVolume(ctx context.Context, op, pool, name, what string, doc *libvirtxml.StorageVolume) (VolumeInfo, error) {
 	var info VolumeInfo
-	err := c.withConn(ctx, "EnsureDataVolume", func(conn *libvirt.Connect) error {
+	err := c.withConn(ctx, op, func(conn *libvirt.Connect) error {
 		return withPool(conn, pool, func(p *libvirt.StoragePool) error {
 			err := withVolume(p, name, func(v *libvirt.StorageVol) error {
 				var err error
@@ -24,13 +30,13 @@ func (c *Client) EnsureDataVolume(ctx context.Context, pool, name string, capaci
 			if !IsNotFound(err) {
 				return err
 			}
-			doc, err := dataVolumeXML(name, capacity).Marshal()
+			xml, err := doc.Marshal()
 			if err != nil {
 				return err
 			}
-			vol, err := p.StorageVolCreateXML(doc, 0)
+			vol, err := p.StorageVolCreateXML(xml, 0)
 			if err != nil {
-				return wrapNoSpace(pool, fmt.Errorf("creating data volume %s/%s: %w", pool, name, err))
+				return wrapNoSpace(pool, fmt.Errorf("creating %s volume %s/%s: %w", what, pool, name, err))
 			}
 			defer vol.Free()
 			info, err = describeVolume(pool, vol)
@@ -38,18 +44,4 @@ func (c *Client) EnsureDataVolume(ctx context.Context, pool, name string, capaci
 		})
 	})
 	return info, err
-}
-
-// dataVolumeXML builds an empty qcow2 volume of capacity bytes, compat 1.1
-// as overlays are (zero clusters: it stays sparse as the guest writes).
-func dataVolumeXML(name string, capacity uint64) *libvirtxml.StorageVolume {
-	return &libvirtxml.StorageVolume{
-		Name:       name,
-		Allocation: &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: 0},
-		Capacity:   &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: capacity},
-		Target: &libvirtxml.StorageVolumeTarget{
-			Format: &libvirtxml.StorageVolumeTargetFormat{Type: FormatQCOW2},
-			Compat: "1.1",
-		},
-	}
 }

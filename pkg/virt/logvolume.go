@@ -17,27 +17,7 @@ const logBackups = 10
 // existing one holds. Being a pool volume, the log is found and removed
 // with its machine on any libvirt host, local or remote.
 func (c *Client) EnsureLogVolume(ctx context.Context, pool, name string) (VolumeInfo, error) {
-	var info VolumeInfo
-	err := c.withConn(ctx, "EnsureLogVolume", func(conn *libvirt.Connect) error {
-		return withPool(conn, pool, func(p *libvirt.StoragePool) error {
-			err := withVolume(p, name, func(v *libvirt.StorageVol) error {
-				var err error
-				info, err = describeVolume(pool, v)
-				return err
-			})
-			if !IsNotFound(err) {
-				return err
-			}
-			vol, err := createEmptyVolume(p, name)
-			if err != nil {
-				return wrapNoSpace(pool, fmt.Errorf("creating log volume %s/%s: %w", pool, name, err))
-			}
-			defer vol.Free()
-			info, err = describeVolume(pool, vol)
-			return err
-		})
-	})
-	return info, err
+	return c.ensureVolume(ctx, "EnsureLogVolume", pool, name, "log", rawVolumeXML(name, 0, secretMode))
 }
 
 // DeleteLogVolume deletes a log volume and the files virtlogd rotated out

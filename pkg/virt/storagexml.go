@@ -42,11 +42,10 @@ func rawVolumeXML(name string, capacity uint64, mode string) *libvirtxml.Storage
 	return v
 }
 
-// overlayVolumeXML builds a qcow2 overlay on a base volume. The backing
-// format is explicit because libvirt ≥6 refuses to probe it, and compat 1.1
-// because libvirt's pool default (0.10) lacks zero clusters and bloats on
-// first boot.
-func overlayVolumeXML(name string, capacity uint64, backingPath, backingFormat string) *libvirtxml.StorageVolume {
+// qcow2VolumeXML builds an empty sparse qcow2 volume (a data disk), compat
+// 1.1 because libvirt's pool default (0.10) lacks zero clusters and bloats
+// as the guest writes.
+func qcow2VolumeXML(name string, capacity uint64) *libvirtxml.StorageVolume {
 	return &libvirtxml.StorageVolume{
 		Name:       name,
 		Allocation: &libvirtxml.StorageVolumeSize{Unit: "bytes", Value: 0},
@@ -55,9 +54,16 @@ func overlayVolumeXML(name string, capacity uint64, backingPath, backingFormat s
 			Format: &libvirtxml.StorageVolumeTargetFormat{Type: FormatQCOW2},
 			Compat: "1.1",
 		},
-		BackingStore: &libvirtxml.StorageVolumeBackingStore{
-			Path:   backingPath,
-			Format: &libvirtxml.StorageVolumeTargetFormat{Type: backingFormat},
-		},
 	}
+}
+
+// overlayVolumeXML builds a qcow2 overlay on a base volume. The backing
+// format is explicit because libvirt ≥6 refuses to probe it.
+func overlayVolumeXML(name string, capacity uint64, backingPath, backingFormat string) *libvirtxml.StorageVolume {
+	v := qcow2VolumeXML(name, capacity)
+	v.BackingStore = &libvirtxml.StorageVolumeBackingStore{
+		Path:   backingPath,
+		Format: &libvirtxml.StorageVolumeTargetFormat{Type: backingFormat},
+	}
+	return v
 }

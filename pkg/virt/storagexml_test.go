@@ -15,7 +15,7 @@ func TestStorageXMLGolden(t *testing.T) {
 		{"volume-raw.xml", rawVolumeXML("capl-base-0123456789ab", 157286400, "")},
 		{"volume-raw-secret.xml", rawVolumeXML("capl-ns-machine-seed.iso", 65536, secretMode)},
 		{"volume-overlay.xml", overlayVolumeXML("capl-ns-machine-disk", 21474836480, "/var/lib/libvirt/capl-images/capl-base-0123456789ab", FormatQCOW2)},
-		{"volume-data.xml", dataVolumeXML("capl-ns.machine_data-etcd.qcow2", 10737418240)},
+		{"volume-data.xml", qcow2VolumeXML("capl-ns.machine_data-etcd.qcow2", 10737418240)},
 		{"volume-overlay-raw-base.xml", overlayVolumeXML("capl-ns-machine-disk", 2147483648, "/pool/base.raw", FormatRaw)},
 	}
 	for _, tt := range tests {
