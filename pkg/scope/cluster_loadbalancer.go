@@ -1,6 +1,7 @@
 package scope
 
 import (
+	"context"
 	"strings"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
@@ -45,7 +46,7 @@ func (s *ClusterScope) LoadBalancerVM() *VM {
 		// The root disk takes the image's size.
 		DiskSizeBytes: 0,
 		State:         recordedState(st),
-		object:        vmObject{persist: s.PatchObject, event: s.Event},
+		object:        vmObject{persist: func(ctx context.Context) error { return s.PatchObject(ctx) }, event: s.Event},
 	}
 	s.writeBack = s.writeLoadBalancerVM
 	return s.loadBalancer

@@ -134,7 +134,7 @@ func (s *MachineScope) machineVM(hostName string) *VM {
 		State:                recordedState(st),
 		Provisioned:          s.IsProvisioned(),
 		BootstrapDataRemoved: lm.Status.BootstrapDataRemoved,
-		object:               vmObject{persist: s.PatchObject, event: s.Event},
+		object:               vmObject{persist: func(ctx context.Context) error { return s.PatchObject(ctx) }, event: s.Event},
 	}
 	if s.Machine != nil {
 		vm.Hostname = s.Machine.Name

@@ -87,7 +87,9 @@ type VM struct {
 }
 
 // vmObject is the object a VM is written back to, as its scope reaches
-// it.
+// it. persist calls the scope's PatchObject when it runs, not a method
+// value taken at build time: objectScope's methods have value receivers,
+// and a method value would keep a copy without the write-back.
 type vmObject struct {
 	// persist writes the VM back and patches the object now.
 	persist func(ctx context.Context) error
