@@ -328,57 +328,6 @@ func TestMachineReferences(t *testing.T) {
 	}
 }
 
-// TestReferencesOnUpdate: an update is refused for a reference it
-// introduces, but not for one the object already had (refused only since
-// the operator changed the policy), so that such objects can still be
-// finished and deleted.
-func TestReferencesOnUpdate(t *testing.T) {
-	ctx := context.Background()
-	policy := defaultPolicy
-	cw := &LibvirtCluster{refs: references{policy: &policy}}
-	old := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "prod"}}
-	old.Spec.StoragePool = infrav1.StoragePool{Name: "old", Path: "/srv/old"} // stored under another policy
-	DefaultClusterSpec(&old.Spec)
-	finalized := old.DeepCopy()
-	finalized.Finalizers = []string{infrav1.ClusterFinalizer}
-	_, err := cw.ValidateUpdate(ctx, old, finalized)
-	checkFields(t, "unrelated update", err, nil)
-	moved := old.DeepCopy()
-	moved.Spec.StoragePool.Path = "/etc/old"
-	_, err = cw.ValidateUpdate(ctx, old, moved)
-	checkFields(t, "pool moved to /etc", err, []string{"spec.storagePool.path"})
-
-	mw := &LibvirtMachine{refs: references{policy: &policy}}
-	oldM := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "cp-0"}}
-	oldM.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: importedImg}}
-	DefaultMachineSpec(&oldM.Spec)
-	forged := oldM.DeepCopy()
-	forged.Annotations = map[string]string{scope.NetworkAnnotation: "network:" + networkA}
-	_, err = mw.ValidateUpdate(ctx, oldM, forged)
-	checkFields(t, "network annotation forged on update", err, []string{"metadata.annotations" + networkKey})
-	recorded := oldM.DeepCopy()
-	recorded.Annotations = map[string]string{scope.NetworkAnnotation: "network:" + ownNetwork, scope.PoolAnnotation: "capi-libvirt"}
-	_, err = mw.ValidateUpdate(ctx, oldM, recorded)
-	checkFields(t, "the provider recording its placement", err, nil)
-
-	// Once recorded, the placement is where deletion looks: no edit, even
-	// to another allowed pool or network, and no removal.
-	repointed := recorded.DeepCopy()
-	repointed.Annotations[scope.PoolAnnotation] = "images"
-	_, err = mw.ValidateUpdate(ctx, recorded, repointed)
-	checkFields(t, "recorded pool changed before a delete", err, []string{"metadata.annotations" + poolKey})
-	stripped := recorded.DeepCopy()
-	stripped.Annotations = nil
-	_, err = mw.ValidateUpdate(ctx, recorded, stripped)
-	checkFields(t, "recorded placement removed", err, []string{"metadata.annotations" + poolKey, "metadata.annotations" + networkKey})
-	recordedC := old.DeepCopy()
-	recordedC.Annotations = map[string]string{scope.PoolAnnotation: "old"}
-	repointedC := recordedC.DeepCopy()
-	repointedC.Annotations[scope.PoolAnnotation] = "capi-libvirt"
-	_, err = cw.ValidateUpdate(ctx, recordedC, repointedC)
-	checkFields(t, "cluster's recorded pool changed", err, []string{"metadata.annotations" + poolKey})
-}
-
 // templatePaths moves spec and metadata paths under spec.template.
 func templatePaths(paths []string) []string {
 	var out []string
@@ -392,43 +341,5 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
-	}
-}
-
-// TestMachineDataDiskReferences: a data disk's pool must be one the
-// operator allows, and the data disks count with the root disk against
-// --max-machine-disk; a template is judged the same.
-func TestMachineDataDiskReferences(t *testing.T) {
-	ctx := context.Background()
-	capped := strictPolicy
-	capped.Machine = tenancy.Limits{DiskGiB: 50}
-	for _, tc := range []struct {
-		name   string
-		policy tenancy.Policy
-		disks  []infrav1.DataDisk
-		want   []string
-	}{
-		{"in the machine's pool", strictPolicy, []infrav1.DataDisk{{Name: "etcd", SizeGiB: 10}}, nil},
-		{"in an allowed pool", strictPolicy, []infrav1.DataDisk{{Name: "etcd", SizeGiB: 10, Pool: "tenants"}}, nil},
-		{"in a pool not allowed", strictPolicy, []infrav1.DataDisk{{Name: "etcd", SizeGiB: 10}, {Name: "data", SizeGiB: 1, Pool: "default"}},
-			[]string{"spec.dataDisks[1].pool"}},
-		{"root and data disks within the largest disk", capped, []infrav1.DataDisk{{Name: "etcd", SizeGiB: 30}}, nil},
-		{"root and data disks beyond it", capped, []infrav1.DataDisk{{Name: "etcd", SizeGiB: 20}, {Name: "data", SizeGiB: 11}},
-			[]string{"spec.diskSizeGiB"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			m := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "cp-0"}}
-			m.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: importedImg}}
-			m.Spec.DataDisks = tc.disks
-			w := &LibvirtMachine{refs: references{policy: &tc.policy}}
-			must(t, w.Default(ctx, m))
-			_, err := w.ValidateCreate(ctx, m)
-			checkFields(t, "LibvirtMachine", err, tc.want)
-
-			tmpl := &infrav1.LibvirtMachineTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "cp"}}
-			tmpl.Spec.Template.Spec = m.Spec
-			_, err = (&LibvirtMachineTemplate{refs: references{policy: &tc.policy}}).ValidateCreate(ctx, tmpl)
-			checkFields(t, "LibvirtMachineTemplate", err, templatePaths(tc.want))
-		})
 	}
 }
