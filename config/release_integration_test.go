@@ -251,6 +251,8 @@ func TestRBAC(t *testing.T) {
 	for _, r := range []string{"libvirtclustertemplates", "libvirtmachinetemplates"} {
 		allowed["infrastructure.cluster.x-k8s.io/"+r] = read
 	}
+	// The machine templates' capacity, for the autoscaler.
+	allowed["infrastructure.cluster.x-k8s.io/libvirtmachinetemplates/status"] = []string{"patch"}
 
 	roles := ofKind(objs, "ClusterRole")
 	if len(roles) != 1 {

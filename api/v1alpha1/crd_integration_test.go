@@ -12,9 +12,11 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -105,7 +107,8 @@ func TestRoundTrip(t *testing.T) {
 	machineSpecs := []infrav1.LibvirtMachineSpec{
 		{ProviderID: infrav1.ProviderIDPrefix + domain.UUID, Image: urlImage, VirtualHardware: tcg, DiskSizeGiB: 20,
 			Network: &infrav1.NetworkAttachment{Bridge: "br0"}, FailureDomain: "host-a"},
-		{Image: volumeImage, VirtualHardware: kvm, DiskSizeGiB: 40, Network: &infrav1.NetworkAttachment{Name: "default"}},
+		{Image: volumeImage, VirtualHardware: kvm, DiskSizeGiB: 40, Network: &infrav1.NetworkAttachment{Name: "default"},
+			DataDisks: []infrav1.DataDisk{{Name: "etcd", SizeGiB: 10, Pool: "fast"}, {Name: "longhorn", SizeGiB: 100}}},
 		{Image: volumeImage, VirtualHardware: customCPU},
 	}
 	clusterSpecs := []infrav1.LibvirtClusterSpec{{
@@ -151,7 +154,11 @@ func TestRoundTrip(t *testing.T) {
 		}}
 		machines = append(machines, m)
 		spec.ProviderID, spec.FailureDomain = "", "" // refused in templates
-		mt := &infrav1.LibvirtMachineTemplate{ObjectMeta: objectMeta("machinetemplate", i)}
+		mt := &infrav1.LibvirtMachineTemplate{ObjectMeta: objectMeta("machinetemplate", i), Status: infrav1.LibvirtMachineTemplateStatus{
+			Capacity: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("4Gi"),
+				corev1.ResourceEphemeralStorage: resource.MustParse("20Gi")},
+			NodeInfo: infrav1.NodeInfo{Architecture: infrav1.ArchitectureAmd64, OperatingSystem: "linux"},
+		}}
 		mt.Spec.Template = infrav1.LibvirtMachineTemplateResource{ObjectMeta: templateMeta, Spec: spec}
 		machineTemplates = append(machineTemplates, mt)
 	}
@@ -189,7 +196,7 @@ func TestRoundTrip(t *testing.T) {
 		{machines, func() client.Object { return &infrav1.LibvirtMachine{} }, nil, true},
 		{clusters, func() client.Object { return &infrav1.LibvirtCluster{} }, nil, true},
 		{machineTemplates, func() client.Object { return &infrav1.LibvirtMachineTemplate{} },
-			[]string{"spec.template.spec.providerID", "spec.template.spec.failureDomain"}, false},
+			[]string{"spec.template.spec.providerID", "spec.template.spec.failureDomain"}, true},
 		{clusterTemplates, func() client.Object { return &infrav1.LibvirtClusterTemplate{} }, nil, false},
 	} {
 		if missing := roundTripCoverage(kind.objs, kind.exempt); len(missing) > 0 {

@@ -24,7 +24,7 @@ type LibvirtMachineTemplateReconciler struct {
 	Client client.Client
 }
 
-// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=libvirtmachinetemplates/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=libvirtmachinetemplates/status,verbs=patch
 
 // Reconcile writes the template's status when it differs.
 func (r *LibvirtMachineTemplateReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
