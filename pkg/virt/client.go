@@ -283,6 +283,12 @@ func (c *Client) background(fn func(ctx context.Context)) {
 // operation in the call metrics: the Host method on whose behalf fn runs.
 func (c *Client) withConn(ctx context.Context, op string, fn func(*libvirt.Connect) error) error {
 	defer observeCall(op, time.Now())
+	// libvirt's calls take no context: one whose context ended (a manager
+	// shutting down, whose workers finish what they picked up) must not
+	// start a call that creates, starts or deletes something.
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
 	st, err := c.acquire(ctx)
 	if err != nil {
 		return err

@@ -2,10 +2,13 @@ package virt_test
 
 import (
 	"context"
+	"errors"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 func TestDialAndClose(t *testing.T) {
@@ -24,5 +27,25 @@ func TestDialAndClose(t *testing.T) {
 	}
 	if err := c.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// TestEndedContextMakesNoCall: a call whose context ended (a manager
+// shutting down, whose workers finish what they picked up) fails at once
+// and creates nothing, although libvirt's calls take no context.
+func TestEndedContextMakesNoCall(t *testing.T) {
+	uri := testlibvirt.URI(t)
+	c := testlibvirt.Client(t, uri)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	name := testlibvirt.Name(t)
+	err := c.EnsurePool(ctx, virt.PoolSpec{Name: name, Path: filepath.Join(testlibvirt.PoolRoot, name)})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("EnsurePool with an ended context = %v, want context.Canceled", err)
+	}
+	live, cancelLive := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelLive()
+	if _, err := c.VolumeInfo(live, name, "x"); !virt.IsNotFound(err) {
+		t.Errorf("pool %s exists after the refused call (%v)", name, err)
 	}
 }
