@@ -11,7 +11,7 @@ import (
 )
 
 // VM is one virtual machine as the machine services (identity, address,
-// disk, seed, domain, guest) build and watch it: a LibvirtMachine's, or a
+// disk, data disk, seed, domain, guest) build and watch it: a LibvirtMachine's, or a
 // LibvirtCluster's HAProxy VM. Its object's scope builds it from the
 // object (NewMachineScope, ClusterScope.LoadBalancerVM) and writes it back
 // in one function whenever the object is patched; the services read and
