@@ -30,8 +30,8 @@ import (
 // status.capacity as quantities, status.nodeInfo's architecture and
 // operating system. Data disks are not ephemeral storage.
 func TestTemplateCapacityForTheAutoscaler(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
+	if testing.Short() && !testprereq.InCI() {
+		t.Skip("integration test: not run with -short outside CI")
 	}
 	env, err := testenv.Start()
 	if errors.Is(err, testenv.ErrNoAssets) {
