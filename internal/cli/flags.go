@@ -144,16 +144,24 @@ func imageDirFlag(fs *pflag.FlagSet, o *plane.Options) {
 }
 
 // shipped is rel in the directory of the capl-dev binary when it is there
-// (a `make dist` directory), else rel itself (a checkout's working
-// directory).
+// (a `make dist` directory), or in the directory above it (a checkout's
+// bin/capl-dev, run from anywhere), else rel itself (relative to the
+// working directory).
 func shipped(rel string) string {
 	exe, err := os.Executable()
 	if err != nil {
 		return rel
 	}
-	p := filepath.Join(filepath.Dir(exe), rel)
-	if _, err := os.Stat(p); err != nil {
-		return rel
+	for _, dir := range []string{filepath.Dir(exe), filepath.Dir(filepath.Dir(exe))} {
+		if p := filepath.Join(dir, rel); fileExists(p) {
+			return p
+		}
 	}
-	return p
+	return rel
+}
+
+// fileExists tells whether path names something that can be stat'ed.
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
