@@ -3,12 +3,14 @@
 package e2e
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,6 +19,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -229,7 +232,9 @@ func (s *suite) clusterctlInit(t *testing.T) {
 	cmd := exec.CommandContext(s.ctx, filepath.Join(s.bin, "clusterctl"), "init", "--config="+filepath.Join(repo, "clusterctl.yaml"),
 		"--kubeconfig="+kubeconfigFile, "--infrastructure=libvirt", "--wait-providers", "--wait-provider-timeout=1800", "-v=3")
 	cmd.Env = append(os.Environ(), "CLUSTERCTL_DISABLE_VERSIONCHECK=true", "XDG_CONFIG_HOME="+t.TempDir(), "LIBVIRT_URI="+uri)
+	tuned := s.tuneClusterAPIForTCG(t)
 	out, err := cmd.CombinedOutput()
+	tuned()
 	stop()
 	_ = os.WriteFile(filepath.Join(s.arts, "e2e-clusterctl-init.log"), out, 0o644)
 	if err != nil {
@@ -248,4 +253,66 @@ func (s *suite) clusterctlInit(t *testing.T) {
 	}
 	s.checkInjectedWebhooks(t)
 	s.checkManagerReachesLibvirt(t, uri)
+}
+
+// clusterAPIDeployments are Cluster API's controllers clusterctl init
+// installs, by namespace and name.
+var clusterAPIDeployments = []client.ObjectKey{
+	{Namespace: "capi-system", Name: "capi-controller-manager"},
+	{Namespace: "capi-kubeadm-bootstrap-system", Name: "capi-kubeadm-bootstrap-controller-manager"},
+	{Namespace: "capi-kubeadm-control-plane-system", Name: "capi-kubeadm-control-plane-controller-manager"},
+}
+
+// tcgControllerTuning is what Cluster API's controllers need in a TCG
+// cluster, as docs/tcg.md gives it: leader leases of the length the
+// cluster template gives kube-controller-manager there (a 15 s lease
+// whose renewal took longer lost the leadership and the process, every
+// minute: 2026-11-28), and probes that wait for a webhook server whose
+// first TLS handshakes take seconds. Cluster API's manifests have no
+// variables for them.
+const tcgControllerTuning = `[
+{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--leader-elect-lease-duration=180s"},
+{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--leader-elect-renew-deadline=150s"},
+{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--leader-elect-retry-period=20s"},
+{"op":"replace","path":"/spec/template/spec/containers/0/livenessProbe/failureThreshold","value":30},
+{"op":"replace","path":"/spec/template/spec/containers/0/livenessProbe/timeoutSeconds","value":10},
+{"op":"replace","path":"/spec/template/spec/containers/0/readinessProbe/timeoutSeconds","value":10}]`
+
+// tuneClusterAPIForTCG patches each of Cluster API's Deployments with
+// tcgControllerTuning once clusterctl init created it, while init waits
+// for them; the returned function stops it and reports which it patched.
+func (s *suite) tuneClusterAPIForTCG(t *testing.T) func() {
+	wc, err := s.clientOf(s.selfHost.kubeconfig, 30*time.Second)
+	must(t, err)
+	ctx, cancel := context.WithCancel(s.ctx)
+	done := make(chan []string)
+	go func() {
+		var patched []string
+		pending := slices.Clone(clusterAPIDeployments)
+		for len(pending) > 0 && ctx.Err() == nil {
+			left := pending[:0]
+			for _, key := range pending {
+				d := &appsv1.Deployment{}
+				err := wc.Get(ctx, key, d)
+				if err == nil {
+					err = wc.Patch(ctx, d, client.RawPatch(types.JSONPatchType, []byte(tcgControllerTuning)))
+				}
+				if err != nil {
+					left = append(left, key)
+					continue
+				}
+				patched = append(patched, key.Name)
+			}
+			pending = left
+			select {
+			case <-ctx.Done():
+			case <-time.After(5 * time.Second):
+			}
+		}
+		done <- patched
+	}()
+	return func() {
+		cancel()
+		t.Logf("Cluster API's controllers tuned for TCG: %v", <-done)
+	}
 }
