@@ -264,7 +264,7 @@ var clusterAPIDeployments = []client.ObjectKey{
 }
 
 // tcgControllerTuning is what Cluster API's controllers need in a TCG
-// cluster, as docs/tcg.md gives it: leader leases of the length the
+// cluster, as docs/quick-start.md gives it to users: leader leases of the length the
 // cluster template gives kube-controller-manager there (a 15 s lease
 // whose renewal took longer lost the leadership and the process, every
 // minute: 2026-11-28), and probes that wait for a webhook server whose
