@@ -120,12 +120,30 @@ func TestStaleBinary(t *testing.T) {
 	if why := staleBinary(pid); why != "" {
 		t.Errorf("fresh binary called stale: %s", why)
 	}
+	// go build touches an output that is up to date: same bytes, not stale.
 	future := time.Now().Add(time.Hour)
 	if err := os.Chtimes(bin, future, future); err != nil {
 		t.Fatal(err)
 	}
-	if why := staleBinary(pid); !strings.Contains(why, "rebuilt") {
-		t.Errorf("modified binary: %q, want it called rebuilt", why)
+	if why := staleBinary(pid); why != "" {
+		t.Errorf("binary touched, not changed: %q, want it current", why)
+	}
+	replace := func(contents []byte) {
+		t.Helper()
+		if err := os.WriteFile(bin+".new", contents, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(bin+".new", bin); err != nil {
+			t.Fatal(err)
+		}
+	}
+	replace(data)
+	if why := staleBinary(pid); why != "" {
+		t.Errorf("binary replaced by the same bytes: %q, want it current", why)
+	}
+	replace(append(data, 0))
+	if why := staleBinary(pid); !strings.Contains(why, "replaced") {
+		t.Errorf("binary replaced by another build: %q, want it called replaced", why)
 	}
 	if err := os.Remove(bin); err != nil {
 		t.Fatal(err)

@@ -2,9 +2,11 @@ package cli
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -73,16 +75,22 @@ func recordPlane(o plane.Options) error {
 }
 
 // staleBinary tells, for a running process, whether the executable it
-// was started from has been rebuilt since: replaced (the kernel then
-// shows the old file as deleted) or modified after the process started.
-// It returns a description for the message, or "" when the process runs
-// the current file (or cannot be told).
+// was started from has been rebuilt since with other contents: replaced
+// (the kernel then shows the old file as deleted) or modified after the
+// process started. A rebuild that wrote the same bytes (make up runs go
+// build every time) is not stale. It returns a description for the
+// message, or "" when the process runs the current file (or cannot be
+// told).
 func staleBinary(pid int) string {
-	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	running := fmt.Sprintf("/proc/%d/exe", pid)
+	exe, err := os.Readlink(running)
 	if err != nil {
 		return ""
 	}
 	if path, ok := strings.CutSuffix(exe, " (deleted)"); ok {
+		if sameContents(running, path) {
+			return ""
+		}
 		return fmt.Sprintf("%s has been replaced since pid %d started", path, pid)
 	}
 	fi, err := os.Stat(exe)
@@ -94,10 +102,28 @@ func staleBinary(pid int) string {
 		return ""
 	}
 	// A second of slack: go build writes the file just before make runs it.
-	if fi.ModTime().After(started.Add(time.Second)) {
+	if fi.ModTime().After(started.Add(time.Second)) && !sameContents(running, exe) {
 		return fmt.Sprintf("%s was rebuilt at %s, after pid %d started at %s", exe, fi.ModTime().Format("15:04:05"), pid, started.Format("15:04:05"))
 	}
 	return ""
+}
+
+// sameContents tells whether the files a and b hold the same bytes; false
+// when either cannot be read.
+func sameContents(a, b string) bool {
+	sum := func(path string) ([]byte, int64, error) {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, 0, err
+		}
+		defer f.Close()
+		h := sha256.New()
+		n, err := io.Copy(h, f)
+		return h.Sum(nil), n, err
+	}
+	sa, na, errA := sum(a)
+	sb, nb, errB := sum(b)
+	return errA == nil && errB == nil && na == nb && bytes.Equal(sa, sb)
 }
 
 // processStart is when pid started: field 22 of /proc/PID/stat, in clock
