@@ -253,6 +253,10 @@ func TestRBAC(t *testing.T) {
 	}
 	// The machine templates' capacity, for the autoscaler.
 	allowed["infrastructure.cluster.x-k8s.io/libvirtmachinetemplates/status"] = []string{"patch"}
+	// Machines' addresses from IPAM pools: the claims they own, the
+	// addresses the pools make.
+	allowed["ipam.cluster.x-k8s.io/ipaddressclaims"] = append(slices.Clone(read), "create", "delete")
+	allowed["ipam.cluster.x-k8s.io/ipaddresses"] = read
 
 	roles := ofKind(objs, "ClusterRole")
 	if len(roles) != 1 {
@@ -323,6 +327,8 @@ func TestRBAC(t *testing.T) {
 		{"create", "rbac.authorization.k8s.io", "clusterrolebindings", "", ""},
 		{"patch", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "", ""},
 		{"update", "apiextensions.k8s.io", "customresourcedefinitions", "", ""},
+		{"create", "ipam.cluster.x-k8s.io", "ipaddresses", "", "default"},
+		{"update", "ipam.cluster.x-k8s.io", "ipaddressclaims", "", "default"},
 	}
 	check := func(a access, want bool) {
 		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{

@@ -114,6 +114,18 @@ customize() {
 		source /etc/network/interfaces.d/*
 	EOF
 	mkdir -p "$root/etc/network/interfaces.d"
+	# A NIC configured statically (addresses from IPAM pools) gets its DNS
+	# servers as dns-nameservers in 50-cloud-init; without resolvconf
+	# ifupdown only exports them to if-up.d hooks, so this one writes them.
+	# DHCP NICs keep dhclient's resolv.conf.
+	cat >"$root/etc/network/if-up.d/capl-dns" <<-'EOF'
+		#!/bin/sh
+		# capl: resolv.conf from a static NIC's dns-nameservers.
+		[ -n "$IF_DNS_NAMESERVERS" ] || exit 0
+		for ns in $IF_DNS_NAMESERVERS; do echo "nameserver $ns"; done >/etc/resolv.conf.capl
+		mv /etc/resolv.conf.capl /etc/resolv.conf
+	EOF
+	chmod 0755 "$root/etc/network/if-up.d/capl-dns"
 
 	# Background jobs that only cost CPU in short-lived test VMs under TCG.
 	for unit in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer \

@@ -114,6 +114,8 @@ func TestRenderedTemplatesAreAccepted(t *testing.T) {
 		"LIBVIRT_CONTROL_PLANE_CPU_SHARES":            "4096",
 		"LIBVIRT_WORKER_CPU_SHARES":                   "1024",
 		"LIBVIRT_WORKER_DATA_DISKS":                   "[{name: longhorn, sizeGiB: 100}, {name: scratch, sizeGiB: 10, pool: ci}]",
+		"LIBVIRT_WORKER_ADDRESS_POOLS":                "[{apiGroup: ipam.cluster.x-k8s.io, kind: InClusterIPPool, name: lan}]",
+		"LIBVIRT_WORKER_NAMESERVERS":                  "[192.168.1.1]",
 		"LIBVIRT_ETCD_UNSAFE_NO_FSYNC":                "true",
 		"LIBVIRT_ETCD_PROGRESS_NOTIFY_INTERVAL":       "60s",
 		"LIBVIRT_ETCD_HEARTBEAT_INTERVAL_MS":          "500",

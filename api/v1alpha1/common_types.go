@@ -148,8 +148,10 @@ type VolumeReference struct {
 }
 
 // NetworkAttachment selects where a guest's NIC is plugged: an existing
-// libvirt network or an existing host bridge. At most one may be set.
+// libvirt network or an existing host bridge (at most one may be set;
+// neither keeps the cluster's network), and where its addresses come from.
 // +kubebuilder:validation:XValidation:rule="!(has(self.name) && has(self.bridge))",message="at most one of name and bridge may be set"
+// +kubebuilder:validation:XValidation:rule="!has(self.nameservers) || size(self.nameservers) == 0 || (has(self.addressesFromPools) && size(self.addressesFromPools) > 0)",message="nameservers go with addressesFromPools (DHCP brings its own)"
 type NetworkAttachment struct {
 	// name of an existing libvirt network. The provider never modifies or
 	// deletes a network it did not create, except for DHCP host entries of
@@ -165,6 +167,53 @@ type NetworkAttachment struct {
 	// +optional
 	// +kubebuilder:validation:Pattern=`^[a-zA-Z0-9_.-]{1,15}$`
 	Bridge string `json:"bridge,omitempty"`
+
+	// addressesFromPools takes the NIC's addresses from Cluster API IPAM
+	// pools (at most one IPv4 and one IPv6): the provider claims one
+	// address from each (an IPAddressClaim owned by the LibvirtMachine,
+	// released with it) and gives the guest the address, prefix and
+	// gateway as a static configuration instead of DHCP. Only on a host
+	// bridge or an existing libvirt network: the networks the provider
+	// makes for a cluster reserve addresses in their own DHCP server.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=2
+	AddressesFromPools []IPPoolReference `json:"addressesFromPools,omitempty"`
+
+	// nameservers are the DNS servers of a NIC with addressesFromPools
+	// (an IPAM address carries none); without them the guest resolves
+	// nothing.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=3
+	// +kubebuilder:validation:items:MaxLength=39
+	Nameservers []string `json:"nameservers,omitempty"`
+}
+
+// IPPoolReference names a Cluster API IPAM pool in the machine's
+// namespace (or a cluster-wide pool kind), as an IPAddressClaim does.
+type IPPoolReference struct {
+	// apiGroup of the pool, e.g. ipam.cluster.x-k8s.io for the in-cluster
+	// IPAM provider.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	APIGroup string `json:"apiGroup"`
+
+	// kind of the pool, e.g. InClusterIPPool or GlobalInClusterIPPool.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$`
+	Kind string `json:"kind"`
+
+	// name of the pool.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Name string `json:"name"`
 }
 
 // Initialization reports the provisioning milestones Cluster API reads.

@@ -58,7 +58,8 @@ const (
 // provisioning steps, each of which has its own condition.
 const (
 	// AddressReservedCondition tells whether the machine's IP is reserved
-	// for its MAC in the network's DHCP server.
+	// for its MAC in the network's DHCP server, or claimed from the pools
+	// of network.addressesFromPools.
 	AddressReservedCondition = "AddressReserved"
 	// AddressConflictReason: the address or MAC cannot be reserved because
 	// another host entry or a lease holds it; the message names the holder.
@@ -70,6 +71,14 @@ const (
 	// WaitingForNetworkReason: the LibvirtCluster has not reported its
 	// network yet, or the named network does not exist or is not active.
 	WaitingForNetworkReason = "WaitingForNetwork"
+	// WaitingForIPAddressReason: an IPAddressClaim of
+	// network.addressesFromPools has no IPAddress yet; the message names
+	// the claim and its pool.
+	WaitingForIPAddressReason = "WaitingForIPAddress"
+	// IPAddressInvalidReason: the IPAddress a pool gave cannot be used (it
+	// is not the claim's, does not parse, or lies outside the operator's
+	// --pool-address-cidrs).
+	IPAddressInvalidReason = "IPAddressInvalid"
 
 	// DiskReadyCondition tells whether the root overlay volume exists.
 	DiskReadyCondition = "DiskReady"

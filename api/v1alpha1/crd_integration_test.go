@@ -107,7 +107,9 @@ func TestRoundTrip(t *testing.T) {
 	machineSpecs := []infrav1.LibvirtMachineSpec{
 		{ProviderID: infrav1.ProviderIDPrefix + domain.UUID, Image: urlImage, VirtualHardware: tcg, DiskSizeGiB: 20,
 			Network: &infrav1.NetworkAttachment{Bridge: "br0"}, FailureDomain: "host-a"},
-		{Image: volumeImage, VirtualHardware: kvm, DiskSizeGiB: 40, Network: &infrav1.NetworkAttachment{Name: "default"},
+		{Image: volumeImage, VirtualHardware: kvm, DiskSizeGiB: 40, Network: &infrav1.NetworkAttachment{Name: "default",
+			AddressesFromPools: []infrav1.IPPoolReference{{APIGroup: "ipam.cluster.x-k8s.io", Kind: "InClusterIPPool", Name: "lan"}},
+			Nameservers:        []string{"192.168.1.1", "fd00::1"}},
 			DataDisks: []infrav1.DataDisk{{Name: "etcd", SizeGiB: 10, Pool: "fast"}, {Name: "longhorn", SizeGiB: 100}}},
 		{Image: volumeImage, VirtualHardware: customCPU},
 	}

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/cluster-api/util"
 	"sigs.k8s.io/cluster-api/util/paused"
 	"sigs.k8s.io/cluster-api/util/predicates"
@@ -34,6 +35,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/identity"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/ipaddress"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/references"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
@@ -77,6 +79,8 @@ type LibvirtMachineReconciler struct {
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=libvirtmachinetemplates,verbs=get;list;watch
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=libvirtclusters,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines;machines/status;clusters;clusters/status,verbs=get;list;watch
+// +kubebuilder:rbac:groups=ipam.cluster.x-k8s.io,resources=ipaddressclaims,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=ipam.cluster.x-k8s.io,resources=ipaddresses,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
@@ -211,6 +215,7 @@ func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
 		{Service: references.NewMachine(s, vm, r.Tenancy, r.Quota), SkipOnceProvisioned: true},
 		{Service: identity.New(vm, s.Host)},
 		{Service: address.New(vm, s.Host), Condition: infrav1.AddressReservedCondition, SkipOnceProvisioned: true},
+		{Service: ipaddress.New(s, r.Tenancy), Condition: infrav1.AddressReservedCondition, SkipOnceProvisioned: true},
 		{Service: disk.New(vm, s.Host, r.Images).WithMaxBytes(r.Tenancy.Machine.DiskBytes()), Condition: infrav1.DiskReadyCondition, SkipOnceProvisioned: true},
 		{Service: datadisk.New(vm, s.Host), Condition: infrav1.DiskReadyCondition, SkipOnceProvisioned: true},
 		{Service: seed.New(s, s.Host), Condition: infrav1.BootstrapDataReadyCondition, SkipOnceProvisioned: true},
@@ -318,6 +323,8 @@ func (r *LibvirtMachineReconciler) SetupWithManager(ctx context.Context, mgr ctr
 			handler.EnqueueRequestsFromMapFunc(util.MachineToInfrastructureMapFunc(infrav1.GroupVersion.WithKind("LibvirtMachine")))).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(clusterToMachines),
 			builder.WithPredicates(predicates.ClusterPausedTransitionsOrInfrastructureProvisioned(mgr.GetScheme(), log))).
+		// A claim's address arriving wakes its machine.
+		Owns(&ipamv1.IPAddressClaim{}).
 		WatchesRawSource(r.events.Source()).
 		WatchesRawSource(r.Images.Source("LibvirtMachine")).
 		Complete(r)

@@ -79,6 +79,8 @@ type machineOpts struct {
 	memoryMiB int32
 	// dataDisks are the LibvirtMachine's.
 	dataDisks []infrav1.DataDisk
+	// network is the LibvirtMachine's.
+	network *infrav1.NetworkAttachment
 	// annotations and finalizers go onto the LibvirtMachine as it is
 	// created.
 	annotations map[string]string
@@ -129,6 +131,7 @@ func (h *harness) createMachine(name string, o machineOpts) {
 	}
 	lm.Spec.DiskSizeGiB = 4
 	lm.Spec.DataDisks = o.dataDisks
+	lm.Spec.Network = o.network
 	must(h.t, h.c.Create(h.ctx, lm))
 
 	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: name, Labels: labels}}

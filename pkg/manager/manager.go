@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/cluster-api/util/flags"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
@@ -39,6 +40,7 @@ func NewScheme() (*runtime.Scheme, error) {
 	for _, add := range []func(*runtime.Scheme) error{
 		clientgoscheme.AddToScheme,
 		clusterv1.AddToScheme,
+		ipamv1.AddToScheme,
 		infrav1.AddToScheme,
 	} {
 		if err := add(scheme); err != nil {

@@ -107,6 +107,9 @@ type Options struct {
 	// NetworkCIDRs are the ranges the networks the provider creates may
 	// use (tenancy.Policy.NetworkCIDRs): CIDRs, * or none.
 	NetworkCIDRs []string
+	// PoolAddressCIDRs are the ranges machines' IPAM addresses may lie in
+	// (tenancy.Policy.PoolAddressCIDRs): CIDRs, * or none.
+	PoolAddressCIDRs []string
 }
 
 // ImageImportOptions are the image imports' options with the deny-list
@@ -160,6 +163,11 @@ func (o *Options) Tenancy() (tenancy.Policy, error) {
 	}
 	if p.NetworkCIDRs, err = tenancy.ParseNetworkCIDRs(cidrs); err != nil {
 		return p, fmt.Errorf("invalid --network-cidrs: %w", err)
+	}
+	if len(o.PoolAddressCIDRs) > 0 { // empty allows any
+		if p.PoolAddressCIDRs, err = tenancy.ParseNetworkCIDRs(o.PoolAddressCIDRs); err != nil {
+			return p, fmt.Errorf("invalid --pool-address-cidrs: %w", err)
+		}
 	}
 	for _, q := range []struct {
 		flag, value string
@@ -274,4 +282,6 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Existing libvirt networks clusters and machines may name (comma-separated); empty or * allows any network but those the provider made for other namespaces.")
 	fs.StringSliceVar(&o.NetworkCIDRs, "network-cidrs", slices.Clone(tenancy.DefaultNetworkCIDRs),
 		"Ranges the networks the provider creates for LibvirtClusters may use (comma-separated CIDRs), spec.network.cidr and the range chosen when it is empty; * allows any range outside the reserved blocks, none only existing networks and bridges. A network's range becomes a route on its host.")
+	fs.StringSliceVar(&o.PoolAddressCIDRs, "pool-address-cidrs", nil,
+		"Ranges the addresses Cluster API IPAM pools give machines (network.addressesFromPools) may lie in (comma-separated CIDRs); empty or * allows any, none refuses every pool address.")
 }

@@ -181,3 +181,20 @@ func LoadBalancerHostname(cluster string) string {
 	}
 	return strings.TrimRight(h, "-") + "-lb"
 }
+
+// maxObjectName is the longest name of a Kubernetes object.
+const maxObjectName = 253
+
+// IPAddressClaimName is the IPAddressClaim of the LibvirtMachine machine
+// for the i-th pool of its network.addressesFromPools: "<machine>-ip-<i>",
+// with a hash in place of the machine name's end when that would be too
+// long. Derived from the name alone, so a moved machine finds its claims.
+func IPAddressClaimName(machine string, i int) string {
+	suffix := "-ip-" + strconv.Itoa(i)
+	if len(machine)+len(suffix) <= maxObjectName {
+		return machine + suffix
+	}
+	sum := sha256.Sum256([]byte(machine))
+	hash := hex.EncodeToString(sum[:])[:16]
+	return strings.TrimRight(machine[:maxObjectName-len(suffix)-len(hash)-1], ".-") + "-" + hash + suffix
+}

@@ -140,3 +140,29 @@ func TestNameKinds(t *testing.T) {
 		}
 	}
 }
+
+func TestIPAddressClaimName(t *testing.T) {
+	long := strings.Repeat("a", 250)
+	for _, tc := range []struct {
+		name, machine string
+		i             int
+		want          string
+	}{
+		{name: "short", machine: "web-md-0-abcde", i: 0, want: "web-md-0-abcde-ip-0"},
+		{name: "second pool", machine: "web-md-0-abcde", i: 1, want: "web-md-0-abcde-ip-1"},
+		{name: "at the limit", machine: strings.Repeat("a", 248), i: 0, want: strings.Repeat("a", 248) + "-ip-0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := IPAddressClaimName(tc.machine, tc.i); got != tc.want {
+				t.Fatalf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+	a, b := IPAddressClaimName(long+"x", 0), IPAddressClaimName(long+"y", 0)
+	if len(a) > 253 || a == b || !strings.HasSuffix(a, "-ip-0") {
+		t.Fatalf("long names: %q (%d) and %q", a, len(a), b)
+	}
+	if dotted := IPAddressClaimName(strings.Repeat("a.", 126)+"a", 0); strings.Contains(dotted, ".-") || len(dotted) > 253 {
+		t.Fatalf("long dotted name: %q", dotted)
+	}
+}

@@ -127,6 +127,8 @@ func (s *MachineScope) machineVM(hostName string) *VM {
 		Host:                 hostName,
 		Pool:                 pool,
 		Network:              s.network(),
+		AddressPools:         addressPools(spec.Network),
+		Nameservers:          nameservers(spec.Network),
 		Hardware:             defaultHardware(spec.VirtualHardware, infrav1.DefaultMachineCPUs, infrav1.DefaultMachineMemoryMiB),
 		Image:                spec.Image,
 		DiskSizeBytes:        diskSizeBytes(spec.DiskSizeGiB),
@@ -314,4 +316,20 @@ func (s *MachineScope) SetFailure(reason, message string) {
 	s.LibvirtMachine.Status.FailureReason = ptr.To(reason)
 	s.LibvirtMachine.Status.FailureMessage = ptr.To(message)
 	s.Event(corev1.EventTypeWarning, "TerminalFailure", message)
+}
+
+// addressPools are the IPAM pools of a machine's network attachment.
+func addressPools(n *infrav1.NetworkAttachment) []infrav1.IPPoolReference {
+	if n == nil {
+		return nil
+	}
+	return n.AddressesFromPools
+}
+
+// nameservers are the DNS servers of a machine's network attachment.
+func nameservers(n *infrav1.NetworkAttachment) []string {
+	if n == nil {
+		return nil
+	}
+	return n.Nameservers
 }

@@ -3,8 +3,11 @@ package scope
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/netip"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/cloudinit"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -38,6 +41,11 @@ type VM struct {
 	Pool virt.PoolSpec
 	// Network is the network the NIC joins; zero until known.
 	Network NetworkRef
+	// AddressPools are the IPAM pools the NIC's addresses come from
+	// instead of DHCP; Nameservers its DNS servers then (unparsed, as
+	// the spec has them).
+	AddressPools []infrav1.IPPoolReference
+	Nameservers  []string
 
 	// Hardware is the virtual hardware, defaults applied.
 	Hardware infrav1.VirtualHardware
@@ -63,6 +71,12 @@ type VM struct {
 	// Addresses are the guest's IPs as the address check of this
 	// reconcile read them; nil when it did not read them.
 	Addresses []string
+
+	// StaticAddresses are the addresses the IPAM step read from the
+	// pools' IPAddresses in this reconcile, which the seed gives the
+	// guest and the domain step pins the traffic filter to; nil when it
+	// did not run or the VM takes DHCP.
+	StaticAddresses []cloudinit.StaticAddress
 
 	// Found is set when this reconcile found the VM's domain in libvirt:
 	// the volumes it was defined on are complete.
@@ -224,4 +238,26 @@ func recordedPool(spec virt.PoolSpec, annotations map[string]string) virt.PoolSp
 		return virt.PoolSpec{Name: recorded}
 	}
 	return spec
+}
+
+// GuestInterface is the NIC's name in the guest as the capl images name
+// it on the q35 machine type (images/README.md); cloud-init renames the
+// NIC with the VM's MAC to it if the kernel chose another name.
+const GuestInterface = "enp1s0"
+
+// StaticNetworkConfig is the seed's network-config of a VM whose
+// addresses came from IPAM pools; nil for a VM that takes DHCP.
+func (vm *VM) StaticNetworkConfig() ([]byte, error) {
+	if len(vm.StaticAddresses) == 0 {
+		return nil, nil
+	}
+	nameservers := make([]netip.Addr, 0, len(vm.Nameservers))
+	for _, ns := range vm.Nameservers {
+		a, err := netip.ParseAddr(ns)
+		if err != nil {
+			return nil, fmt.Errorf("nameserver %q is not an IP address", ns)
+		}
+		nameservers = append(nameservers, a)
+	}
+	return cloudinit.StaticNIC{MAC: vm.MAC.String(), InterfaceName: GuestInterface, Addresses: vm.StaticAddresses, Nameservers: nameservers}.NetworkConfig()
 }

@@ -60,6 +60,29 @@ func (p Policy) CheckClusterNetworkCIDR(n infrav1.ClusterNetwork) error {
 	return p.CheckNetworkCIDR(cidr)
 }
 
+// CheckPoolAddress refuses an address an IPAM pool handed a machine that
+// lies outside every one of PoolAddressCIDRs (nil allows any): pools are
+// objects of the tenant's namespace or a provider's, and the operator
+// bounds what addresses their machines may hold on shared segments.
+func (p Policy) CheckPoolAddress(a netip.Addr) error {
+	if p.PoolAddressCIDRs == nil {
+		return nil
+	}
+	for _, r := range p.PoolAddressCIDRs {
+		if r.Contains(a) {
+			return nil
+		}
+	}
+	if len(p.PoolAddressCIDRs) == 0 {
+		return errors.New("the operator allows no address from IPAM pools (the manager's --pool-address-cidrs is none)")
+	}
+	names := make([]string, len(p.PoolAddressCIDRs))
+	for i, r := range p.PoolAddressCIDRs {
+		names[i] = r.String()
+	}
+	return fmt.Errorf("%s is not within %s (the manager's --pool-address-cidrs)", a, strings.Join(names, ", "))
+}
+
 // ParseNetworkCIDRs parses the operator's --network-cidrs: Any alone (or
 // among others) allows every range (nil), None alone none (an empty,
 // non-nil list), any other entry is a CIDR.

@@ -3,6 +3,7 @@ package tenancy
 import (
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
@@ -61,6 +62,28 @@ func TestParseNetworkCIDRs(t *testing.T) {
 			check(t, "ParseNetworkCIDRs", err, tc.err)
 			if err == nil && (!slices.Equal(got, tc.want) || (got == nil) != (tc.want == nil)) {
 				t.Errorf("ParseNetworkCIDRs(%q) = %v; want %v", tc.in, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestCheckPoolAddress(t *testing.T) {
+	lan := []netip.Prefix{netip.MustParsePrefix("10.231.0.0/24")}
+	for _, tc := range []struct {
+		name    string
+		cidrs   []netip.Prefix
+		addr    string
+		wantErr string
+	}{
+		{name: "any", cidrs: nil, addr: "203.0.113.5"},
+		{name: "within", cidrs: lan, addr: "10.231.0.210"},
+		{name: "outside", cidrs: lan, addr: "10.231.1.5", wantErr: "10.231.1.5 is not within 10.231.0.0/24"},
+		{name: "none", cidrs: []netip.Prefix{}, addr: "10.231.0.210", wantErr: "allows no address"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Policy{PoolAddressCIDRs: tc.cidrs}.CheckPoolAddress(netip.MustParseAddr(tc.addr))
+			if (err != nil) != (tc.wantErr != "") || err != nil && !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("err %v; want %q", err, tc.wantErr)
 			}
 		})
 	}

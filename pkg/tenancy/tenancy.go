@@ -115,6 +115,10 @@ type Policy struct {
 	// use (the manager's --network-cidrs); nil allows any range outside
 	// the reserved blocks (netalloc.ValidatePrefix).
 	NetworkCIDRs []netip.Prefix
+	// PoolAddressCIDRs are the ranges the addresses IPAM pools hand
+	// machines may lie in (the manager's --pool-address-cidrs); nil allows
+	// any, empty none.
+	PoolAddressCIDRs []netip.Prefix
 }
 
 // DefaultPolicy is the policy of the manager's flag defaults.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -69,6 +70,10 @@ type DomainSpec struct {
 	// CleanTrafficFilter), empty for none. The guest's address is learned
 	// from its own DHCP exchange; before that it sends nothing but DHCP.
 	TrafficFilter string
+	// StaticAddresses are the NIC's addresses when the guest holds them
+	// without DHCP (IPAM pools): the traffic filter lets the guest use
+	// those IPv4 addresses only, instead of learning one from DHCP.
+	StaticAddresses []netip.Addr
 	// ConsoleLogPath, when set, logs the serial console to this file on the
 	// libvirt host (through virtlogd).
 	ConsoleLogPath string

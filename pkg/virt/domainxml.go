@@ -3,6 +3,7 @@ package virt
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"path"
 	"strings"
 
@@ -259,12 +260,26 @@ func domainInterface(s DomainSpec) *libvirtxml.DomainInterface {
 		return nil
 	}
 	if s.TrafficFilter != "" {
-		// Learning the address from DHCP, not from the first packet,
-		// leaves a guest no moment to claim an address it was not given.
-		nic.FilterRef = &libvirtxml.DomainInterfaceFilterRef{Filter: s.TrafficFilter,
-			Parameters: []libvirtxml.DomainInterfaceFilterParam{{Name: "CTRL_IP_LEARNING", Value: "dhcp"}}}
+		nic.FilterRef = &libvirtxml.DomainInterfaceFilterRef{Filter: s.TrafficFilter, Parameters: filterParameters(s.StaticAddresses)}
 	}
 	return nic
+}
+
+// filterParameters pin the traffic filter to a guest's IPv4 addresses:
+// those it holds statically (the filter's IP parameters), or else the one
+// it leases, learnt from DHCP rather than from the first packet, which
+// leaves a guest no moment to claim an address it was not given.
+func filterParameters(static []netip.Addr) []libvirtxml.DomainInterfaceFilterParam {
+	var params []libvirtxml.DomainInterfaceFilterParam
+	for _, a := range static {
+		if a.Is4() {
+			params = append(params, libvirtxml.DomainInterfaceFilterParam{Name: "IP", Value: a.String()})
+		}
+	}
+	if len(params) == 0 {
+		return []libvirtxml.DomainInterfaceFilterParam{{Name: "CTRL_IP_LEARNING", Value: "dhcp"}}
+	}
+	return params
 }
 
 // consoleLog has virtlogd on the libvirt host append the serial console to

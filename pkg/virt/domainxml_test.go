@@ -1,6 +1,7 @@
 package virt
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 )
@@ -37,6 +38,12 @@ func TestDomainXMLGolden(t *testing.T) {
 			s.Network, s.Bridge = "", "br0"
 			s.ConsoleLogPath = ""
 			s.TrafficFilter = CleanTrafficFilter
+		}},
+		{"domain-static-address.xml", func(s *DomainSpec) {
+			s.Network, s.Bridge = "", "br0"
+			s.TrafficFilter = CleanTrafficFilter
+			// IPv6 is not the filter's: clean-traffic pins IPv4 only.
+			s.StaticAddresses = []netip.Addr{netip.MustParseAddr("10.231.0.210"), netip.MustParseAddr("fd00::10")}
 		}},
 		{"domain-tcg-custom-cpu.xml", func(s *DomainSpec) {
 			s.Type, s.CPUMode, s.CPUModel, s.CPUFeatures = DomainTypeQEMU, CPUModeCustom, "qemu64", []string{"sse4.2", "popcnt"}

@@ -2,11 +2,13 @@ package webhooks
 
 import (
 	"context"
+	"net/netip"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 )
 
 // +kubebuilder:webhook:verbs=create;update,path=/mutate-infrastructure-cluster-x-k8s-io-v1alpha1-libvirtmachine,mutating=true,failurePolicy=fail,matchPolicy=Equivalent,groups=infrastructure.cluster.x-k8s.io,resources=libvirtmachines,versions=v1alpha1,name=default.libvirtmachine.infrastructure.cluster.x-k8s.io,sideEffects=None,admissionReviewVersions=v1
@@ -140,5 +142,27 @@ func (*LibvirtMachineTemplate) ValidateDelete(context.Context, *infrav1.LibvirtM
 
 // validateMachineSpec checks a LibvirtMachine spec at path.
 func validateMachineSpec(spec *infrav1.LibvirtMachineSpec, path *field.Path) (field.ErrorList, admission.Warnings) {
-	return validateImageSource(&spec.Image, path.Child("image")), hardwareWarnings(&spec.VirtualHardware, path)
+	errs := append(validateImageSource(&spec.Image, path.Child("image")), validateNetworkAttachment(spec.Network, path.Child("network"))...)
+	return errs, hardwareWarnings(&spec.VirtualHardware, path)
+}
+
+// validateNetworkAttachment refuses nameservers that are not IP addresses,
+// and pools on a network the provider made for a cluster (whose DHCP
+// server reserves the addresses); the controller refuses pools on the
+// cluster's own network, which only it knows.
+func validateNetworkAttachment(n *infrav1.NetworkAttachment, path *field.Path) field.ErrorList {
+	if n == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	for i, ns := range n.Nameservers {
+		if _, err := netip.ParseAddr(ns); err != nil {
+			errs = append(errs, field.Invalid(path.Child("nameservers").Index(i), ns, "must be an IP address"))
+		}
+	}
+	if _, ours := naming.NameNamespace(n.Name); ours && len(n.AddressesFromPools) > 0 {
+		errs = append(errs, field.Invalid(path.Child("addressesFromPools"), len(n.AddressesFromPools),
+			"needs a host bridge or an existing libvirt network: network "+n.Name+" is one the provider made for a cluster, whose DHCP server reserves the machines' addresses"))
+	}
+	return errs
 }

@@ -189,6 +189,18 @@ func TestRejections(t *testing.T) {
 		{name: "data disk of 0 GiB", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
 			s.DataDisks = []infrav1.DataDisk{{Name: "data"}}
 		}), field: "spec.dataDisks[0].sizeGiB"},
+		{name: "nameserver that is no address", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
+			s.Network = &infrav1.NetworkAttachment{Bridge: "br0", AddressesFromPools: []infrav1.IPPoolReference{lanPool}, Nameservers: []string{"dns.example"}}
+		}), field: "spec.network.nameservers[0]"},
+		{name: "pools on a network the provider made", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
+			s.Network = &infrav1.NetworkAttachment{Name: "capl-other.web", AddressesFromPools: []infrav1.IPPoolReference{lanPool}}
+		}), field: "spec.network.addressesFromPools"},
+		{name: "nameservers without pools", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
+			s.Network = &infrav1.NetworkAttachment{Bridge: "br0", Nameservers: []string{"10.231.0.2"}}
+		}), field: "spec.network", detail: "nameservers go with addressesFromPools"},
+		{name: "pool without apiGroup", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
+			s.Network = &infrav1.NetworkAttachment{Bridge: "br0", AddressesFromPools: []infrav1.IPPoolReference{{Kind: "InClusterIPPool", Name: "lan"}}}
+		}), field: "spec.network.addressesFromPools[0].apiGroup"},
 		{name: "qemu with host-passthrough", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
 			s.DomainType, s.CPUMode = infrav1.DomainTypeQEMU, infrav1.CPUModeHostPassthrough
 		}), field: "spec", detail: "host-passthrough needs domainType kvm"},
@@ -207,6 +219,9 @@ func TestRejections(t *testing.T) {
 		{name: "machine data disk added", obj: machine(func(*infrav1.LibvirtMachineSpec) {}),
 			update: onMachine(func(s *infrav1.LibvirtMachineSpec) { s.DataDisks = []infrav1.DataDisk{{Name: "data", SizeGiB: 1}} }),
 			field:  "spec.dataDisks", detail: "is immutable"},
+		{name: "machine pools changed", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
+			s.Network = &infrav1.NetworkAttachment{Bridge: "br0", AddressesFromPools: []infrav1.IPPoolReference{lanPool}}
+		}), update: onMachine(func(s *infrav1.LibvirtMachineSpec) { s.Network.AddressesFromPools[0].Name = "other" }), field: "spec.network", detail: "is immutable"},
 		{name: "machine network changed", obj: machine(func(*infrav1.LibvirtMachineSpec) {}),
 			update: onMachine(func(s *infrav1.LibvirtMachineSpec) { s.Network = &infrav1.NetworkAttachment{Bridge: "br0"} }), field: "spec.network", detail: "is immutable"},
 		{name: "providerID changed once set", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
@@ -283,3 +298,6 @@ func TestCheckRejection(t *testing.T) {
 		})
 	}
 }
+
+// lanPool is an in-cluster IPAM pool the rejections name.
+var lanPool = infrav1.IPPoolReference{APIGroup: "ipam.cluster.x-k8s.io", Kind: "InClusterIPPool", Name: "lan"}

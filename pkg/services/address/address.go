@@ -56,6 +56,10 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	if err := svc.ensureMAC(ctx, network); err != nil {
 		return services.Result{}, err
 	}
+	if len(vm.AddressPools) > 0 {
+		// The IPAM step that follows reports the addresses.
+		return services.Result{}, nil
+	}
 	if network.Bridge != "" {
 		return services.Done(infrav1.ReservationNotSupportedReason,
 			fmt.Sprintf("Host bridge %s: the address comes from the LAN's DHCP server", network.Bridge)), nil

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -129,7 +130,7 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 		TCGCacheMiB: uint64(hw.TCGTranslationCacheMiB), DiskPath: disk.Path, DiskFormat: disk.Format, SeedISOPath: seed.Path,
 		DiskBackingPath: disk.BackingPath, DiskBackingFormat: disk.BackingFormat,
 		Network: network.Name, Bridge: network.Bridge, MAC: s.MAC, TrafficFilter: svc.trafficFilter(network),
-		ConsoleLogPath: consoleLog.Path, DataDisks: dataDisks(s),
+		StaticAddresses: staticAddresses(s), ConsoleLogPath: consoleLog.Path, DataDisks: dataDisks(s),
 	})
 	if errors.Is(err, virt.ErrDomainReplaced) {
 		return virt.DomainInfo{}, svc.replaced(err)
@@ -266,6 +267,16 @@ func dataDisks(vm *scope.VM) []virt.DataDisk {
 	var out []virt.DataDisk
 	for i, v := range vm.DataVolumes {
 		out = append(out, virt.DataDisk{Path: v.Path, Serial: vm.DataDisks[i].Name})
+	}
+	return out
+}
+
+// staticAddresses are the addresses the VM's IPAM step read, which the
+// traffic filter pins the NIC to.
+func staticAddresses(vm *scope.VM) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range vm.StaticAddresses {
+		out = append(out, a.Prefix.Addr())
 	}
 	return out
 }

@@ -68,11 +68,16 @@ func (*Addresses) Delete(context.Context) error { return nil }
 // count: the guest must actually hold the address.
 func (svc *Addresses) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.vm
-	network := s.Network
-	addrs, err := svc.host.Addresses(ctx, virt.AddressQuery{Domain: s.Domain, Network: network.Name, MAC: s.MAC})
+	// A guest with addresses from IPAM pools holds no lease: only its
+	// agent knows them, as on a host bridge.
+	leasing := s.Network.Name
+	if len(s.AddressPools) > 0 {
+		leasing = ""
+	}
+	addrs, err := svc.host.Addresses(ctx, virt.AddressQuery{Domain: s.Domain, Network: leasing, MAC: s.MAC})
 	switch {
 	case err == nil:
-	case network.Name == "" || errors.Is(err, virt.ErrAgentUnavailable):
+	case leasing == "" || errors.Is(err, virt.ErrAgentUnavailable):
 		if s.Provisioned {
 			return services.Result{}, nil // keep the addresses last seen
 		}
@@ -91,8 +96,8 @@ func (svc *Addresses) Reconcile(ctx context.Context) (services.Result, error) {
 		if s.Provisioned {
 			return services.Result{}, nil
 		}
-		if network.Name != "" && svc.leases != nil {
-			svc.leases.WatchLease(svc.host, network.Name, s.MAC)
+		if leasing != "" && svc.leases != nil {
+			svc.leases.WatchLease(svc.host, leasing, s.MAC)
 		}
 		return services.Result{}, services.Fail(infrav1.WaitingForAddressReason, services.Requeue(recheckLease, "waiting for a lease"),
 			"No DHCP lease for %s yet", s.MAC)

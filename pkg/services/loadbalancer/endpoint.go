@@ -11,6 +11,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/cloudinit"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
@@ -96,7 +97,7 @@ func (svc *Service) networkConfig() ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return cloudinit.DHCPWithStaticAddress{MAC: svc.vm.MAC.String(), InterfaceName: guestInterface, Static: ip}.NetworkConfig()
+	return cloudinit.DHCPWithStaticAddress{MAC: svc.vm.MAC.String(), InterfaceName: scope.GuestInterface, Static: ip}.NetworkConfig()
 }
 
 // Delete does nothing: the address step releases the reservation, and

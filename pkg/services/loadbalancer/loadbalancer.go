@@ -38,11 +38,6 @@ const (
 	servingBound = 15 * time.Minute
 )
 
-// guestInterface is the HAProxy VM's NIC as the capl images name it on
-// the q35 machine type (images/README.md); cloud-init renames the NIC with
-// the VM's MAC to it if the kernel chose another name.
-const guestInterface = "enp1s0"
-
 // userData is the HAProxy VM's cloud-config. It configures nothing: the
 // controller writes haproxy.cfg through the guest agent once the VM runs,
 // so the seed holds no secret and never changes.

@@ -49,9 +49,12 @@ var _ services.Service = (*Service)(nil)
 // bootstrap data. Its vendor-data keeps the bootstrap's sentinel through
 // reboots (cloudinit.BootstrapSentinelVendorData), which the bootstrap
 // check relies on when the guest went down before the sentinel was read.
+// Its network-config gives a VM with IPAM addresses those addresses (the
+// IPAM step runs before it); cloud-init renders it once per instance, so
+// the emptied seed of Removal does without it.
 func New(s *scope.MachineScope, host virt.StorageHost) *Service {
 	return &Service{vm: s.VM, host: host, userData: func(ctx context.Context) ([]byte, error) { return bootstrapData(ctx, s) },
-		vendorData: []byte(cloudinit.BootstrapSentinelVendorData)}
+		networkConfig: s.VM.StaticNetworkConfig, vendorData: []byte(cloudinit.BootstrapSentinelVendorData)}
 }
 
 // NewWithUserData returns the seed service of a VM whose user-data the

@@ -1,0 +1,227 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+// testPoolGroup is the API group of the pools testIPPool serves.
+const testPoolGroup = "ipam.test.capl.dev"
+
+// TestMachineAddressFromPool boots a machine whose address comes from a
+// Cluster API IPAM pool, on a libvirt network the operator made (the
+// harness's), with the operator's traffic filter on its NIC. Before the
+// pool answers, the machine waits (AddressReserved WaitingForIPAddress)
+// with its claim made and nothing in libvirt; once it answers, the guest
+// holds the address with the pool's prefix, uses the machine's
+// nameserver, serves on the address through the filter, and reports it in
+// status.addresses. An address outside the operator's
+// --pool-address-cidrs is refused before anything is created. Deleting
+// the machines releases their claims.
+//
+// The IPAM provider is testIPPool, a minimal pool controller of this test:
+// the in-cluster IPAM provider's module is not served on this machine.
+func TestMachineAddressFromPool(t *testing.T) {
+	h := newHarness(t)
+	lan := h.network.CIDR
+	if !lan.IsValid() || !lan.Addr().Is4() || lan.Bits() > 24 {
+		t.Fatalf("the harness network's range %v leaves no room for a pool at .250", lan)
+	}
+	octets := lan.Addr().As4()
+	octets[3] = 250
+	address := netip.AddrFrom4(octets)
+	far := netip.MustParsePrefix("203.0.113.0/24")
+	h.options = func(o *manager.Options) {
+		o.TrafficFilter = virt.CleanTrafficFilter
+		o.PoolAddressCIDRs = []string{lan.String()}
+	}
+	h.startProvider(nil)
+	const cluster = "ipam"
+	h.createCluster(cluster, true)
+
+	lanPool := infrav1.IPPoolReference{APIGroup: testPoolGroup, Kind: "TestIPPool", Name: "lan"}
+	farPool := infrav1.IPPoolReference{APIGroup: testPoolGroup, Kind: "TestIPPool", Name: "far"}
+	nameserver := h.network.Gateway.String()
+	h.createMachine("ipam-0", machineOpts{cluster: cluster, withData: true, userData: readyzUserData,
+		network: &infrav1.NetworkAttachment{AddressesFromPools: []infrav1.IPPoolReference{lanPool}, Nameservers: []string{nameserver}}})
+
+	// No pool answers yet: the machine waits with its claim made, and
+	// libvirt holds nothing of it.
+	lm := h.waitCondition("ipam-0", infrav1.AddressReservedCondition, metav1.ConditionFalse, infrav1.WaitingForIPAddressReason, 2*time.Minute)
+	t.Logf("waiting: %s", conditions.Get(lm, infrav1.AddressReservedCondition).Message)
+	claimName := naming.IPAddressClaimName("ipam-0", 0)
+	claim := &ipamv1.IPAddressClaim{}
+	must(t, h.c.Get(h.ctx, client.ObjectKey{Namespace: h.ns, Name: claimName}, claim))
+	if ref := metav1.GetControllerOf(claim); ref == nil || ref.Kind != "LibvirtMachine" || ref.Name != "ipam-0" || ref.UID != lm.UID {
+		t.Errorf("claim %s's controller: %+v; want LibvirtMachine ipam-0", claimName, ref)
+	}
+	if claim.Labels[clusterv1.ClusterNameLabel] != cluster || claim.Spec.ClusterName != cluster ||
+		claim.Spec.PoolRef != (ipamv1.IPPoolReference{APIGroup: testPoolGroup, Kind: "TestIPPool", Name: "lan"}) {
+		t.Errorf("claim %s: labels %v, spec %+v", claimName, claim.Labels, claim.Spec)
+	}
+	domain := naming.DomainName(h.ns, "ipam-0")
+	if _, err := h.host.DomainInfo(h.ctx, domain); !virt.IsNotFound(err) {
+		t.Errorf("domain %s exists before its address was known (%v)", domain, err)
+	}
+
+	// The pool answers: the machine boots with its address.
+	ctx, cancel := context.WithCancel(h.ctx)
+	t.Cleanup(cancel)
+	pools := &testIPPool{c: h.c, ns: h.ns, ranges: map[string]*testRange{
+		"lan": {next: address, bits: lan.Bits(), gateway: h.network.Gateway},
+		"far": {next: netip.MustParseAddr("203.0.113.10"), bits: far.Bits(), gateway: netip.MustParseAddr("203.0.113.1")},
+	}}
+	go pools.run(ctx, t)
+	start := time.Now()
+	lm = h.waitAddress("ipam-0", 8*time.Minute)
+	t.Logf("FIGURE machine with a pool address: claim fulfilled → address reported %s", time.Since(start).Round(time.Second))
+	if got := internalIP(lm); got != address.String() {
+		t.Errorf("status.addresses %v; want %s first", lm.Status.Addresses, address)
+	}
+	want := netip.PrefixFrom(address, lan.Bits()).String()
+	if c := conditions.Get(lm, infrav1.AddressReservedCondition); c == nil || c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, want) {
+		t.Errorf("AddressReserved %+v; want True naming %s", c, want)
+	}
+
+	// The guest's own view: the address with the pool's prefix, no DHCP
+	// lease, the machine's nameserver.
+	res, err := h.host.GuestExec(ctx, domain, "ip", []string{"-4", "-o", "addr", "show", "scope", "global"}, nil)
+	must(t, err)
+	if !strings.Contains(string(res.Stdout), " "+want+" ") {
+		t.Errorf("the guest's addresses:\n%s\nwant %s", res.Stdout, want)
+	}
+	if n := strings.Count(string(res.Stdout), " inet "); n != 1 {
+		t.Errorf("the guest holds %d IPv4 addresses (a DHCP lease besides the pool's?):\n%s", n, res.Stdout)
+	}
+	resolv, err := h.host.GuestReadFile(ctx, domain, "/etc/resolv.conf")
+	must(t, err)
+	if !strings.Contains(string(resolv), "nameserver "+nameserver) {
+		t.Errorf("the guest's resolv.conf:\n%s\nwant nameserver %s", resolv, nameserver)
+	}
+
+	// Through the traffic filter: it holds the address as the guest's,
+	// and the guest serves on it.
+	out, err := exec.Command("virsh", "-c", h.uri, "dumpxml", domain).CombinedOutput()
+	must(t, err)
+	if !strings.Contains(string(out), fmt.Sprintf("<parameter name='IP' value='%s'/>", address)) {
+		t.Errorf("the domain's traffic filter does not hold %s:\n%s", address, out)
+	}
+	endpoint := net.JoinHostPort(address.String(), "6443")
+	h.waitFor("the guest serving on "+endpoint, 3*time.Minute, func() (bool, string) {
+		body, err := readyz(endpoint)
+		return err == nil && strings.TrimSpace(body) == "ipam-0", fmt.Sprintf("%q %v", body, err)
+	})
+
+	// An address outside --pool-address-cidrs: refused, nothing created.
+	h.createMachine("ipam-far", machineOpts{cluster: cluster, withData: true,
+		network: &infrav1.NetworkAttachment{AddressesFromPools: []infrav1.IPPoolReference{farPool}}})
+	lm = h.waitCondition("ipam-far", infrav1.AddressReservedCondition, metav1.ConditionFalse, infrav1.IPAddressInvalidReason, 2*time.Minute)
+	if msg := conditions.Get(lm, infrav1.AddressReservedCondition).Message; !strings.Contains(msg, "--pool-address-cidrs") {
+		t.Errorf("IPAddressInvalid message %q does not name the operator's flag", msg)
+	}
+	if _, err := h.host.DomainInfo(h.ctx, naming.DomainName(h.ns, "ipam-far")); !virt.IsNotFound(err) {
+		t.Errorf("the refused machine's domain exists (%v)", err)
+	}
+
+	// Deletion releases the claims.
+	for _, m := range []string{"ipam-0", "ipam-far"} {
+		h.deleteMachine(m, 3*time.Minute)
+		name := naming.IPAddressClaimName(m, 0)
+		h.waitFor("claim "+name+" released", time.Minute, func() (bool, string) {
+			err := h.c.Get(h.ctx, client.ObjectKey{Namespace: h.ns, Name: name}, &ipamv1.IPAddressClaim{})
+			return apierrors.IsNotFound(err), fmt.Sprint(err)
+		})
+	}
+}
+
+// testIPPool plays an IPAM provider for the pools of kind TestIPPool in
+// namespace ns: it gives every open claim the next address of its pool's
+// range as an IPAddress named after the claim, and deletes the IPAddress
+// of a claim that is gone (envtest runs no garbage collector).
+type testIPPool struct {
+	c      client.Client
+	ns     string
+	ranges map[string]*testRange
+}
+
+// testRange is one pool's range: the next address it hands out, the
+// prefix length and the gateway of its network.
+type testRange struct {
+	next    netip.Addr
+	bits    int
+	gateway netip.Addr
+}
+
+func (p *testIPPool) run(ctx context.Context, t *testing.T) {
+	tick := time.NewTicker(300 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if err := p.sync(ctx); err != nil && ctx.Err() == nil {
+			t.Logf("test IPAM pool: %v", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (p *testIPPool) sync(ctx context.Context) error {
+	claims := &ipamv1.IPAddressClaimList{}
+	if err := p.c.List(ctx, claims, client.InNamespace(p.ns)); err != nil {
+		return err
+	}
+	open := map[string]bool{}
+	for i := range claims.Items {
+		claim := &claims.Items[i]
+		open[claim.Name] = true
+		r := p.ranges[claim.Spec.PoolRef.Name]
+		if claim.Spec.PoolRef.APIGroup != testPoolGroup || r == nil || claim.Status.AddressRef.Name != "" || !claim.DeletionTimestamp.IsZero() {
+			continue
+		}
+		ip := &ipamv1.IPAddress{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: claim.Name},
+			Spec: ipamv1.IPAddressSpec{ClaimRef: ipamv1.IPAddressClaimReference{Name: claim.Name}, PoolRef: claim.Spec.PoolRef,
+				Address: r.next.String(), Prefix: ptr.To(int32(r.bits)), Gateway: r.gateway.String()}}
+		if err := p.c.Create(ctx, ip); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+		r.next = r.next.Next()
+		claim.Status.AddressRef.Name = ip.Name
+		if err := p.c.Status().Update(ctx, claim); err != nil {
+			return err
+		}
+	}
+	addresses := &ipamv1.IPAddressList{}
+	if err := p.c.List(ctx, addresses, client.InNamespace(p.ns)); err != nil {
+		return err
+	}
+	for i := range addresses.Items {
+		if a := &addresses.Items[i]; !open[a.Spec.ClaimRef.Name] {
+			if err := p.c.Delete(ctx, a); client.IgnoreNotFound(err) != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

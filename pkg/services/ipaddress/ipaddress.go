@@ -1,0 +1,224 @@
+// Package ipaddress claims a machine's addresses from Cluster API IPAM
+// pools (the ipam.cluster.x-k8s.io contract): one IPAddressClaim per pool
+// of network.addressesFromPools, owned by the LibvirtMachine and named
+// after it (naming.IPAddressClaimName, so a moved machine finds its
+// claims), read back through the IPAddress the pool's provider made, and
+// deleted with the machine once its domain is gone.
+package ipaddress
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/cloudinit"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
+)
+
+// recheckClaim is how often a machine whose claim has no address yet looks
+// again; the controller also wakes when a claim it owns changes.
+const recheckClaim = time.Minute
+
+// Service claims the addresses; its outcome is AddressReserved's (after
+// the address step's).
+type Service struct {
+	s      *scope.MachineScope
+	vm     *scope.VM
+	policy tenancy.Policy
+}
+
+var _ services.Service = (*Service)(nil)
+
+// New returns the IPAM service of s's VM under the operator's policy.
+func New(s *scope.MachineScope, policy tenancy.Policy) *Service {
+	return &Service{s: s, vm: s.VM, policy: policy}
+}
+
+func (*Service) Name() string { return "IP address claims" }
+
+// Reconcile claims an address from every pool and hands them to the seed
+// and domain steps of the same reconcile; a VM without pools takes DHCP
+// and is left alone.
+func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
+	vm := svc.vm
+	if len(vm.AddressPools) == 0 {
+		return services.Result{}, nil
+	}
+	if ns, ok := naming.NameNamespace(vm.Network.Name); vm.Network.Name != "" && ok {
+		return services.Result{}, services.Fail(infrav1.UnsupportedNetworkReason, services.Requeue(0, "pools on a cluster network"),
+			"network.addressesFromPools needs a host bridge or an existing libvirt network: network %s is the one the provider made for a cluster of namespace %s, whose DHCP server reserves the machines' addresses", vm.Network.Name, ns)
+	}
+	addresses := make([]cloudinit.StaticAddress, 0, len(vm.AddressPools))
+	described := make([]string, 0, len(vm.AddressPools))
+	for i, pool := range vm.AddressPools {
+		claim, err := svc.ensureClaim(ctx, i, pool)
+		if err != nil {
+			return services.Result{}, err
+		}
+		a, err := svc.address(ctx, claim)
+		if err != nil {
+			return services.Result{}, err
+		}
+		addresses = append(addresses, a)
+		described = append(described, fmt.Sprintf("%s from %s %s", a.Prefix, pool.Kind, pool.Name))
+	}
+	vm.StaticAddresses = addresses
+	return services.Done(infrav1.ReadyReason, strings.Join(described, ", ")), nil
+}
+
+// ensureClaim returns the machine's claim on the i-th pool, creating it
+// when missing. A claim of that name that another object owns, or that
+// claims from another pool, is refused: it is not this machine's.
+func (svc *Service) ensureClaim(ctx context.Context, i int, pool infrav1.IPPoolReference) (*ipamv1.IPAddressClaim, error) {
+	lm := svc.s.LibvirtMachine
+	key := types.NamespacedName{Namespace: lm.Namespace, Name: naming.IPAddressClaimName(lm.Name, i)}
+	claim := &ipamv1.IPAddressClaim{}
+	err := svc.s.Client.Get(ctx, key, claim)
+	switch {
+	case apierrors.IsNotFound(err):
+		claim = svc.newClaim(key, pool)
+		if err := svc.s.Client.Create(ctx, claim); err != nil {
+			return nil, fmt.Errorf("creating IPAddressClaim %s: %w", key.Name, err)
+		}
+		svc.s.Event(corev1.EventTypeNormal, "IPAddressClaimed", fmt.Sprintf("Claimed an address from %s %s (IPAddressClaim %s)", pool.Kind, pool.Name, key.Name))
+	case err != nil:
+		return nil, fmt.Errorf("reading IPAddressClaim %s: %w", key.Name, err)
+	}
+	if !ownedBy(claim, lm) || claim.Spec.PoolRef != poolRef(pool) {
+		return nil, services.Fail(infrav1.IPAddressInvalidReason, services.Requeue(0, "claim not ours"),
+			"IPAddressClaim %s exists but is not this machine's claim on %s %s: delete it, or rename the machine", key.Name, pool.Kind, pool.Name)
+	}
+	return claim, nil
+}
+
+// newClaim is the machine's claim on pool, owned (controller) by the
+// LibvirtMachine, so that the claim goes with it even if the provider
+// never deletes it, and labelled like the machine for the watch filter.
+func (svc *Service) newClaim(key types.NamespacedName, pool infrav1.IPPoolReference) *ipamv1.IPAddressClaim {
+	lm := svc.s.LibvirtMachine
+	labels := map[string]string{clusterv1.ClusterNameLabel: svc.s.ClusterName()}
+	if v, ok := lm.Labels[clusterv1.WatchLabel]; ok {
+		labels[clusterv1.WatchLabel] = v
+	}
+	return &ipamv1.IPAddressClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, Labels: labels,
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: infrav1.GroupVersion.String(), Kind: "LibvirtMachine", Name: lm.Name, UID: lm.UID,
+				Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
+			}}},
+		Spec: ipamv1.IPAddressClaimSpec{ClusterName: svc.s.ClusterName(), PoolRef: poolRef(pool)},
+	}
+}
+
+// address reads the IPAddress the pool made for claim and checks that it
+// is claim's and an address the guest may hold.
+func (svc *Service) address(ctx context.Context, claim *ipamv1.IPAddressClaim) (cloudinit.StaticAddress, error) {
+	pool := claim.Spec.PoolRef
+	waiting := func() error {
+		return services.Fail(infrav1.WaitingForIPAddressReason, services.Requeue(recheckClaim, "no IPAddress yet"),
+			"Waiting for %s %s to give IPAddressClaim %s an address", pool.Kind, pool.Name, claim.Name)
+	}
+	if claim.Status.AddressRef.Name == "" {
+		return cloudinit.StaticAddress{}, waiting()
+	}
+	ip := &ipamv1.IPAddress{}
+	err := svc.s.Client.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: claim.Status.AddressRef.Name}, ip)
+	switch {
+	case apierrors.IsNotFound(err):
+		return cloudinit.StaticAddress{}, waiting()
+	case err != nil:
+		return cloudinit.StaticAddress{}, fmt.Errorf("reading IPAddress %s: %w", claim.Status.AddressRef.Name, err)
+	}
+	a, err := staticAddress(ip, claim)
+	if err == nil {
+		err = svc.policy.CheckPoolAddress(a.Prefix.Addr())
+	}
+	if err != nil {
+		return cloudinit.StaticAddress{}, services.Fail(infrav1.IPAddressInvalidReason, services.Requeue(recheckClaim, "unusable IPAddress"),
+			"IPAddress %s of IPAddressClaim %s: %v", ip.Name, claim.Name, err)
+	}
+	return a, nil
+}
+
+// staticAddress is ip as the guest's static address, when ip was made for
+// claim from its pool and holds an address, prefix and gateway that go
+// together.
+func staticAddress(ip *ipamv1.IPAddress, claim *ipamv1.IPAddressClaim) (cloudinit.StaticAddress, error) {
+	if ip.Spec.ClaimRef.Name != claim.Name || ip.Spec.PoolRef != claim.Spec.PoolRef {
+		return cloudinit.StaticAddress{}, fmt.Errorf("made for claim %s of %s %s, not for this claim", ip.Spec.ClaimRef.Name, ip.Spec.PoolRef.Kind, ip.Spec.PoolRef.Name)
+	}
+	addr, err := netip.ParseAddr(ip.Spec.Address)
+	if err != nil || addr.Zone() != "" {
+		return cloudinit.StaticAddress{}, fmt.Errorf("address %q is not an IP address", ip.Spec.Address)
+	}
+	bits := int(ptr.Deref(ip.Spec.Prefix, -1))
+	if bits < 0 || bits > addr.BitLen() {
+		return cloudinit.StaticAddress{}, fmt.Errorf("prefix %d does not fit address %s", bits, addr)
+	}
+	a := cloudinit.StaticAddress{Prefix: netip.PrefixFrom(addr, bits)}
+	if ip.Spec.Gateway != "" {
+		if a.Gateway, err = netip.ParseAddr(ip.Spec.Gateway); err != nil {
+			return cloudinit.StaticAddress{}, fmt.Errorf("gateway %q is not an IP address", ip.Spec.Gateway)
+		}
+	}
+	return a, cloudinit.CheckStaticAddress(a)
+}
+
+// Delete deletes the machine's claims, which returns their addresses to
+// the pools; it runs after the domain's deletion, so that no address is
+// handed out again while a guest still holds it.
+func (svc *Service) Delete(ctx context.Context) error {
+	lm := svc.s.LibvirtMachine
+	var errs []error
+	for i := range svc.vm.AddressPools {
+		claim := &ipamv1.IPAddressClaim{}
+		err := svc.s.Client.Get(ctx, types.NamespacedName{Namespace: lm.Namespace, Name: naming.IPAddressClaimName(lm.Name, i)}, claim)
+		switch {
+		case apierrors.IsNotFound(err):
+			continue
+		case err != nil:
+			errs = append(errs, err)
+			continue
+		}
+		if !ownedBy(claim, lm) {
+			continue
+		}
+		if err := svc.s.Client.Delete(ctx, claim); client.IgnoreNotFound(err) != nil {
+			errs = append(errs, fmt.Errorf("deleting IPAddressClaim %s: %w", claim.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ownedBy tells whether lm owns claim: by kind and name, not UID, which
+// clusterctl move and restores change.
+func ownedBy(claim *ipamv1.IPAddressClaim, lm *infrav1.LibvirtMachine) bool {
+	for _, o := range claim.OwnerReferences {
+		if o.Kind == "LibvirtMachine" && o.Name == lm.Name && strings.HasPrefix(o.APIVersion, infrav1.GroupVersion.Group+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// poolRef is pool in IPAM's own terms.
+func poolRef(pool infrav1.IPPoolReference) ipamv1.IPPoolReference {
+	return ipamv1.IPPoolReference{APIGroup: pool.APIGroup, Kind: pool.Kind, Name: pool.Name}
+}
