@@ -99,6 +99,10 @@ func (svc *Addresses) Reconcile(ctx context.Context) (services.Result, error) {
 		if leasing != "" && svc.leases != nil {
 			svc.leases.WatchLease(svc.host, leasing, s.MAC)
 		}
+		if leasing == "" {
+			return services.Result{}, services.Fail(infrav1.WaitingForAddressReason, services.Requeue(recheckAgent, "no address yet"),
+				"The guest agent reports no address for %s yet", s.MAC)
+		}
 		return services.Result{}, services.Fail(infrav1.WaitingForAddressReason, services.Requeue(recheckLease, "waiting for a lease"),
 			"No DHCP lease for %s yet", s.MAC)
 	}
