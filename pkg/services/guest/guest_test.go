@@ -54,6 +54,34 @@ func TestGuestAddressesNeedALease(t *testing.T) {
 	}
 }
 
+// TestGuestAddressesOfAPoolAddressFromTheAgent: a guest with addresses
+// from IPAM pools is asked through its agent (a network of the fake host
+// named "" stands for it), never for a DHCP lease, which a stale entry of
+// its MAC could still offer.
+func TestGuestAddressesOfAPoolAddressFromTheAgent(t *testing.T) {
+	f := servicetest.NewFixture(t)
+	s := servicetest.Provision(t, f)
+	s.VM.AddressPools = []infrav1.IPPoolReference{{APIGroup: "ipam.cluster.x-k8s.io", Kind: "InClusterIPPool", Name: "lan"}}
+	leases := &leaseRecorder{}
+	g := guest.NewAddresses(s.VM, s.Host, leases)
+	mac := strings.ToUpper(s.VM.MAC.String())
+	f.Host.Leases["net"] = map[string]netip.Addr{mac: netip.MustParseAddr("192.168.100.2")}
+	err := servicetest.Reconcile(s, infrav1.AddressAssignedCondition, g)
+	if _, ok := services.AsRequeue(err); !ok {
+		t.Fatalf("err = %v, want to wait for the agent", err)
+	}
+	if len(leases.watched) != 0 {
+		t.Errorf("lease watches = %v, want none", leases.watched)
+	}
+	f.Host.Leases[""] = map[string]netip.Addr{mac: netip.MustParseAddr("192.168.100.250")}
+	if err := servicetest.Reconcile(s, infrav1.AddressAssignedCondition, g); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(s.VM.Addresses) != "[192.168.100.250]" {
+		t.Errorf("addresses = %v, want the agent's 192.168.100.250 only", s.VM.Addresses)
+	}
+}
+
 func TestGuestBootstrapSentinel(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	s := f.Scope()
