@@ -120,8 +120,9 @@ func TestRoundTrip(t *testing.T) {
 		StoragePool:          infrav1.StoragePool{Name: "capi-libvirt", Path: "/var/lib/libvirt/capi-libvirt"},
 		FailureDomains:       []infrav1.FailureDomainSpec{{Name: "host-a", ControlPlane: ptr.To(true), Attributes: map[string]string{"rack": "r1"}}},
 	}, {
-		Network:      infrav1.ClusterNetwork{Name: "default"},
-		LoadBalancer: infrav1.LoadBalancer{Type: infrav1.LoadBalancerHAProxy, Image: &urlImage, VirtualHardware: kvm},
+		Network: infrav1.ClusterNetwork{Name: "default"},
+		LoadBalancer: infrav1.LoadBalancer{Type: infrav1.LoadBalancerHAProxy, Image: &urlImage, VirtualHardware: kvm,
+			AddressFromPool: &infrav1.IPPoolReference{APIGroup: "ipam.cluster.x-k8s.io", Kind: "GlobalInClusterIPPool", Name: "endpoints"}},
 	}, {
 		Network:      infrav1.ClusterNetwork{Name: "default"},
 		LoadBalancer: infrav1.LoadBalancer{Type: infrav1.LoadBalancerHAProxy, Image: &urlImage, VirtualHardware: customCPU},

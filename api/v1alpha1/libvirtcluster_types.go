@@ -52,6 +52,8 @@ const (
 
 // LibvirtClusterSpec is the desired state of a LibvirtCluster.
 // +kubebuilder:validation:XValidation:rule="!has(self.loadBalancer) || !has(self.loadBalancer.type) || self.loadBalancer.type != 'None' || !has(self.loadBalancer.image)",message="loadBalancer.image applies only to type HAProxy"
+// +kubebuilder:validation:XValidation:rule="!has(self.loadBalancer) || !has(self.loadBalancer.type) || self.loadBalancer.type != 'None' || !has(self.loadBalancer.addressFromPool)",message="loadBalancer.addressFromPool applies only to type HAProxy"
+// +kubebuilder:validation:XValidation:rule="!has(self.loadBalancer) || !has(self.loadBalancer.addressFromPool) || (has(self.network) && (has(self.network.bridge) || has(self.network.name)))",message="loadBalancer.addressFromPool needs network.bridge or network.name: the network the provider makes reserves the HAProxy VM's address in its own DHCP server"
 type LibvirtClusterSpec struct {
 	// controlPlaneEndpoint is where the cluster's API server is reached.
 	// With the HAProxy load balancer the provider sets it to the VM's
@@ -142,6 +144,16 @@ type LoadBalancer struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=63
 	FailureDomain string `json:"failureDomain,omitempty"`
+
+	// addressFromPool takes the HAProxy VM's address, which becomes the
+	// control-plane endpoint, from a Cluster API IPAM pool instead of a
+	// DHCP reservation or a controlPlaneEndpoint.host typed by hand: the
+	// provider claims it (an IPAddressClaim owned by the LibvirtCluster,
+	// released with the VM) and gives the VM the address, prefix and
+	// gateway without DHCP. Only with type HAProxy on a host bridge or an
+	// existing libvirt network. Immutable.
+	// +optional
+	AddressFromPool *IPPoolReference `json:"addressFromPool,omitempty"`
 
 	// The HAProxy VM's hardware; defaults to 1 vCPU and 512 MiB.
 	VirtualHardware `json:",inline"`

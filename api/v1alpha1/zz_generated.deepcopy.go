@@ -642,6 +642,11 @@ func (in *LoadBalancer) DeepCopyInto(out *LoadBalancer) {
 		*out = new(ImageSource)
 		(*in).DeepCopyInto(*out)
 	}
+	if in.AddressFromPool != nil {
+		in, out := &in.AddressFromPool, &out.AddressFromPool
+		*out = new(IPPoolReference)
+		**out = **in
+	}
 	in.VirtualHardware.DeepCopyInto(&out.VirtualHardware)
 }
 

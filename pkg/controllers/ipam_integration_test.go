@@ -20,8 +20,10 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -224,4 +226,96 @@ func (p *testIPPool) sync(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// TestLoadBalancerAddressFromPool runs a cluster's HAProxy VM whose
+// address, the control-plane endpoint, comes from an IPAM pool, on a
+// libvirt network the operator made, with the operator's traffic filter.
+// Before the pool answers the cluster waits with its claim made and no VM;
+// then the endpoint is the pool's address, the VM holds it alone (no DHCP
+// reservation), the filter is pinned to it and HAProxy serves on it.
+// Deleting the cluster releases the claim and leaves nothing in libvirt.
+func TestLoadBalancerAddressFromPool(t *testing.T) {
+	h := newClusterHarness(t)
+	h.options = func(o *manager.Options) { o.TrafficFilter = virt.CleanTrafficFilter }
+	h.startProvider(nil)
+	netName := testlibvirt.Name(t)
+	lan, err := h.host.EnsureNetwork(h.ctx, virt.NetworkSpec{Name: netName,
+		Owner: virt.Owner{Kind: "LibvirtCluster", Namespace: h.ns, Name: netName, Cluster: netName}})
+	must(t, err)
+	t.Cleanup(func() {
+		if err := h.host.DeleteNetwork(context.Background(), netName); err != nil {
+			t.Errorf("deleting the test network: %v", err)
+		}
+	})
+	octets := lan.CIDR.Addr().As4()
+	octets[3] = 240
+	endpoint := netip.AddrFrom4(octets)
+
+	const name = "lbpool"
+	lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: name,
+		Labels: map[string]string{clusterv1.ClusterNameLabel: name}}}
+	lc.Spec.Network.Name = netName
+	lc.Spec.StoragePool = infrav1.StoragePool{Name: h.pool, Path: h.poolPath}
+	lc.Spec.LoadBalancer = infrav1.LoadBalancer{Type: infrav1.LoadBalancerHAProxy, VirtualHardware: tcgHardware(),
+		Image:           &infrav1.ImageSource{URL: "file://" + h.lbImage, Checksum: "sha256:" + h.lbImageSum},
+		AddressFromPool: &infrav1.IPPoolReference{APIGroup: testPoolGroup, Kind: "TestIPPool", Name: "lan"}}
+	must(t, h.c.Create(h.ctx, lc))
+	h.createOwner(name, false)
+
+	// No pool answers yet: the cluster waits, its claim made, no VM.
+	lc = h.waitClusterCondition(name, infrav1.LoadBalancerReadyCondition, metav1.ConditionFalse, infrav1.WaitingForIPAddressReason, 3*time.Minute)
+	claimName := naming.LoadBalancerIPAddressClaimName(name)
+	claim := &ipamv1.IPAddressClaim{}
+	must(t, h.c.Get(h.ctx, client.ObjectKey{Namespace: h.ns, Name: claimName}, claim))
+	if ref := metav1.GetControllerOf(claim); ref == nil || ref.Kind != "LibvirtCluster" || ref.Name != name {
+		t.Errorf("claim %s's controller: %+v; want LibvirtCluster %s", claimName, ref, name)
+	}
+	domain := naming.LoadBalancerDomainName(h.ns, name)
+	if _, err := h.host.DomainInfo(h.ctx, domain); !virt.IsNotFound(err) {
+		t.Errorf("the HAProxy VM exists before its address was known (%v)", err)
+	}
+	if lc.Spec.ControlPlaneEndpoint.Host != "" {
+		t.Errorf("endpoint %+v set before the pool answered", lc.Spec.ControlPlaneEndpoint)
+	}
+
+	ctx, cancel := context.WithCancel(h.ctx)
+	t.Cleanup(cancel)
+	pools := &testIPPool{c: h.c, ns: h.ns, ranges: map[string]*testRange{"lan": {next: endpoint, bits: lan.CIDR.Bits(), gateway: lan.Gateway}}}
+	go pools.run(ctx, t)
+	start := time.Now()
+	lc = h.waitClusterCondition(name, infrav1.LoadBalancerReadyCondition, metav1.ConditionTrue, infrav1.ReadyReason, 8*time.Minute)
+	t.Logf("FIGURE HAProxy VM on a pool address serving: %s after the pool answered", time.Since(start).Round(time.Second))
+	if lc.Spec.ControlPlaneEndpoint.Host != endpoint.String() || lc.Status.LoadBalancer == nil || lc.Status.LoadBalancer.Address != endpoint.String() {
+		t.Errorf("endpoint %+v, load balancer %+v; want %s", lc.Spec.ControlPlaneEndpoint, lc.Status.LoadBalancer, endpoint)
+	}
+	conn, err := net.DialTimeout("tcp", net.JoinHostPort(endpoint.String(), "6443"), 5*time.Second)
+	must(t, err)
+	_ = conn.Close()
+	// The VM holds the pool's address alone: no DHCP reservation, a
+	// filter pinned to it, and the guest's only IPv4 address.
+	entries, err := h.host.Reservations(h.ctx, netName)
+	must(t, err)
+	for _, e := range entries {
+		if e.MAC.Canonical() == netalloc.MAC(lc.Status.LoadBalancer.Domain.MAC).Canonical() {
+			t.Errorf("a DHCP reservation for the HAProxy VM: %+v", e)
+		}
+	}
+	out, err := exec.Command("virsh", "-c", h.uri, "dumpxml", domain).CombinedOutput()
+	must(t, err)
+	if !strings.Contains(string(out), fmt.Sprintf("<parameter name='IP' value='%s'/>", endpoint)) {
+		t.Errorf("the HAProxy VM's traffic filter does not hold %s:\n%s", endpoint, out)
+	}
+	res, err := h.host.GuestExec(ctx, domain, "ip", []string{"-4", "-o", "addr", "show", "scope", "global"}, nil)
+	must(t, err)
+	if want := netip.PrefixFrom(endpoint, lan.CIDR.Bits()).String(); strings.Count(string(res.Stdout), " inet ") != 1 || !strings.Contains(string(res.Stdout), " "+want+" ") {
+		t.Errorf("the HAProxy VM's addresses:\n%s\nwant %s alone", res.Stdout, want)
+	}
+
+	h.deleteAndWait(&clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: name}}, 4*time.Minute)
+	h.waitFor("the LibvirtCluster to go and its claim to be released", 2*time.Minute, func() (bool, string) {
+		errLC := h.c.Get(h.ctx, client.ObjectKey{Namespace: h.ns, Name: name}, &infrav1.LibvirtCluster{})
+		errClaim := h.c.Get(h.ctx, client.ObjectKey{Namespace: h.ns, Name: claimName}, &ipamv1.IPAddressClaim{})
+		return apierrors.IsNotFound(errLC) && apierrors.IsNotFound(errClaim), fmt.Sprintf("LibvirtCluster: %v, claim: %v", errLC, errClaim)
+	})
 }

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 	"sigs.k8s.io/cluster-api/util"
 	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/paused"
@@ -68,6 +69,8 @@ type LibvirtClusterReconciler struct {
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=libvirtclustertemplates,verbs=get;list;watch
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=libvirtmachines,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters;clusters/status;machines,verbs=get;list;watch
+// +kubebuilder:rbac:groups=ipam.cluster.x-k8s.io,resources=ipaddressclaims,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=ipam.cluster.x-k8s.io,resources=ipaddresses,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // Reconcile brings one LibvirtCluster closer to its desired state.
@@ -156,7 +159,7 @@ func (r *LibvirtClusterReconciler) plan(s *scope.ClusterScope) services.Plan {
 		{Service: references.NewCluster(s, r.Tenancy, r.Quota)},
 		{Service: pool.New(s, s.Host), Condition: infrav1.StoragePoolReadyCondition},
 		{Service: network.New(s, s.Host, netalloc.CandidatesWithin(r.Tenancy.NetworkCIDRs)), Condition: infrav1.NetworkReadyCondition},
-		{Service: loadbalancer.New(s, r.Images, r.Tenancy.TrafficFilter).WithMaxDiskBytes(r.Tenancy.Machine.DiskBytes())},
+		{Service: loadbalancer.New(s, r.Images, r.Tenancy).WithMaxDiskBytes(r.Tenancy.Machine.DiskBytes())},
 	}
 }
 
@@ -229,6 +232,8 @@ func (r *LibvirtClusterReconciler) SetupWithManager(ctx context.Context, mgr ctr
 			builder.WithPredicates(predicates.ClusterPausedTransitions(mgr.GetScheme(), log))).
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToLibvirtCluster)).
 		Watches(&infrav1.LibvirtMachine{}, handler.EnqueueRequestsFromMapFunc(r.libvirtMachineToLibvirtCluster)).
+		// The HAProxy VM's address from a pool arriving wakes the cluster.
+		Owns(&ipamv1.IPAddressClaim{}).
 		WatchesRawSource(events.Source()).
 		WatchesRawSource(r.Images.Source("LibvirtCluster")).
 		Complete(r)

@@ -186,15 +186,26 @@ func LoadBalancerHostname(cluster string) string {
 const maxObjectName = 253
 
 // IPAddressClaimName is the IPAddressClaim of the LibvirtMachine machine
-// for the i-th pool of its network.addressesFromPools: "<machine>-ip-<i>",
-// with a hash in place of the machine name's end when that would be too
-// long. Derived from the name alone, so a moved machine finds its claims.
+// for the i-th pool of its network.addressesFromPools: "<machine>-ip-<i>".
+// Derived from the name alone, so a moved machine finds its claims.
 func IPAddressClaimName(machine string, i int) string {
-	suffix := "-ip-" + strconv.Itoa(i)
-	if len(machine)+len(suffix) <= maxObjectName {
-		return machine + suffix
+	return objectName(machine, "-ip-"+strconv.Itoa(i))
+}
+
+// LoadBalancerIPAddressClaimName is the IPAddressClaim of the HAProxy VM
+// of the LibvirtCluster cluster: "<cluster>-lb-ip". A machine's claim
+// ends in a digit, so none is ever named so.
+func LoadBalancerIPAddressClaimName(cluster string) string {
+	return objectName(cluster, "-lb-ip")
+}
+
+// objectName is base+suffix, with a hash in place of base's end when that
+// would be longer than a Kubernetes object's name may be.
+func objectName(base, suffix string) string {
+	if len(base)+len(suffix) <= maxObjectName {
+		return base + suffix
 	}
-	sum := sha256.Sum256([]byte(machine))
+	sum := sha256.Sum256([]byte(base))
 	hash := hex.EncodeToString(sum[:])[:16]
-	return strings.TrimRight(machine[:maxObjectName-len(suffix)-len(hash)-1], ".-") + "-" + hash + suffix
+	return strings.TrimRight(base[:maxObjectName-len(suffix)-len(hash)-1], ".-") + "-" + hash + suffix
 }

@@ -165,4 +165,10 @@ func TestIPAddressClaimName(t *testing.T) {
 	if dotted := IPAddressClaimName(strings.Repeat("a.", 126)+"a", 0); strings.Contains(dotted, ".-") || len(dotted) > 253 {
 		t.Fatalf("long dotted name: %q", dotted)
 	}
+	if got := LoadBalancerIPAddressClaimName("web"); got != "web-lb-ip" {
+		t.Fatalf("load balancer's claim: %q", got)
+	}
+	if lb := LoadBalancerIPAddressClaimName(long); len(lb) > 253 || !strings.HasSuffix(lb, "-lb-ip") {
+		t.Fatalf("long load balancer's claim: %q (%d)", lb, len(lb))
+	}
 }

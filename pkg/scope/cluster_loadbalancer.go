@@ -40,6 +40,8 @@ func (s *ClusterScope) LoadBalancerVM() *VM {
 		Host:     s.HostName,
 		Pool:     s.Pool(),
 		Network:  statusNetwork(lc),
+		// A pool's address is the endpoint, and the VM's only address.
+		AddressPools: loadBalancerPools(lc.Spec.LoadBalancer.AddressFromPool),
 		Hardware: defaultHardware(lc.Spec.LoadBalancer.VirtualHardware,
 			infrav1.DefaultLoadBalancerCPUs, infrav1.DefaultLoadBalancerMemoryMiB),
 		Image: s.LoadBalancerImage(),
@@ -116,4 +118,12 @@ func statusNetwork(lc *infrav1.LibvirtCluster) NetworkRef {
 	default:
 		return NetworkRef{Bridge: n.Bridge}
 	}
+}
+
+// loadBalancerPools is the HAProxy VM's address pool as a VM's list.
+func loadBalancerPools(pool *infrav1.IPPoolReference) []infrav1.IPPoolReference {
+	if pool == nil {
+		return nil
+	}
+	return []infrav1.IPPoolReference{*pool}
 }

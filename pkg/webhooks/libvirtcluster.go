@@ -62,6 +62,8 @@ func (w *LibvirtCluster) ValidateUpdate(ctx context.Context, oldC, newC *infrav1
 		": the cluster's machines and load balancer are plugged into it; create a new cluster to move")...)
 	errs = append(errs, immutable(path.Child("loadBalancer", "type"), oldSpec.LoadBalancer.Type, newC.Spec.LoadBalancer.Type,
 		": it decides who owns the control-plane endpoint")...)
+	errs = append(errs, immutable(path.Child("loadBalancer", "addressFromPool"), oldSpec.LoadBalancer.AddressFromPool, newC.Spec.LoadBalancer.AddressFromPool,
+		": the HAProxy VM holds the pool's address as the endpoint")...)
 	errs = append(errs, ratchet(w.refs.cluster(newC.Namespace, &newC.Spec, newC.Annotations, path, annotationsPath),
 		w.refs.cluster(oldC.Namespace, oldSpec, oldC.Annotations, path, annotationsPath))...)
 	errs = append(errs, placementUnchanged(oldC.Annotations, newC.Annotations)...)
@@ -149,7 +151,9 @@ func validateClusterSpec(spec *infrav1.LibvirtClusterSpec, path *field.Path, tem
 	// On a libvirt network the HAProxy VM's address, the endpoint, is
 	// reserved in the DHCP server libvirt runs; a host bridge has none of
 	// ours, so there the VM holds the user's endpoint as a static address.
-	if h := spec.ControlPlaneEndpoint.Host; !template && spec.LoadBalancer.Type == infrav1.LoadBalancerHAProxy && spec.Network.Bridge != "" {
+	// With addressFromPool the pool's address is the endpoint.
+	if h := spec.ControlPlaneEndpoint.Host; !template && spec.LoadBalancer.Type == infrav1.LoadBalancerHAProxy && spec.Network.Bridge != "" &&
+		spec.LoadBalancer.AddressFromPool == nil {
 		if _, err := netip.ParseAddr(h); err != nil {
 			errs = append(errs, field.Invalid(endpoint, h,
 				"on a host bridge the HAProxy VM holds the endpoint as a static address: name a free IP address of the LAN, outside its DHCP range"))

@@ -156,6 +156,19 @@ func TestRejections(t *testing.T) {
 				noneWithHost(s)
 				s.LoadBalancer.VirtualHardware = infrav1.VirtualHardware{DomainType: infrav1.DomainTypeKVM}
 			}), field: "spec.loadBalancer.type"},
+		{name: "endpoint pool with type None", obj: cluster(func(s *infrav1.LibvirtClusterSpec) {
+			noneWithHost(s)
+			s.Network = infrav1.ClusterNetwork{Bridge: "br0"}
+			s.LoadBalancer.AddressFromPool = &lanPool
+		}), field: "spec", detail: "loadBalancer.addressFromPool applies only to type HAProxy"},
+		{name: "endpoint pool on the network the provider makes", obj: cluster(func(s *infrav1.LibvirtClusterSpec) {
+			s.LoadBalancer.AddressFromPool = &lanPool
+		}), field: "spec", detail: "loadBalancer.addressFromPool needs network.bridge or network.name"},
+		{name: "endpoint pool changed", obj: cluster(func(s *infrav1.LibvirtClusterSpec) {
+			s.Network = infrav1.ClusterNetwork{Bridge: "br0"}
+			s.LoadBalancer.AddressFromPool = &infrav1.IPPoolReference{APIGroup: "ipam.cluster.x-k8s.io", Kind: "InClusterIPPool", Name: "lan"}
+		}), update: onCluster(func(s *infrav1.LibvirtClusterSpec) { s.LoadBalancer.AddressFromPool.Name = "other" }),
+			field: "spec.loadBalancer.addressFromPool", detail: "is immutable"},
 		// LibvirtClusterTemplate.
 		{name: "template with an endpoint host", obj: clusterTemplate(noneWithHost), field: "spec.template.spec.controlPlaneEndpoint.host"},
 		{name: "template cidr in a reserved block", obj: clusterTemplate(func(s *infrav1.LibvirtClusterSpec) { s.Network.CIDR = "240.0.0.0/24" }), field: "spec.template.spec.network.cidr"},

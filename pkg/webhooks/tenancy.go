@@ -54,7 +54,9 @@ func (r references) cluster(namespace string, spec *infrav1.LibvirtClusterSpec, 
 	}
 	errs = append(errs, r.hosts(spec, path)...)
 	errs = append(errs, r.sizes(tenancy.LoadBalancerUsage(spec), path.Child("loadBalancer"))...)
-	if spec.LoadBalancer.Type == infrav1.LoadBalancerHAProxy && spec.Network.Bridge != "" {
+	// An address from a pool is the VM's only one, which the traffic
+	// filter is pinned to; a typed one would be a second, unfiltered.
+	if spec.LoadBalancer.Type == infrav1.LoadBalancerHAProxy && spec.Network.Bridge != "" && spec.LoadBalancer.AddressFromPool == nil {
 		if err := tenancy.CheckStaticAddress(p.TrafficFilter); err != nil {
 			errs = append(errs, field.Forbidden(path.Child("loadBalancer", "type"), err.Error()))
 		}

@@ -172,6 +172,11 @@ func TestClusterReferences(t *testing.T) {
 		{"two hosts on a bridge", hostsPolicy, twoHosts, nil},
 		{"the HAProxy VM on a bridge without a traffic filter", hostsPolicy, haproxyOnBridge, nil},
 		{"the HAProxy VM on a bridge under the traffic filter", filteredPolicy, haproxyOnBridge, []string{"spec.loadBalancer.type"}},
+		{"the HAProxy VM on a bridge under the traffic filter, its address from a pool", filteredPolicy, func(s *infrav1.LibvirtClusterSpec, m *metav1.ObjectMeta) {
+			haproxyOnBridge(s, m)
+			s.ControlPlaneEndpoint.Host = ""
+			s.LoadBalancer.AddressFromPool = &infrav1.IPPoolReference{APIGroup: "ipam.cluster.x-k8s.io", Kind: "InClusterIPPool", Name: "lan"}
+		}, nil},
 		{"the manager's host named twice", hostsPolicy, func(s *infrav1.LibvirtClusterSpec, _ *metav1.ObjectMeta) {
 			s.FailureDomains = []infrav1.FailureDomainSpec{{Name: "a", ControlPlane: ptr.To(true)}, {Name: "b", URI: "qemu:///system"}}
 		}, nil},

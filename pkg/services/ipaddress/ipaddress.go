@@ -1,9 +1,10 @@
-// Package ipaddress claims a machine's addresses from Cluster API IPAM
-// pools (the ipam.cluster.x-k8s.io contract): one IPAddressClaim per pool
-// of network.addressesFromPools, owned by the LibvirtMachine and named
-// after it (naming.IPAddressClaimName, so a moved machine finds its
-// claims), read back through the IPAddress the pool's provider made, and
-// deleted with the machine once its domain is gone.
+// Package ipaddress claims a VM's addresses from Cluster API IPAM pools
+// (the ipam.cluster.x-k8s.io contract): one IPAddressClaim per pool, owned
+// by the VM's object (a LibvirtMachine, or the LibvirtCluster of an HAProxy
+// VM) and named after it (naming.IPAddressClaimName,
+// naming.LoadBalancerIPAddressClaimName: a moved object finds its claims),
+// read back through the IPAddress the pool's provider made, and deleted
+// with the VM once its domain is gone.
 package ipaddress
 
 import (
@@ -36,19 +37,39 @@ import (
 // again; the controller also wakes when a claim it owns changes.
 const recheckClaim = time.Minute
 
-// Service claims the addresses; its outcome is AddressReserved's (after
-// the address step's).
+// Service claims the addresses; its outcome is the condition of the
+// step it runs in (AddressReserved for a machine, after the address
+// step's; LoadBalancerReady for an HAProxy VM).
 type Service struct {
-	s      *scope.MachineScope
+	c      client.Client
 	vm     *scope.VM
 	policy tenancy.Policy
+	// owner is the object the claims belong to, kind its kind.
+	owner client.Object
+	kind  string
+	// cluster is the Cluster's name the claims carry.
+	cluster string
+	// claimName names the claim on the VM's i-th pool.
+	claimName func(i int) string
+	event     func(eventType, reason, message string)
 }
 
 var _ services.Service = (*Service)(nil)
 
-// New returns the IPAM service of s's VM under the operator's policy.
+// New returns the IPAM service of the machine of s under the operator's
+// policy.
 func New(s *scope.MachineScope, policy tenancy.Policy) *Service {
-	return &Service{s: s, vm: s.VM, policy: policy}
+	lm := s.LibvirtMachine
+	return &Service{c: s.Client, vm: s.VM, policy: policy, owner: lm, kind: "LibvirtMachine", cluster: s.ClusterName(),
+		claimName: func(i int) string { return naming.IPAddressClaimName(lm.Name, i) }, event: s.Event}
+}
+
+// NewLoadBalancer returns the IPAM service of the HAProxy VM vm of the
+// cluster of s.
+func NewLoadBalancer(s *scope.ClusterScope, vm *scope.VM, policy tenancy.Policy) *Service {
+	lc := s.LibvirtCluster
+	return &Service{c: s.Client, vm: vm, policy: policy, owner: lc, kind: "LibvirtCluster", cluster: s.ClusterName(),
+		claimName: func(int) string { return naming.LoadBalancerIPAddressClaimName(lc.Name) }, event: s.Event}
 }
 
 func (*Service) Name() string { return "IP address claims" }
@@ -87,43 +108,41 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 // when missing. A claim of that name that another object owns, or that
 // claims from another pool, is refused: it is not this machine's.
 func (svc *Service) ensureClaim(ctx context.Context, i int, pool infrav1.IPPoolReference) (*ipamv1.IPAddressClaim, error) {
-	lm := svc.s.LibvirtMachine
-	key := types.NamespacedName{Namespace: lm.Namespace, Name: naming.IPAddressClaimName(lm.Name, i)}
+	key := types.NamespacedName{Namespace: svc.owner.GetNamespace(), Name: svc.claimName(i)}
 	claim := &ipamv1.IPAddressClaim{}
-	err := svc.s.Client.Get(ctx, key, claim)
+	err := svc.c.Get(ctx, key, claim)
 	switch {
 	case apierrors.IsNotFound(err):
 		claim = svc.newClaim(key, pool)
-		if err := svc.s.Client.Create(ctx, claim); err != nil {
+		if err := svc.c.Create(ctx, claim); err != nil {
 			return nil, fmt.Errorf("creating IPAddressClaim %s: %w", key.Name, err)
 		}
-		svc.s.Event(corev1.EventTypeNormal, "IPAddressClaimed", fmt.Sprintf("Claimed an address from %s %s (IPAddressClaim %s)", pool.Kind, pool.Name, key.Name))
+		svc.event(corev1.EventTypeNormal, "IPAddressClaimed", fmt.Sprintf("Claimed an address from %s %s (IPAddressClaim %s)", pool.Kind, pool.Name, key.Name))
 	case err != nil:
 		return nil, fmt.Errorf("reading IPAddressClaim %s: %w", key.Name, err)
 	}
-	if !ownedBy(claim, lm) || claim.Spec.PoolRef != poolRef(pool) {
+	if !svc.owns(claim) || claim.Spec.PoolRef != poolRef(pool) {
 		return nil, services.Fail(infrav1.IPAddressInvalidReason, services.Requeue(0, "claim not ours"),
-			"IPAddressClaim %s exists but is not this machine's claim on %s %s: delete it, or rename the machine", key.Name, pool.Kind, pool.Name)
+			"IPAddressClaim %s exists but is not %s %s's claim on %s %s: delete it", key.Name, svc.kind, svc.owner.GetName(), pool.Kind, pool.Name)
 	}
 	return claim, nil
 }
 
-// newClaim is the machine's claim on pool, owned (controller) by the
-// LibvirtMachine, so that the claim goes with it even if the provider
-// never deletes it, and labelled like the machine for the watch filter.
+// newClaim is the VM's claim on pool, owned (controller) by its object,
+// so that the claim goes with it even if the provider never deletes it,
+// and labelled like the object for the watch filter.
 func (svc *Service) newClaim(key types.NamespacedName, pool infrav1.IPPoolReference) *ipamv1.IPAddressClaim {
-	lm := svc.s.LibvirtMachine
-	labels := map[string]string{clusterv1.ClusterNameLabel: svc.s.ClusterName()}
-	if v, ok := lm.Labels[clusterv1.WatchLabel]; ok {
+	labels := map[string]string{clusterv1.ClusterNameLabel: svc.cluster}
+	if v, ok := svc.owner.GetLabels()[clusterv1.WatchLabel]; ok {
 		labels[clusterv1.WatchLabel] = v
 	}
 	return &ipamv1.IPAddressClaim{
 		ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, Labels: labels,
 			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: infrav1.GroupVersion.String(), Kind: "LibvirtMachine", Name: lm.Name, UID: lm.UID,
+				APIVersion: infrav1.GroupVersion.String(), Kind: svc.kind, Name: svc.owner.GetName(), UID: svc.owner.GetUID(),
 				Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
 			}}},
-		Spec: ipamv1.IPAddressClaimSpec{ClusterName: svc.s.ClusterName(), PoolRef: poolRef(pool)},
+		Spec: ipamv1.IPAddressClaimSpec{ClusterName: svc.cluster, PoolRef: poolRef(pool)},
 	}
 }
 
@@ -139,7 +158,7 @@ func (svc *Service) address(ctx context.Context, claim *ipamv1.IPAddressClaim) (
 		return cloudinit.StaticAddress{}, waiting()
 	}
 	ip := &ipamv1.IPAddress{}
-	err := svc.s.Client.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: claim.Status.AddressRef.Name}, ip)
+	err := svc.c.Get(ctx, types.NamespacedName{Namespace: claim.Namespace, Name: claim.Status.AddressRef.Name}, ip)
 	switch {
 	case apierrors.IsNotFound(err):
 		return cloudinit.StaticAddress{}, waiting()
@@ -181,15 +200,14 @@ func staticAddress(ip *ipamv1.IPAddress, claim *ipamv1.IPAddressClaim) (cloudini
 	return a, cloudinit.CheckStaticAddress(a)
 }
 
-// Delete deletes the machine's claims, which returns their addresses to
-// the pools; it runs after the domain's deletion, so that no address is
+// Delete deletes the VM's claims, which returns their addresses to the
+// pools; it runs after the domain's deletion, so that no address is
 // handed out again while a guest still holds it.
 func (svc *Service) Delete(ctx context.Context) error {
-	lm := svc.s.LibvirtMachine
 	var errs []error
 	for i := range svc.vm.AddressPools {
 		claim := &ipamv1.IPAddressClaim{}
-		err := svc.s.Client.Get(ctx, types.NamespacedName{Namespace: lm.Namespace, Name: naming.IPAddressClaimName(lm.Name, i)}, claim)
+		err := svc.c.Get(ctx, types.NamespacedName{Namespace: svc.owner.GetNamespace(), Name: svc.claimName(i)}, claim)
 		switch {
 		case apierrors.IsNotFound(err):
 			continue
@@ -197,21 +215,21 @@ func (svc *Service) Delete(ctx context.Context) error {
 			errs = append(errs, err)
 			continue
 		}
-		if !ownedBy(claim, lm) {
+		if !svc.owns(claim) {
 			continue
 		}
-		if err := svc.s.Client.Delete(ctx, claim); client.IgnoreNotFound(err) != nil {
+		if err := svc.c.Delete(ctx, claim); client.IgnoreNotFound(err) != nil {
 			errs = append(errs, fmt.Errorf("deleting IPAddressClaim %s: %w", claim.Name, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// ownedBy tells whether lm owns claim: by kind and name, not UID, which
-// clusterctl move and restores change.
-func ownedBy(claim *ipamv1.IPAddressClaim, lm *infrav1.LibvirtMachine) bool {
+// owns tells whether the VM's object owns claim: by kind and name, not
+// UID, which clusterctl move and restores change.
+func (svc *Service) owns(claim *ipamv1.IPAddressClaim) bool {
 	for _, o := range claim.OwnerReferences {
-		if o.Kind == "LibvirtMachine" && o.Name == lm.Name && strings.HasPrefix(o.APIVersion, infrav1.GroupVersion.Group+"/") {
+		if o.Kind == svc.kind && o.Name == svc.owner.GetName() && strings.HasPrefix(o.APIVersion, infrav1.GroupVersion.Group+"/") {
 			return true
 		}
 	}

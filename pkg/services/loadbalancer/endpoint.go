@@ -17,8 +17,8 @@ import (
 )
 
 // endpoint publishes the HAProxy VM's address, which the address step
-// before it reserved, as the control-plane endpoint before the VM first
-// boots. On a host bridge,
+// before it reserved (or the IPAM step claimed from a pool), as the
+// control-plane endpoint before the VM first boots. On a host bridge,
 // where no DHCP server of ours can reserve it, the endpoint is the user's
 // (a free address of the LAN) and the VM holds it as a static address.
 type endpoint struct{ lb *Service }
@@ -30,10 +30,15 @@ func (e endpoint) Reconcile(ctx context.Context) (services.Result, error) {
 	svc := e.lb
 	s := svc.scope
 	network := svc.vm.Network
-	if network.Bridge != "" {
+	var ip netip.Addr
+	switch {
+	case len(svc.vm.StaticAddresses) > 0:
+		ip = svc.vm.StaticAddresses[0].Prefix.Addr() // the IPAM step's
+	case network.Bridge != "":
 		return e.static()
+	default:
+		ip = svc.address.Reserved()
 	}
-	ip := svc.address.Reserved()
 	if !ip.IsValid() {
 		return services.Result{}, services.Fail(infrav1.UnsupportedNetworkReason, services.Requeue(0, "unsupported network"),
 			"The HAProxy VM cannot get a reserved address on network %s, whose DHCP libvirt does not serve; use loadBalancer.type None with your own endpoint", network.Name)
@@ -43,7 +48,7 @@ func (e endpoint) Reconcile(ctx context.Context) (services.Result, error) {
 	switch ep.Host {
 	case "":
 		ep.Host, ep.Port = ip.String(), s.EndpointPort()
-		s.Event(corev1.EventTypeNormal, "ControlPlaneEndpointSet", fmt.Sprintf("Control-plane endpoint is %s:%d, the HAProxy VM's reserved address", ep.Host, ep.Port))
+		s.Event(corev1.EventTypeNormal, "ControlPlaneEndpointSet", fmt.Sprintf("Control-plane endpoint is %s:%d, the HAProxy VM's address", ep.Host, ep.Port))
 		// Published before the VM exists: Cluster API and the control
 		// plane provider need it to generate certificates.
 		return services.Result{}, s.PatchObject(ctx)
@@ -60,7 +65,7 @@ func (e endpoint) Reconcile(ctx context.Context) (services.Result, error) {
 func (e endpoint) static() (services.Result, error) {
 	s := e.lb.scope
 	ep := &s.LibvirtCluster.Spec.ControlPlaneEndpoint
-	if err := tenancy.CheckStaticAddress(e.lb.trafficFilter); err != nil {
+	if err := tenancy.CheckStaticAddress(e.lb.policy.TrafficFilter); err != nil {
 		return services.Result{}, services.Fail(infrav1.UnsupportedNetworkReason, services.Requeue(0, "static address filtered"), "%v", err)
 	}
 	ip, err := staticAddress(s.LibvirtCluster)
@@ -86,10 +91,14 @@ func staticAddress(lc *infrav1.LibvirtCluster) (netip.Addr, error) {
 	return ip, nil
 }
 
-// networkConfig is the HAProxy VM's network-config: on a host bridge, DHCP
-// from the LAN plus the endpoint as a static address; on a libvirt
-// network, none (DHCP hands it the reserved address).
+// networkConfig is the HAProxy VM's network-config: with an address from
+// a pool, that address alone; on a host bridge, DHCP from the LAN plus the
+// endpoint as a static address; on a libvirt network, none (DHCP hands it
+// the reserved address).
 func (svc *Service) networkConfig() ([]byte, error) {
+	if len(svc.vm.StaticAddresses) > 0 {
+		return svc.vm.StaticNetworkConfig()
+	}
 	if svc.vm.Network.Bridge == "" {
 		return nil, nil
 	}

@@ -23,6 +23,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testprereq"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
 
 func backend(machine, address string, state infrav1.BackendState) infrav1.LoadBalancerBackend {
@@ -297,7 +298,7 @@ func TestNotServingSinceIsKeptUntilServing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := configSync{New(s, nil, "")}
+	c := configSync{New(s, nil, tenancy.Policy{})}
 	_ = c.notServing("closed", nil)
 	first := s.LoadBalancerStatus().NotServingSince
 	if first == nil {

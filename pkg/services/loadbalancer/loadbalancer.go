@@ -1,7 +1,8 @@
 // Package loadbalancer serves a cluster's control-plane endpoint: an
 // HAProxy VM built by the machine services (address, disk, seed, domain)
 // on the cluster's scope.VM, whose reserved address is the endpoint (on
-// a host bridge it holds the user's endpoint as a static address) and
+// a host bridge it holds the user's endpoint as a static address; with
+// loadBalancer.addressFromPool the pool's address, and nothing else) and
 // whose configuration follows the cluster's control-plane machines. The
 // configuration is written, checked and reloaded through the guest agent,
 // only when it changes. With load balancer type None the user's endpoint
@@ -19,7 +20,9 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/disk"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/identity"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/ipaddress"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -55,19 +58,19 @@ type Service struct {
 	// builds for the Reconcile or Delete it runs in.
 	vm      *scope.VM
 	address *address.Service
-	// trafficFilter is the HAProxy VM's NIC filter on a shared segment.
-	trafficFilter string
+	// policy is the operator's: its traffic filter guards the HAProxy
+	// VM's NIC on a shared segment, its ranges bound a pool's address.
+	policy tenancy.Policy
 	// maxDiskBytes bounds the VM's root disk, which takes the image's size.
 	maxDiskBytes uint64
 }
 
 var _ services.Service = (*Service)(nil)
 
-// New returns the load balancer service of s; images imports the VM's
-// image when spec.loadBalancer.image names a URL, trafficFilter guards its
-// NIC on a shared segment.
-func New(s *scope.ClusterScope, images disk.Importer, trafficFilter string) *Service {
-	return &Service{scope: s, images: images, trafficFilter: trafficFilter}
+// New returns the load balancer service of s under the operator's policy;
+// images imports the VM's image when spec.loadBalancer.image names a URL.
+func New(s *scope.ClusterScope, images disk.Importer, policy tenancy.Policy) *Service {
+	return &Service{scope: s, images: images, policy: policy}
 }
 
 // WithMaxDiskBytes bounds the HAProxy VM's root disk at n bytes (the
@@ -105,10 +108,11 @@ func (svc *Service) plan(haproxy bool) services.Plan {
 	return services.Plan{
 		{Service: identity.New(svc.vm, host), Condition: ready, PartOf: vm},
 		{Service: svc.address, Condition: ready, PartOf: vm, SkipOnceProvisioned: true},
+		{Service: ipaddress.NewLoadBalancer(svc.scope, svc.vm, svc.policy), Condition: ready, PartOf: vm, SkipOnceProvisioned: true},
 		{Service: endpoint{svc}, Condition: ready, SkipOnceProvisioned: true},
 		{Service: disk.New(svc.vm, host, svc.images).WithMaxBytes(svc.maxDiskBytes), Condition: ready, PartOf: vm, SkipOnceProvisioned: true},
 		{Service: seed.NewWithUserData(svc.vm, host, []byte(userData)).WithNetworkConfig(svc.networkConfig), Condition: ready, PartOf: vm, SkipOnceProvisioned: true},
-		{Service: domain.New(svc.vm, host, domain.Options{ShutdownTimeout: shutdownTimeout, TrafficFilter: svc.trafficFilter}), Condition: ready, PartOf: vm},
+		{Service: domain.New(svc.vm, host, domain.Options{ShutdownTimeout: shutdownTimeout, TrafficFilter: svc.policy.TrafficFilter}), Condition: ready, PartOf: vm},
 		{Service: provisioned{svc}, Condition: ready},
 		{Service: configSync{svc}, Condition: ready},
 	}
