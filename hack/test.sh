@@ -37,7 +37,7 @@ rc=0
 lane virt "${flags[@]}" "$virt" || rc=$?
 
 # The LibvirtCluster side of pkg/controllers; the other process runs the rest.
-cluster_tests='^(TestLibvirtCluster|TestLoadBalancerOnBridge|TestMultiHost|TestPublicNetworkRange|TestTenantIsolation|TestTemplateCapacityForTheAutoscaler)$'
+cluster_tests='^(TestLibvirtCluster|TestLoadBalancerOnBridge|TestMultiHost|TestPublicNetworkRange|TestTenantIsolation|TestTemplateCapacityForTheAutoscaler|TestLoadBalancerAddressFromPool)$'
 lane controllers-clusters "${flags[@]}" -run "$cluster_tests" "$controllers" &
 clusters_pid=$!
 lane controllers-machines "${flags[@]}" -skip "$cluster_tests" "$controllers" &
