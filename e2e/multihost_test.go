@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,9 +21,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	ipamv1 "sigs.k8s.io/cluster-api/api/ipam/v1beta2"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testipam"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
@@ -34,6 +37,17 @@ import (
 // range, .100-.199), which the HAProxy VM on host a holds as a static
 // address.
 const multiHostEndpoint = "10.231.0.240"
+
+// The worker's address comes from an IPAM pool of the LAN (testipam's
+// controller plays the IPAM provider): outside the DHCP range, the LAN's
+// router as gateway and DNS server. Its data disk is seen by serial.
+const (
+	multiHostWorkerAddress    = "10.231.0.210"
+	multiHostLANGateway       = "10.231.0.1"
+	multiHostLANNameserver    = "10.231.0.2"
+	multiHostWorkerDataDisk   = "scratch"
+	multiHostWorkerDataDiskGi = 2
+)
 
 // multiHostState is what the multi-host scenario holds.
 type multiHostState struct {
@@ -74,12 +88,20 @@ func (s *suite) multiHostScenario(t *testing.T) {
 		*h.dst = c
 	}
 
+	ipam := &testipam.Controller{Client: s.c, Namespace: namespace, Pools: map[string]*testipam.Range{
+		"lan": {Next: netip.MustParseAddr(multiHostWorkerAddress), Bits: 24, Gateway: netip.MustParseAddr(multiHostLANGateway)},
+	}}
+	ipamCtx, stopIPAM := context.WithCancel(s.ctx)
+	t.Cleanup(stopIPAM)
+	go ipam.Run(ipamCtx, t.Logf)
+
 	s.createMultiHost(t)
 	t.Run("kubeadm nodes ready across hosts", s.multiHostReady)
 	if !s.k8s.ready {
 		return
 	}
 	s.k8s.guestHost = s.mh.hostA
+	t.Run("worker's pool address and data disk in the guest", s.multiHostWorkerGuest)
 	t.Run("kubeadm service across hosts", s.kubeadmService)
 	t.Run("host b unreachable and back", s.hostBUnreachable)
 	t.Run("delete cluster across hosts", s.deleteMultiHost)
@@ -89,7 +111,7 @@ func (s *suite) multiHostScenario(t *testing.T) {
 // it over the two hosts: failure domains with their URIs, the hosts'
 // bridge, the endpoint the HAProxy VM holds on the LAN, images by file://
 // URL (each host imports them into its own pool) and the workers in host
-// b.
+// b, each with an address from the LAN's IPAM pool and a data disk.
 func (s *suite) createMultiHost(t *testing.T) {
 	s.k8s.opts = kubeadmOptions(t, 1)
 	s.cut = templateCut(s.k8s.opts)
@@ -115,6 +137,15 @@ func (s *suite) createMultiHost(t *testing.T) {
 			}, "spec", "failureDomains"))
 		case "LibvirtMachineTemplate":
 			must(t, unstructured.SetNestedMap(o.Object, image, "spec", "template", "spec", "image"))
+			if o.GetName() == s.k8s.opts.MachineDeploymentName() {
+				must(t, unstructured.SetNestedMap(o.Object, map[string]any{
+					"addressesFromPools": []any{map[string]any{"apiGroup": testipam.Group, "kind": testipam.Kind, "name": "lan"}},
+					"nameservers":        []any{multiHostLANNameserver},
+				}, "spec", "template", "spec", "network"))
+				must(t, unstructured.SetNestedSlice(o.Object, []any{
+					map[string]any{"name": multiHostWorkerDataDisk, "sizeGiB": int64(multiHostWorkerDataDiskGi)},
+				}, "spec", "template", "spec", "dataDisks"))
+			}
 		case "MachineDeployment":
 			must(t, unstructured.SetNestedField(o.Object, "host-b", "spec", "template", "spec", "failureDomain"))
 		}
@@ -123,7 +154,7 @@ func (s *suite) createMultiHost(t *testing.T) {
 	s.k8s.applied = time.Now()
 	t.Logf("multi-host kubeadm cluster %s applied: control plane and HAProxy VM on %s, worker on %s, endpoint %s:6443",
 		kubeadmName, s.mh.uriA, s.mh.uriB, multiHostEndpoint)
-	s.rep.passed(t, "Multi-host: Kubernetes %s over two libvirt hosts of hack/testbed-hosts.sh (libvirtds in their own network and mount namespaces on this machine, bridges on one LAN with dnsmasq DHCP; host a reached over qemu+ssh, host b over qemu+tls, each with a credentialsRef Secret), control plane and the HAProxy VM (holding the endpoint %s as a static address on the LAN) in failure domain host-a, worker in host-b; TCG tuning as make up.", version, multiHostEndpoint)
+	s.rep.passed(t, "Multi-host: Kubernetes %s over two libvirt hosts of hack/testbed-hosts.sh (libvirtds in their own network and mount namespaces on this machine, bridges on one LAN with dnsmasq DHCP; host a reached over qemu+ssh, host b over qemu+tls, each with a credentialsRef Secret), control plane and the HAProxy VM (holding the endpoint %s as a static address on the LAN) in failure domain host-a, worker in host-b with its address from a Cluster API IPAM pool of the LAN (%s; the tests' minimal pool controller plays the IPAM provider, the in-cluster provider's module is not served here) and a %d GiB data disk %q; TCG tuning as make up.", version, multiHostEndpoint, multiHostWorkerAddress, multiHostWorkerDataDiskGi, multiHostWorkerDataDisk)
 }
 
 // multiHostReady waits for both nodes Ready and checks placement: each
@@ -178,6 +209,63 @@ func (s *suite) multiHostReady(t *testing.T) {
 		}
 		t.Logf("%s (%s) on %s: %s, node address %v", lm.Name, want, on.URI(), lm.Spec.ProviderID, lm.Status.Addresses)
 	}
+}
+
+// multiHostWorkerGuest reads the worker's own view of what its spec
+// asked for, through the guest agent on host b: the pool's address with
+// its prefix on its NIC and no other (no DHCP), the pool's DNS server in
+// resolv.conf, and the data disk by its serial at its size; the machine
+// reports the address, and its claim is the machine's.
+func (s *suite) multiHostWorkerGuest(t *testing.T) {
+	s.needReady(t)
+	worker := s.workerMachine(t)
+	if len(worker.Status.Addresses) == 0 || worker.Status.Addresses[0].Address != multiHostWorkerAddress {
+		t.Errorf("%s: status.addresses %v, want %s first", worker.Name, worker.Status.Addresses, multiHostWorkerAddress)
+	}
+	claim := &ipamv1.IPAddressClaim{}
+	must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: naming.IPAddressClaimName(worker.Name, 0)}, claim))
+	if ref := metav1.GetControllerOf(claim); ref == nil || ref.Kind != "LibvirtMachine" || ref.Name != worker.Name {
+		t.Errorf("claim %s's controller %+v, want LibvirtMachine %s", claim.Name, ref, worker.Name)
+	}
+	domain := worker.Status.Domain.Name
+	for _, c := range []struct {
+		what string
+		args []string
+		want func(out string) bool
+	}{
+		{"IPv4 addresses", []string{"ip", "-4", "-o", "addr", "show", "scope", "global"}, func(out string) bool {
+			return strings.Count(out, " inet ") == 1 && strings.Contains(out, " "+multiHostWorkerAddress+"/24 ")
+		}},
+		{"resolv.conf", []string{"cat", "/etc/resolv.conf"}, func(out string) bool {
+			return strings.Contains(out, "nameserver "+multiHostLANNameserver)
+		}},
+		{"data disk by serial", []string{"blockdev", "--getsize64", "/dev/disk/by-id/virtio-" + multiHostWorkerDataDisk}, func(out string) bool {
+			return strings.TrimSpace(out) == fmt.Sprint(multiHostWorkerDataDiskGi<<30)
+		}},
+	} {
+		res, err := s.mh.hostB.GuestExec(s.ctx, domain, c.args[0], c.args[1:], nil)
+		if err != nil || res.ExitCode != 0 || !c.want(string(res.Stdout)) {
+			t.Errorf("%s in the worker's guest (%s): %v, exit %d:\n%s%s", c.what, strings.Join(c.args, " "), err, res.ExitCode, res.Stdout, res.Stderr)
+			continue
+		}
+		t.Logf("worker's guest, %s: %s", c.what, strings.TrimSpace(string(res.Stdout)))
+	}
+	s.rep.passed(t, "Multi-host: the worker's guest holds the pool's address %s/24 alone (no DHCP on its NIC), resolves through the pool's DNS server %s, and sees its %d GiB data disk as /dev/disk/by-id/virtio-%s; its IPAddressClaim is the LibvirtMachine's.",
+		multiHostWorkerAddress, multiHostLANNameserver, multiHostWorkerDataDiskGi, multiHostWorkerDataDisk)
+}
+
+// workerMachine is the multi-host cluster's worker LibvirtMachine.
+func (s *suite) workerMachine(t *testing.T) *infrav1.LibvirtMachine {
+	t.Helper()
+	lms, err := s.clusterMachines(kubeadmName)
+	must(t, err)
+	for i := range lms {
+		if _, cp := lms[i].Labels[clusterv1.MachineControlPlaneLabel]; !cp {
+			return &lms[i]
+		}
+	}
+	t.Fatal("no worker LibvirtMachine")
+	return nil
 }
 
 // hostBUnreachable stops host b's libvirtd: the worker's machine reports
@@ -262,6 +350,11 @@ func (s *suite) deleteMultiHost(t *testing.T) {
 	}
 	if err := s.c.Get(s.ctx, client.ObjectKeyFromObject(cluster), cluster); err == nil || !strings.Contains(err.Error(), "not found") {
 		t.Errorf("Cluster still there: %v", errors.Join(err))
+	}
+	claims := &ipamv1.IPAddressClaimList{}
+	must(t, s.c.List(s.ctx, claims, client.InNamespace(namespace)))
+	for _, c := range claims.Items {
+		t.Errorf("IPAddressClaim %s outlived its machine", c.Name)
 	}
 }
 

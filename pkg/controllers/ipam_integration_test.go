@@ -12,7 +12,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -20,15 +19,13 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testipam"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testlibvirt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
-
-// testPoolGroup is the API group of the pools testIPPool serves.
-const testPoolGroup = "ipam.test.capl.dev"
 
 // TestMachineAddressFromPool boots a machine whose address comes from a
 // Cluster API IPAM pool, on a libvirt network the operator made (the
@@ -41,7 +38,7 @@ const testPoolGroup = "ipam.test.capl.dev"
 // --pool-address-cidrs is refused before anything is created. Deleting
 // the machines releases their claims.
 //
-// The IPAM provider is testIPPool, a minimal pool controller of this test:
+// The IPAM provider is testipam's, a minimal pool controller of the tests:
 // the in-cluster IPAM provider's module is not served on this machine.
 func TestMachineAddressFromPool(t *testing.T) {
 	h := newHarness(t)
@@ -61,8 +58,8 @@ func TestMachineAddressFromPool(t *testing.T) {
 	const cluster = "ipam"
 	h.createCluster(cluster, true)
 
-	lanPool := infrav1.IPPoolReference{APIGroup: testPoolGroup, Kind: "TestIPPool", Name: "lan"}
-	farPool := infrav1.IPPoolReference{APIGroup: testPoolGroup, Kind: "TestIPPool", Name: "far"}
+	lanPool := infrav1.IPPoolReference{APIGroup: testipam.Group, Kind: testipam.Kind, Name: "lan"}
+	farPool := infrav1.IPPoolReference{APIGroup: testipam.Group, Kind: testipam.Kind, Name: "far"}
 	nameserver := h.network.Gateway.String()
 	h.createMachine("ipam-0", machineOpts{cluster: cluster, withData: true, userData: readyzUserData,
 		network: &infrav1.NetworkAttachment{AddressesFromPools: []infrav1.IPPoolReference{lanPool}, Nameservers: []string{nameserver}}})
@@ -78,7 +75,7 @@ func TestMachineAddressFromPool(t *testing.T) {
 		t.Errorf("claim %s's controller: %+v; want LibvirtMachine ipam-0", claimName, ref)
 	}
 	if claim.Labels[clusterv1.ClusterNameLabel] != cluster || claim.Spec.ClusterName != cluster ||
-		claim.Spec.PoolRef != (ipamv1.IPPoolReference{APIGroup: testPoolGroup, Kind: "TestIPPool", Name: "lan"}) {
+		claim.Spec.PoolRef != (ipamv1.IPPoolReference{APIGroup: testipam.Group, Kind: testipam.Kind, Name: "lan"}) {
 		t.Errorf("claim %s: labels %v, spec %+v", claimName, claim.Labels, claim.Spec)
 	}
 	domain := naming.DomainName(h.ns, "ipam-0")
@@ -89,11 +86,11 @@ func TestMachineAddressFromPool(t *testing.T) {
 	// The pool answers: the machine boots with its address.
 	ctx, cancel := context.WithCancel(h.ctx)
 	t.Cleanup(cancel)
-	pools := &testIPPool{c: h.c, ns: h.ns, ranges: map[string]*testRange{
-		"lan": {next: address, bits: lan.Bits(), gateway: h.network.Gateway},
-		"far": {next: netip.MustParseAddr("203.0.113.10"), bits: far.Bits(), gateway: netip.MustParseAddr("203.0.113.1")},
+	pools := &testipam.Controller{Client: h.c, Namespace: h.ns, Pools: map[string]*testipam.Range{
+		"lan": {Next: address, Bits: lan.Bits(), Gateway: h.network.Gateway},
+		"far": {Next: netip.MustParseAddr("203.0.113.10"), Bits: far.Bits(), Gateway: netip.MustParseAddr("203.0.113.1")},
 	}}
-	go pools.run(ctx, t)
+	go pools.Run(ctx, t.Logf)
 	start := time.Now()
 	lm = h.waitAddress("ipam-0", 8*time.Minute)
 	t.Logf("FIGURE machine with a pool address: claim fulfilled → address reported %s", time.Since(start).Round(time.Second))
@@ -156,78 +153,6 @@ func TestMachineAddressFromPool(t *testing.T) {
 	}
 }
 
-// testIPPool plays an IPAM provider for the pools of kind TestIPPool in
-// namespace ns: it gives every open claim the next address of its pool's
-// range as an IPAddress named after the claim, and deletes the IPAddress
-// of a claim that is gone (envtest runs no garbage collector).
-type testIPPool struct {
-	c      client.Client
-	ns     string
-	ranges map[string]*testRange
-}
-
-// testRange is one pool's range: the next address it hands out, the
-// prefix length and the gateway of its network.
-type testRange struct {
-	next    netip.Addr
-	bits    int
-	gateway netip.Addr
-}
-
-func (p *testIPPool) run(ctx context.Context, t *testing.T) {
-	tick := time.NewTicker(300 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if err := p.sync(ctx); err != nil && ctx.Err() == nil {
-			t.Logf("test IPAM pool: %v", err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
-}
-
-func (p *testIPPool) sync(ctx context.Context) error {
-	claims := &ipamv1.IPAddressClaimList{}
-	if err := p.c.List(ctx, claims, client.InNamespace(p.ns)); err != nil {
-		return err
-	}
-	open := map[string]bool{}
-	for i := range claims.Items {
-		claim := &claims.Items[i]
-		open[claim.Name] = true
-		r := p.ranges[claim.Spec.PoolRef.Name]
-		if claim.Spec.PoolRef.APIGroup != testPoolGroup || r == nil || claim.Status.AddressRef.Name != "" || !claim.DeletionTimestamp.IsZero() {
-			continue
-		}
-		ip := &ipamv1.IPAddress{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: claim.Name},
-			Spec: ipamv1.IPAddressSpec{ClaimRef: ipamv1.IPAddressClaimReference{Name: claim.Name}, PoolRef: claim.Spec.PoolRef,
-				Address: r.next.String(), Prefix: ptr.To(int32(r.bits)), Gateway: r.gateway.String()}}
-		if err := p.c.Create(ctx, ip); err != nil && !apierrors.IsAlreadyExists(err) {
-			return err
-		}
-		r.next = r.next.Next()
-		claim.Status.AddressRef.Name = ip.Name
-		if err := p.c.Status().Update(ctx, claim); err != nil {
-			return err
-		}
-	}
-	addresses := &ipamv1.IPAddressList{}
-	if err := p.c.List(ctx, addresses, client.InNamespace(p.ns)); err != nil {
-		return err
-	}
-	for i := range addresses.Items {
-		if a := &addresses.Items[i]; !open[a.Spec.ClaimRef.Name] {
-			if err := p.c.Delete(ctx, a); client.IgnoreNotFound(err) != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
 // TestLoadBalancerAddressFromPool runs a cluster's HAProxy VM whose
 // address, the control-plane endpoint, comes from an IPAM pool, on a
 // libvirt network the operator made, with the operator's traffic filter.
@@ -259,7 +184,7 @@ func TestLoadBalancerAddressFromPool(t *testing.T) {
 	lc.Spec.StoragePool = infrav1.StoragePool{Name: h.pool, Path: h.poolPath}
 	lc.Spec.LoadBalancer = infrav1.LoadBalancer{Type: infrav1.LoadBalancerHAProxy, VirtualHardware: tcgHardware(),
 		Image:           &infrav1.ImageSource{URL: "file://" + h.lbImage, Checksum: "sha256:" + h.lbImageSum},
-		AddressFromPool: &infrav1.IPPoolReference{APIGroup: testPoolGroup, Kind: "TestIPPool", Name: "lan"}}
+		AddressFromPool: &infrav1.IPPoolReference{APIGroup: testipam.Group, Kind: testipam.Kind, Name: "lan"}}
 	must(t, h.c.Create(h.ctx, lc))
 	h.createOwner(name, false)
 
@@ -281,8 +206,8 @@ func TestLoadBalancerAddressFromPool(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(h.ctx)
 	t.Cleanup(cancel)
-	pools := &testIPPool{c: h.c, ns: h.ns, ranges: map[string]*testRange{"lan": {next: endpoint, bits: lan.CIDR.Bits(), gateway: lan.Gateway}}}
-	go pools.run(ctx, t)
+	pools := &testipam.Controller{Client: h.c, Namespace: h.ns, Pools: map[string]*testipam.Range{"lan": {Next: endpoint, Bits: lan.CIDR.Bits(), Gateway: lan.Gateway}}}
+	go pools.Run(ctx, t.Logf)
 	start := time.Now()
 	lc = h.waitClusterCondition(name, infrav1.LoadBalancerReadyCondition, metav1.ConditionTrue, infrav1.ReadyReason, 8*time.Minute)
 	t.Logf("FIGURE HAProxy VM on a pool address serving: %s after the pool answered", time.Since(start).Round(time.Second))
