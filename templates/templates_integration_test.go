@@ -116,6 +116,7 @@ func TestRenderedTemplatesAreAccepted(t *testing.T) {
 		"LIBVIRT_WORKER_DATA_DISKS":                   "[{name: longhorn, sizeGiB: 100}, {name: scratch, sizeGiB: 10, pool: ci}]",
 		"LIBVIRT_WORKER_ADDRESS_POOLS":                "[{apiGroup: ipam.cluster.x-k8s.io, kind: InClusterIPPool, name: lan}]",
 		"LIBVIRT_WORKER_NAMESERVERS":                  "[192.168.1.1]",
+		"LIBVIRT_WORKER_HOST_DEVICES":                 "[{name: gpu0}]",
 		"LIBVIRT_ETCD_UNSAFE_NO_FSYNC":                "true",
 		"LIBVIRT_ETCD_PROGRESS_NOTIFY_INTERVAL":       "60s",
 		"LIBVIRT_ETCD_HEARTBEAT_INTERVAL_MS":          "500",
@@ -163,10 +164,20 @@ func TestRenderedTemplatesAreAccepted(t *testing.T) {
 			lc := objs["LibvirtCluster"][0]
 			expect(t, lc, "maximum", "spec", "loadBalancer", "cpuMode")
 			expect(t, lc, "ci", "spec", "storagePool", "name")
+			withDevices := 0
 			for _, mt := range objs["LibvirtMachineTemplate"] {
 				expect(t, mt, "qemu", "spec", "template", "spec", "domainType")
 				expect(t, mt, "maximum", "spec", "template", "spec", "cpuMode")
 				expect(t, mt, int64(10), "spec", "template", "spec", "diskSizeGiB")
+				if devices, _, _ := unstructured.NestedSlice(mt.Object, "spec", "template", "spec", "hostDevices"); len(devices) > 0 {
+					withDevices++
+					if fmt.Sprint(devices) != "[map[name:gpu0]]" {
+						t.Errorf("%s: hostDevices %v, want [{name: gpu0}]", mt.GetName(), devices)
+					}
+				}
+			}
+			if withDevices != 1 {
+				t.Errorf("%d LibvirtMachineTemplates pass host devices through, want the workers' alone", withDevices)
 			}
 		},
 	}, {

@@ -143,6 +143,15 @@ const (
 	DomainFailedToStartReason = "FailedToStart"
 	// DomainCrashedReason: the domain crashed or stopped outside the provider.
 	DomainCrashedReason = "Crashed"
+	// WaitingForHostDeviceReason: a PCI device of spec.hostDevices is not
+	// on the machine's host, or another running domain holds it; the
+	// message names the device and the domain. Nothing is defined until it
+	// is free; a machine the provider places goes only to a host that has
+	// it free.
+	WaitingForHostDeviceReason = "WaitingForHostDevice"
+	// HostDeviceNotAllowedReason: spec.hostDevices names an alias the
+	// operator did not list (--host-devices). Nothing is created.
+	HostDeviceNotAllowedReason = "HostDeviceNotAllowed"
 	// DomainMissingReason: the provisioned domain vanished or was replaced.
 	DomainMissingReason = "DomainMissing"
 	// HardwareDriftReason: the domain's CPUs or memory differ from the spec;

@@ -75,6 +75,18 @@ type LibvirtMachineSpec struct {
 	// +kubebuilder:validation:MaxItems=8
 	DataDisks []DataDisk `json:"dataDisks,omitempty"`
 
+	// hostDevices are PCI devices of the host (a GPU, a NIC, an HBA) passed
+	// through to the machine whole, with VFIO, each named by the alias the
+	// operator gave it (the manager's --host-devices): a tenant never names
+	// a PCI address. The machine goes only to a host that has every device
+	// and no other running domain holds it; it waits with reason
+	// WaitingForHostDevice otherwise. Needs an IOMMU on the host.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=8
+	HostDevices []HostDevice `json:"hostDevices,omitempty"`
+
 	// network overrides the cluster's network for this machine.
 	// +optional
 	Network *NetworkAttachment `json:"network,omitempty"`
@@ -113,6 +125,16 @@ type DataDisk struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	Pool string `json:"pool,omitempty"`
+}
+
+// HostDevice is a PCI device of the host that a machine takes whole.
+type HostDevice struct {
+	// name is the device's alias in the operator's --host-devices.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	Name string `json:"name"`
 }
 
 // LibvirtMachineStatus is the observed state of a LibvirtMachine.

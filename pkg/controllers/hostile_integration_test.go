@@ -111,12 +111,7 @@ func TestHostileInput(t *testing.T) {
 		}
 	}
 	for _, c := range cases {
-		mac := ""
-		if lm := h.lm(c.machine); lm.Status.Domain != nil {
-			mac = lm.Status.Domain.MAC
-		}
-		h.deleteMachine(c.machine, time.Minute)
-		h.assertClean(c.machine, mac)
+		h.deleteAndAssertClean(c.machine)
 	}
 	if got := h.poolVolumes(); len(got) != 0 {
 		t.Errorf("left in the pool: %v", got)

@@ -49,6 +49,20 @@ func (h *harness) assertClean(name, mac string) {
 	}
 }
 
+// deleteAndAssertClean deletes each machine and checks that nothing of
+// it is left: its domain, volumes and the DHCP entry of the MAC it had.
+func (h *harness) deleteAndAssertClean(names ...string) {
+	h.t.Helper()
+	for _, name := range names {
+		mac := ""
+		if lm := h.lm(name); lm.Status.Domain != nil {
+			mac = lm.Status.Domain.MAC
+		}
+		h.deleteMachine(name, time.Minute)
+		h.assertClean(name, mac)
+	}
+}
+
 // assertNoLibvirtObjects checks that nothing was created for a machine.
 func (h *harness) assertNoLibvirtObjects(name string) {
 	h.t.Helper()

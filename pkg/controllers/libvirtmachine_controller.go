@@ -33,6 +33,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/disk"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/hostdevice"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/identity"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/ipaddress"
@@ -219,6 +220,7 @@ func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
 		{Service: disk.New(vm, s.Host, r.Images).WithMaxBytes(r.Tenancy.Machine.DiskBytes()), Condition: infrav1.DiskReadyCondition, SkipOnceProvisioned: true},
 		{Service: datadisk.New(vm, s.Host), Condition: infrav1.DiskReadyCondition, SkipOnceProvisioned: true},
 		{Service: seed.New(s, s.Host), Condition: infrav1.BootstrapDataReadyCondition, SkipOnceProvisioned: true},
+		{Service: hostdevice.New(vm, s.Host, r.Tenancy), Condition: infrav1.DomainReadyCondition, SkipOnceProvisioned: true},
 		{Service: domain.New(vm, s.Host, domain.Options{ShutdownTimeout: r.ShutdownTimeout, TrafficFilter: r.Tenancy.TrafficFilter}), Condition: infrav1.DomainReadyCondition},
 		{Service: guest.NewAddresses(vm, s.Host, r.events), Condition: infrav1.AddressAssignedCondition},
 		{Service: loadBalancerMembership{s: s, lb: r.LoadBalancer}, Condition: infrav1.DomainReadyCondition},

@@ -77,8 +77,9 @@ type machineOpts struct {
 	failureDomain string
 	// memoryMiB overrides the default 512.
 	memoryMiB int32
-	// dataDisks are the LibvirtMachine's.
-	dataDisks []infrav1.DataDisk
+	// dataDisks and hostDevices are the LibvirtMachine's.
+	dataDisks   []infrav1.DataDisk
+	hostDevices []infrav1.HostDevice
 	// network is the LibvirtMachine's.
 	network *infrav1.NetworkAttachment
 	// annotations and finalizers go onto the LibvirtMachine as it is
@@ -131,6 +132,7 @@ func (h *harness) createMachine(name string, o machineOpts) {
 	}
 	lm.Spec.DiskSizeGiB = 4
 	lm.Spec.DataDisks = o.dataDisks
+	lm.Spec.HostDevices = o.hostDevices
 	lm.Spec.Network = o.network
 	must(h.t, h.c.Create(h.ctx, lm))
 

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
 
 // LibvirtMachineTemplateReconciler reports what the machines of each
@@ -22,6 +23,9 @@ import (
 // immutable and its machines get exactly what it asks for.
 type LibvirtMachineTemplateReconciler struct {
 	Client client.Client
+	// Tenancy's host devices say which extended resources (nvidia.com/gpu)
+	// a template's host devices give its Nodes.
+	Tenancy tenancy.Policy
 }
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=libvirtmachinetemplates/status,verbs=patch
@@ -32,7 +36,7 @@ func (r *LibvirtMachineTemplateReconciler) Reconcile(ctx context.Context, req ct
 	if err := r.Client.Get(ctx, req.NamespacedName, t); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	want := TemplateStatus(t.Spec.Template.Spec)
+	want := TemplateStatus(t.Spec.Template.Spec, r.Tenancy)
 	if apiequality.Semantic.DeepEqual(t.Status, want) {
 		return ctrl.Result{}, nil
 	}
@@ -46,21 +50,34 @@ func (r *LibvirtMachineTemplateReconciler) Reconcile(ctx context.Context, req ct
 
 // TemplateStatus is what a machine of spec offers as a Node: its vCPUs,
 // memory and root disk (the kubelet's ephemeral storage; data disks are
-// the guest's to use, not the kubelet's), on amd64 Linux. The API's
-// defaults apply, for templates stored before the webhook wrote them.
-func TemplateStatus(spec infrav1.LibvirtMachineSpec) infrav1.LibvirtMachineTemplateStatus {
+// the guest's to use, not the kubelet's), one of an extended resource per
+// host device the operator gave one (--host-devices gpu0=.../nvidia.com/gpu;
+// the device's plugin in the guest advertises it), on amd64 Linux. The
+// API's defaults apply, for templates stored before the webhook wrote
+// them.
+func TemplateStatus(spec infrav1.LibvirtMachineSpec, policy tenancy.Policy) infrav1.LibvirtMachineTemplateStatus {
 	hw := spec.VirtualHardware
 	hw.Default(infrav1.DefaultMachineCPUs, infrav1.DefaultMachineMemoryMiB)
 	disk := spec.DiskSizeGiB
 	if disk == 0 {
 		disk = infrav1.DefaultDiskSizeGiB
 	}
+	capacity := corev1.ResourceList{
+		corev1.ResourceCPU:              *resource.NewQuantity(int64(hw.CPUs), resource.DecimalSI),
+		corev1.ResourceMemory:           *resource.NewQuantity(int64(hw.MemoryMiB)<<20, resource.BinarySI),
+		corev1.ResourceEphemeralStorage: *resource.NewQuantity(int64(disk)<<30, resource.BinarySI),
+	}
+	for _, d := range spec.HostDevices {
+		dev, err := policy.HostDevice(d.Name)
+		if err != nil || dev.Resource == "" {
+			continue // refused by the webhook, or no resource of its own
+		}
+		q := capacity[dev.Resource]
+		q.Add(*resource.NewQuantity(1, resource.DecimalSI))
+		capacity[dev.Resource] = q
+	}
 	return infrav1.LibvirtMachineTemplateStatus{
-		Capacity: corev1.ResourceList{
-			corev1.ResourceCPU:              *resource.NewQuantity(int64(hw.CPUs), resource.DecimalSI),
-			corev1.ResourceMemory:           *resource.NewQuantity(int64(hw.MemoryMiB)<<20, resource.BinarySI),
-			corev1.ResourceEphemeralStorage: *resource.NewQuantity(int64(disk)<<30, resource.BinarySI),
-		},
+		Capacity: capacity,
 		NodeInfo: infrav1.NodeInfo{Architecture: infrav1.ArchitectureAmd64, OperatingSystem: "linux"},
 	}
 }

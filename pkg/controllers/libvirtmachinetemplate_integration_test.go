@@ -22,13 +22,16 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testprereq"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/controllers"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
 
 // TestTemplateCapacityForTheAutoscaler: a LibvirtMachineTemplate reports
 // what its machines offer, and the cluster autoscaler's Cluster API
 // provider can read it as it does, from the unstructured template:
 // status.capacity as quantities, status.nodeInfo's architecture and
-// operating system. Data disks are not ephemeral storage.
+// operating system. Data disks are not ephemeral storage; host devices
+// the operator gave a resource count as that resource (nvidia.com/gpu),
+// the others as nothing.
 func TestTemplateCapacityForTheAutoscaler(t *testing.T) {
 	if testing.Short() && !testprereq.InCI() {
 		t.Skip("integration test: not run with -short outside CI")
@@ -43,7 +46,9 @@ func TestTemplateCapacityForTheAutoscaler(t *testing.T) {
 	must(t, err)
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
 	must(t, err)
-	must(t, (&controllers.LibvirtMachineTemplateReconciler{Client: mgr.GetClient()}).
+	devices, err := tenancy.ParseHostDevices([]string{"gpu0=0000:65:00.0/nvidia.com/gpu", "gpu1=0000:66:00.0/nvidia.com/gpu", "nic0=0000:17:00.1"})
+	must(t, err)
+	must(t, (&controllers.LibvirtMachineTemplateReconciler{Client: mgr.GetClient(), Tenancy: tenancy.Policy{HostDevices: devices}}).
 		SetupWithManager(mgr, controller.Options{SkipNameValidation: ptr.To(true)}))
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -59,6 +64,11 @@ func TestTemplateCapacityForTheAutoscaler(t *testing.T) {
 			DiskSizeGiB:     40,
 			DataDisks:       []infrav1.DataDisk{{Name: "longhorn", SizeGiB: 100}},
 		}, map[corev1.ResourceName]string{corev1.ResourceCPU: "4", corev1.ResourceMemory: "6Gi", corev1.ResourceEphemeralStorage: "40Gi"}},
+		{"gpus", infrav1.LibvirtMachineSpec{
+			VirtualHardware: infrav1.VirtualHardware{CPUs: 8, MemoryMiB: 16384, DomainType: infrav1.DomainTypeKVM},
+			HostDevices:     []infrav1.HostDevice{{Name: "gpu0"}, {Name: "nic0"}, {Name: "gpu1"}},
+		}, map[corev1.ResourceName]string{corev1.ResourceCPU: "8", corev1.ResourceMemory: "16Gi", corev1.ResourceEphemeralStorage: "20Gi",
+			"nvidia.com/gpu": "2"}},
 		{"defaults", infrav1.LibvirtMachineSpec{},
 			map[corev1.ResourceName]string{corev1.ResourceCPU: "2", corev1.ResourceMemory: "2Gi", corev1.ResourceEphemeralStorage: "20Gi"}},
 	} {

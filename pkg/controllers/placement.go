@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -13,6 +14,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/hostdevice"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -77,9 +79,13 @@ func (r *LibvirtMachineReconciler) placeMachine(ctx context.Context, lm *infrav1
 		fd = m.Spec.FailureDomain
 	}
 	if fd == "" && !deleting && lc != nil && len(lc.Spec.FailureDomains) > 0 {
+		var problem *placementProblem
 		var err error
-		if fd, err = r.leastUsedFailureDomain(ctx, lm, m, lc); err != nil {
+		if fd, problem, err = r.leastUsedFailureDomain(ctx, lm, m, lc); err != nil {
 			return placement{}, err
+		}
+		if problem != nil {
+			return placement{host: r.Hosts.Default(), hostName: r.Hosts.Name(hosts.Ref{}), problem: problem}, nil
 		}
 	}
 	p := placement{failureDomain: fd}
@@ -140,13 +146,14 @@ func failureDomainMissing(lc *infrav1.LibvirtCluster, fd string, m *clusterv1.Ma
 
 // leastUsedFailureDomain is the failure domain among those that may hold
 // m with the fewest of the cluster's machines, the first listed on a tie;
-// "" when none may hold it.
+// "" when none may hold it. A machine with host devices goes only where
+// the host has them free; when no host has, the problem says why.
 func (r *LibvirtMachineReconciler) leastUsedFailureDomain(ctx context.Context, lm *infrav1.LibvirtMachine, m *clusterv1.Machine,
-	lc *infrav1.LibvirtCluster) (string, error) {
+	lc *infrav1.LibvirtCluster) (string, *placementProblem, error) {
 	list := &infrav1.LibvirtMachineList{}
 	if err := r.Client.List(ctx, list, client.InNamespace(lm.Namespace),
 		client.MatchingLabels{clusterv1.ClusterNameLabel: lm.Labels[clusterv1.ClusterNameLabel]}); err != nil {
-		return "", fmt.Errorf("listing the cluster's LibvirtMachines to place %s: %w", lm.Name, err)
+		return "", nil, fmt.Errorf("listing the cluster's LibvirtMachines to place %s: %w", lm.Name, err)
 	}
 	used := map[string]int{}
 	for _, other := range list.Items {
@@ -155,15 +162,53 @@ func (r *LibvirtMachineReconciler) leastUsedFailureDomain(ctx context.Context, l
 		}
 	}
 	best, bestCount := "", 0
+	var withoutDevices []string
 	for _, fd := range lc.Spec.FailureDomains {
 		if isControlPlaneMachine(m) && (fd.ControlPlane == nil || !*fd.ControlPlane) {
+			continue
+		}
+		if why := r.hostDevicesMissing(ctx, lm, lc, fd.Name); why != "" {
+			withoutDevices = append(withoutDevices, fmt.Sprintf("%s: %s", fd.Name, why))
 			continue
 		}
 		if best == "" || used[fd.Name] < bestCount {
 			best, bestCount = fd.Name, used[fd.Name]
 		}
 	}
-	return best, nil
+	if best == "" && len(withoutDevices) > 0 {
+		return "", &placementProblem{reason: infrav1.WaitingForHostDeviceReason,
+			message: "No failure domain's host has the machine's host devices free (" + strings.Join(withoutDevices, "; ") + ")"}, nil
+	}
+	return best, nil, nil
+}
+
+// hostDevicesMissing tells why the host of failure domain fd cannot take
+// lm's host devices now, "" when it can (or lm has none). Aliases the
+// operator did not list are left to the reference step, which refuses
+// them wherever the machine goes.
+func (r *LibvirtMachineReconciler) hostDevicesMissing(ctx context.Context, lm *infrav1.LibvirtMachine, lc *infrav1.LibvirtCluster, fd string) string {
+	if len(lm.Spec.HostDevices) == 0 {
+		return ""
+	}
+	ref, _ := hosts.FailureDomainRef(lc, fd) // fd is one of lc's
+	p := resolveHost(ctx, r.Hosts, r.Tenancy, placement{failureDomain: fd, ref: ref})
+	if p.problem != nil {
+		return p.problem.message
+	}
+	for _, d := range lm.Spec.HostDevices {
+		dev, err := r.Tenancy.HostDevice(d.Name)
+		if err != nil {
+			return ""
+		}
+		why, err := hostdevice.Check(ctx, p.host, dev, naming.DomainName(lm.Namespace, lm.Name))
+		if err != nil {
+			return err.Error()
+		}
+		if why != "" {
+			return d.Name + ": " + why
+		}
+	}
+	return ""
 }
 
 // isControlPlaneMachine tells whether m is a control-plane Machine.

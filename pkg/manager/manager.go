@@ -207,7 +207,7 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 	}).SetupWithManager(context.Background(), mgr, controller.Options{MaxConcurrentReconciles: opts.MachineConcurrency}); err != nil {
 		return nil, fmt.Errorf("setting up the LibvirtMachine controller: %w", err)
 	}
-	if err := (&controllers.LibvirtMachineTemplateReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr, controller.Options{}); err != nil {
+	if err := (&controllers.LibvirtMachineTemplateReconciler{Client: mgr.GetClient(), Tenancy: policy}).SetupWithManager(mgr, controller.Options{}); err != nil {
 		return nil, fmt.Errorf("setting up the LibvirtMachineTemplate controller: %w", err)
 	}
 

@@ -110,6 +110,9 @@ type Options struct {
 	// PoolAddressCIDRs are the ranges machines' IPAM addresses may lie in
 	// (tenancy.Policy.PoolAddressCIDRs): CIDRs, * or none.
 	PoolAddressCIDRs []string
+	// HostDevices are the PCI devices machines may take, ALIAS=ADDRESS
+	// with an optional /RESOURCE (tenancy.ParseHostDevices).
+	HostDevices []string
 }
 
 // ImageImportOptions are the image imports' options with the deny-list
@@ -168,6 +171,9 @@ func (o *Options) Tenancy() (tenancy.Policy, error) {
 		if p.PoolAddressCIDRs, err = tenancy.ParseNetworkCIDRs(o.PoolAddressCIDRs); err != nil {
 			return p, fmt.Errorf("invalid --pool-address-cidrs: %w", err)
 		}
+	}
+	if p.HostDevices, err = tenancy.ParseHostDevices(o.HostDevices); err != nil {
+		return p, fmt.Errorf("invalid --host-devices: %w", err)
 	}
 	for _, q := range []struct {
 		flag, value string
@@ -284,4 +290,6 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Ranges the networks the provider creates for LibvirtClusters may use (comma-separated CIDRs), spec.network.cidr and the range chosen when it is empty; * allows any range outside the reserved blocks, none only existing networks and bridges. A network's range becomes a route on its host.")
 	fs.StringSliceVar(&o.PoolAddressCIDRs, "pool-address-cidrs", nil,
 		"Ranges the addresses Cluster API IPAM pools give machines (network.addressesFromPools) may lie in (comma-separated CIDRs); empty or * allows any, none refuses every pool address.")
+	fs.StringSliceVar(&o.HostDevices, "host-devices", nil,
+		"PCI devices of the libvirt hosts that machines may take whole through VFIO (spec.hostDevices names the alias), comma-separated ALIAS=ADDRESS or ALIAS=ADDRESS/RESOURCE, as gpu0=0000:65:00.0/nvidia.com/gpu; RESOURCE is the extended resource a LibvirtMachineTemplate reports in its capacity. Empty or none allows no device.")
 }

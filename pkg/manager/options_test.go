@@ -197,3 +197,37 @@ func TestNetworkAndHostFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestHostDeviceFlag: --host-devices lists aliases with their addresses,
+// the release manifest's none allows no device, and a bad entry names the
+// flag.
+func TestHostDeviceFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args        []string
+		wantAliases []string
+		wantErr     string
+	}{
+		{args: nil},
+		{args: []string{"--host-devices=none"}},
+		{args: []string{"--host-devices=gpu0=0000:65:00.0/nvidia.com/gpu,nic0=0000:17:00.1"}, wantAliases: []string{"gpu0", "nic0"}},
+		{args: []string{"--host-devices=0000:65:00.0"}, wantErr: "invalid --host-devices"},
+	} {
+		p, err := parseFlags(t, tc.args).Tenancy()
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("%v: err = %v, want %q", tc.args, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		var aliases []string
+		for _, d := range p.HostDevices {
+			aliases = append(aliases, d.Alias)
+		}
+		if !slices.Equal(aliases, tc.wantAliases) {
+			t.Errorf("%v: aliases %v, want %v", tc.args, aliases, tc.wantAliases)
+		}
+	}
+}

@@ -133,6 +133,7 @@ func (s *MachineScope) machineVM(hostName string) *VM {
 		Image:                spec.Image,
 		DiskSizeBytes:        diskSizeBytes(spec.DiskSizeGiB),
 		DataDisks:            dataDisks(spec.DataDisks, pool.Name),
+		HostDevices:          hostDevices(spec.HostDevices),
 		State:                recordedState(st),
 		Provisioned:          s.IsProvisioned(),
 		BootstrapDataRemoved: lm.Status.BootstrapDataRemoved,
@@ -264,6 +265,15 @@ func dataDisks(spec []infrav1.DataDisk, vmPool string) []DataDisk {
 			pool = vmPool
 		}
 		out = append(out, DataDisk{Name: d.Name, Pool: pool, SizeBytes: uint64(d.SizeGiB) << 30})
+	}
+	return out
+}
+
+// hostDevices are the aliases spec names, in order.
+func hostDevices(spec []infrav1.HostDevice) []string {
+	var out []string
+	for _, d := range spec {
+		out = append(out, d.Name)
 	}
 	return out
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/cloudinit"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/pci"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -55,6 +56,9 @@ type VM struct {
 	DiskSizeBytes uint64
 	// DataDisks are the empty disks attached after the root disk.
 	DataDisks []DataDisk
+	// HostDevices are the aliases of the PCI devices passed through, in
+	// the operator's --host-devices.
+	HostDevices []string
 
 	// State is libvirt's state of the domain as the status last recorded
 	// it, or as the domain step found it; "" after a move or a restore,
@@ -92,6 +96,11 @@ type VM struct {
 	// the data disk step ensured in this reconcile; nil when it did not
 	// run.
 	DataVolumes []virt.VolumeInfo
+
+	// PCIDevices are the addresses of HostDevices on the VM's host, in
+	// order, which the host device step found free in this reconcile and
+	// the domain step passes through; nil when it did not run.
+	PCIDevices []pci.Address
 
 	// placementRecorded is set by RecordPlacement.
 	placementRecorded bool

@@ -13,7 +13,8 @@
 // may name; limits.go, the sizes the operator bounds and their
 // arithmetic (pkg/quota counts what a namespace holds with it);
 // libvirturi.go, the libvirt hosts a failure domain may name; cidrs.go,
-// the subnets a cluster network may take.
+// the subnets a cluster network may take; hostdevices.go, the PCI devices
+// a machine may take.
 package tenancy
 
 import (
@@ -119,6 +120,9 @@ type Policy struct {
 	// machines may lie in (the manager's --pool-address-cidrs); nil allows
 	// any, empty none.
 	PoolAddressCIDRs []netip.Prefix
+	// HostDevices are the PCI devices machines may take whole, by alias
+	// (the manager's --host-devices); none when empty.
+	HostDevices []HostDevice
 }
 
 // DefaultPolicy is the policy of the manager's flag defaults.

@@ -12,6 +12,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/pci"
 )
 
 // DomainSpec describes a VM.
@@ -59,6 +60,10 @@ type DomainSpec struct {
 	// DataDisks are attached after the root disk, as virtio disks vdb,
 	// vdc, ... in order.
 	DataDisks []DataDisk
+	// HostDevices are PCI devices of the host passed through whole, with
+	// VFIO, managed by libvirt (detached from their host driver while the
+	// domain runs).
+	HostDevices []pci.Address
 	// Network is a libvirt network name; Bridge a host bridge. Exactly one
 	// is set.
 	Network string

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"path"
+	"slices"
 	"strings"
 
 	"github.com/google/uuid"
@@ -87,6 +88,11 @@ func validateDomainSpec(s DomainSpec) error {
 	for _, disk := range s.DataDisks {
 		if !path.IsAbs(disk.Path) || disk.Serial == "" || len(disk.Serial) > 20 || strings.ContainsFunc(disk.Serial, notSerialRune) {
 			errs = append(errs, fmt.Sprintf("data disk %q (serial %q) needs an absolute path and a serial of 1-20 letters, digits and dashes", disk.Path, disk.Serial))
+		}
+	}
+	for i, addr := range s.HostDevices {
+		if slices.Contains(s.HostDevices[:i], addr) {
+			errs = append(errs, fmt.Sprintf("host device %s passed through twice", addr))
 		}
 	}
 	if s.Network != "" && s.Bridge != "" {
@@ -202,6 +208,9 @@ func domainXML(s DomainSpec) (*libvirtxml.Domain, error) {
 			Target:       &libvirtxml.DomainDiskTarget{Dev: "sda", Bus: "scsi"},
 			ReadOnly:     &libvirtxml.DomainDiskReadOnly{},
 		})
+	}
+	for _, addr := range s.HostDevices {
+		d.Devices.Hostdevs = append(d.Devices.Hostdevs, hostdevXML(addr))
 	}
 	if nic := domainInterface(s); nic != nil {
 		d.Devices.Interfaces = []libvirtxml.DomainInterface{*nic}

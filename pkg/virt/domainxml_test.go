@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/pci"
 )
 
 // baseSpec is a valid product-default spec the cases below vary.
@@ -53,6 +55,9 @@ func TestDomainXMLGolden(t *testing.T) {
 				{Path: "/var/lib/libvirt/capl-images/capl-default-worker-0_data-etcd.qcow2", Serial: "etcd"},
 				{Path: "/var/lib/libvirt/capl-images/capl-default-worker-0_data-longhorn.qcow2", Serial: "longhorn"},
 			}
+		}},
+		{"domain-host-devices.xml", func(s *DomainSpec) {
+			s.HostDevices = []pci.Address{{Bus: 0x65}, {Domain: 1, Bus: 0x17, Slot: 0x1f, Function: 1}}
 		}},
 		{"domain-host-model-no-seed-no-nic.xml", func(s *DomainSpec) {
 			s.CPUMode = CPUModeHostModel
@@ -106,6 +111,8 @@ func TestValidateDomainSpec(t *testing.T) {
 			s.DataDisks = []DataDisk{{Path: "/pool/d.qcow2", Serial: strings.Repeat("d", 21)}}
 		}, "data disk"},
 		{"serial with a quote", func(s *DomainSpec) { s.DataDisks = []DataDisk{{Path: "/pool/d.qcow2", Serial: "d'x"}} }, "data disk"},
+		{"host device", func(s *DomainSpec) { s.HostDevices = []pci.Address{{Bus: 0x65}} }, ""},
+		{"host device twice", func(s *DomainSpec) { s.HostDevices = []pci.Address{{Bus: 0x65}, {Bus: 0x65}} }, "passed through twice"},
 		{"nine data disks", func(s *DomainSpec) {
 			for range 9 {
 				s.DataDisks = append(s.DataDisks, DataDisk{Path: "/pool/d.qcow2", Serial: "d"})

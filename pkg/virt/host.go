@@ -4,6 +4,8 @@ import (
 	"context"
 	"os"
 	"time"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/pci"
 )
 
 // Host is everything the controllers may do to a libvirt host, as the
@@ -75,6 +77,9 @@ type DomainHost interface {
 	// HostMemory is the libvirt host's total physical memory in bytes, to
 	// refuse machines that could never run there.
 	HostMemory(ctx context.Context) (uint64, error)
+	// PCIDevice describes a PCI device of the host and the domains that
+	// pass it through; IsNotFound(err) when the host has none at addr.
+	PCIDevice(ctx context.Context, addr pci.Address) (PCIDeviceInfo, error)
 }
 
 // GuestHost covers what a running guest's agent answers.

@@ -72,6 +72,7 @@ func (w *LibvirtMachine) ValidateUpdate(ctx context.Context, oldM, newM *infrav1
 		{"cpuShares", o.CPUShares, n.CPUShares},
 		{"diskSizeGiB", o.DiskSizeGiB, n.DiskSizeGiB},
 		{"dataDisks", o.DataDisks, n.DataDisks},
+		{"hostDevices", o.HostDevices, n.HostDevices},
 		{"network", o.Network, n.Network},
 	} {
 		errs = append(errs, immutable(path.Child(f.name), f.old, f.new, why)...)

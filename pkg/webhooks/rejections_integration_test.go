@@ -202,6 +202,12 @@ func TestRejections(t *testing.T) {
 		{name: "data disk of 0 GiB", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
 			s.DataDisks = []infrav1.DataDisk{{Name: "data"}}
 		}), field: "spec.dataDisks[0].sizeGiB"},
+		{name: "host device named by its address", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
+			s.HostDevices = []infrav1.HostDevice{{Name: "0000:65:00.0"}}
+		}), field: "spec.hostDevices[0].name"},
+		{name: "host device twice", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
+			s.HostDevices = []infrav1.HostDevice{{Name: "gpu0"}, {Name: "gpu0"}}
+		}), field: "spec.hostDevices[1]"},
 		{name: "nameserver that is no address", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
 			s.Network = &infrav1.NetworkAttachment{Bridge: "br0", AddressesFromPools: []infrav1.IPPoolReference{lanPool}, Nameservers: []string{"dns.example"}}
 		}), field: "spec.network.nameservers[0]"},
@@ -232,6 +238,9 @@ func TestRejections(t *testing.T) {
 		{name: "machine data disk added", obj: machine(func(*infrav1.LibvirtMachineSpec) {}),
 			update: onMachine(func(s *infrav1.LibvirtMachineSpec) { s.DataDisks = []infrav1.DataDisk{{Name: "data", SizeGiB: 1}} }),
 			field:  "spec.dataDisks", detail: "is immutable"},
+		{name: "machine host device added", obj: machine(func(*infrav1.LibvirtMachineSpec) {}),
+			update: onMachine(func(s *infrav1.LibvirtMachineSpec) { s.HostDevices = []infrav1.HostDevice{{Name: "gpu0"}} }),
+			field:  "spec.hostDevices", detail: "is immutable"},
 		{name: "machine pools changed", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
 			s.Network = &infrav1.NetworkAttachment{Bridge: "br0", AddressesFromPools: []infrav1.IPPoolReference{lanPool}}
 		}), update: onMachine(func(s *infrav1.LibvirtMachineSpec) { s.Network.AddressesFromPools[0].Name = "other" }), field: "spec.network", detail: "is immutable"},

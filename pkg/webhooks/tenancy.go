@@ -105,6 +105,11 @@ func (r references) machine(namespace string, spec *infrav1.LibvirtMachineSpec, 
 			errs = append(errs, field.Invalid(path.Child("dataDisks").Index(i).Child("pool"), d.Pool, err.Error()))
 		}
 	}
+	for i, d := range spec.HostDevices {
+		if _, err := r.policy.HostDevice(d.Name); err != nil {
+			errs = append(errs, field.Invalid(path.Child("hostDevices").Index(i).Child("name"), d.Name, err.Error()))
+		}
+	}
 	if n := spec.Network; n != nil {
 		errs = append(errs, r.network(namespace, n.Name, n.Bridge, path.Child("network"))...)
 	}

@@ -66,7 +66,6 @@ func TestReferencesOnUpdate(t *testing.T) {
 // operator allows, and the data disks count with the root disk against
 // --max-machine-disk; a template is judged the same.
 func TestMachineDataDiskReferences(t *testing.T) {
-	ctx := context.Background()
 	capped := strictPolicy
 	capped.Machine = tenancy.Limits{DiskGiB: 50}
 	for _, tc := range []struct {
@@ -84,18 +83,52 @@ func TestMachineDataDiskReferences(t *testing.T) {
 			[]string{"spec.diskSizeGiB"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "cp-0"}}
-			m.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: importedImg}}
-			m.Spec.DataDisks = tc.disks
-			w := &LibvirtMachine{refs: references{policy: &tc.policy}}
-			must(t, w.Default(ctx, m))
-			_, err := w.ValidateCreate(ctx, m)
-			checkFields(t, "LibvirtMachine", err, tc.want)
-
-			tmpl := &infrav1.LibvirtMachineTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "cp"}}
-			tmpl.Spec.Template.Spec = m.Spec
-			_, err = (&LibvirtMachineTemplate{refs: references{policy: &tc.policy}}).ValidateCreate(ctx, tmpl)
-			checkFields(t, "LibvirtMachineTemplate", err, templatePaths(tc.want))
+			checkMachineAndTemplate(t, tc.policy, func(s *infrav1.LibvirtMachineSpec) { s.DataDisks = tc.disks }, tc.want)
 		})
 	}
+}
+
+// TestMachineHostDeviceReferences: a machine (and a template) names host
+// devices by the operator's aliases only; an alias the operator did not
+// list, or a raw PCI address, is refused at its index.
+func TestMachineHostDeviceReferences(t *testing.T) {
+	devices, err := tenancy.ParseHostDevices([]string{"gpu0=0000:65:00.0/nvidia.com/gpu", "nic0=0000:17:00.1"})
+	must(t, err)
+	withDevices := strictPolicy
+	withDevices.HostDevices = devices
+	for _, tc := range []struct {
+		name    string
+		policy  tenancy.Policy
+		devices []infrav1.HostDevice
+		want    []string
+	}{
+		{"allowed aliases", withDevices, []infrav1.HostDevice{{Name: "gpu0"}, {Name: "nic0"}}, nil},
+		{"an alias not listed", withDevices, []infrav1.HostDevice{{Name: "gpu0"}, {Name: "gpu1"}}, []string{"spec.hostDevices[1].name"}},
+		{"a raw address", withDevices, []infrav1.HostDevice{{Name: "0000:65:00.0"}}, []string{"spec.hostDevices[0].name"}},
+		{"none allowed", strictPolicy, []infrav1.HostDevice{{Name: "gpu0"}}, []string{"spec.hostDevices[0].name"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkMachineAndTemplate(t, tc.policy, func(s *infrav1.LibvirtMachineSpec) { s.HostDevices = tc.devices }, tc.want)
+		})
+	}
+}
+
+// checkMachineAndTemplate creates a LibvirtMachine whose spec set makes,
+// and a LibvirtMachineTemplate of that spec, under policy: each is refused
+// at the paths want lists (a template's below spec.template), or not.
+func checkMachineAndTemplate(t *testing.T, policy tenancy.Policy, set func(*infrav1.LibvirtMachineSpec), want []string) {
+	t.Helper()
+	ctx := context.Background()
+	m := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "m-0"}}
+	m.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: importedImg}}
+	set(&m.Spec)
+	w := &LibvirtMachine{refs: references{policy: &policy}}
+	must(t, w.Default(ctx, m))
+	_, err := w.ValidateCreate(ctx, m)
+	checkFields(t, "LibvirtMachine", err, want)
+
+	tmpl := &infrav1.LibvirtMachineTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: tenant, Name: "m"}}
+	tmpl.Spec.Template.Spec = m.Spec
+	_, err = (&LibvirtMachineTemplate{refs: references{policy: &policy}}).ValidateCreate(ctx, tmpl)
+	checkFields(t, "LibvirtMachineTemplate", err, templatePaths(want))
 }

@@ -2,9 +2,13 @@ package fakehost
 
 import (
 	"context"
+	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/pci"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -95,4 +99,25 @@ func (h *Host) HostMemory(context.Context) (uint64, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.MemoryBytes, nil
+}
+
+// PCIDevice reports a device of PCIDevices with the domains whose spec
+// passes it through, active when they run; IsNotFound for another address.
+func (h *Host) PCIDevice(_ context.Context, addr pci.Address) (virt.PCIDeviceInfo, error) {
+	if err := h.call("PCIDevice"); err != nil {
+		return virt.PCIDeviceInfo{}, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	driver, ok := h.PCIDevices[addr]
+	if !ok {
+		return virt.PCIDeviceInfo{}, fmt.Errorf("node device %s: %w", addr.NodeDeviceName(), virt.ErrNotFound)
+	}
+	info := virt.PCIDeviceInfo{Driver: driver}
+	for _, name := range slices.Sorted(maps.Keys(h.Specs)) {
+		if slices.Contains(h.Specs[name].HostDevices, addr) {
+			info.Domains = append(info.Domains, virt.PCIDeviceUser{Name: name, Active: h.Domains[name].State == "running"})
+		}
+	}
+	return info, nil
 }

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"sync"
 
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/pci"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -34,6 +35,9 @@ type Host struct {
 	Files map[string][]byte
 	// Images maps a source to its sha256 for ImportImage.
 	Images map[string]string
+	// PCIDevices are the host's PCI devices and their drivers; the
+	// domains passing one through come from Specs.
+	PCIDevices map[pci.Address]string
 	// MemoryBytes is what HostMemory reports; New sets 16 GiB.
 	MemoryBytes uint64
 	// Errs makes the named method return the error.

@@ -114,7 +114,7 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 		return virt.DomainInfo{}, err
 	}
 	disk, seed := s.RootDisk, s.Seed
-	if disk == nil || seed == nil || len(s.DataVolumes) != len(s.DataDisks) {
+	if disk == nil || seed == nil || len(s.DataVolumes) != len(s.DataDisks) || len(s.PCIDevices) != len(s.HostDevices) {
 		return virt.DomainInfo{}, fmt.Errorf("defining domain %s: %w", s.Domain, ErrVolumesUnknown)
 	}
 	consoleLog, err := svc.volumes.EnsureLogVolume(ctx, s.Pool.Name, s.ConsoleLogVolume())
@@ -130,7 +130,7 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 		TCGCacheMiB: uint64(hw.TCGTranslationCacheMiB), DiskPath: disk.Path, DiskFormat: disk.Format, SeedISOPath: seed.Path,
 		DiskBackingPath: disk.BackingPath, DiskBackingFormat: disk.BackingFormat,
 		Network: network.Name, Bridge: network.Bridge, MAC: s.MAC, TrafficFilter: svc.trafficFilter(network),
-		StaticAddresses: staticAddresses(s), ConsoleLogPath: consoleLog.Path, DataDisks: dataDisks(s),
+		StaticAddresses: staticAddresses(s), ConsoleLogPath: consoleLog.Path, DataDisks: dataDisks(s), HostDevices: s.PCIDevices,
 	})
 	if errors.Is(err, virt.ErrDomainReplaced) {
 		return virt.DomainInfo{}, svc.replaced(err)

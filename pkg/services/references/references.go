@@ -94,6 +94,12 @@ func (m *Machine) Reconcile(ctx context.Context) (services.Result, error) {
 		return services.Result{}, refused("image", infrav1.DiskReadyCondition, infrav1.ImageNotAllowedReason,
 			"spec.image.url %q %v", virt.RedactURL(vm.Image.URL), err)
 	}
+	for i, d := range s.Spec().HostDevices {
+		if _, err := p.HostDevice(d.Name); err != nil {
+			return services.Result{}, refused("host device", infrav1.DomainReadyCondition, infrav1.HostDeviceNotAllowedReason,
+				"spec.hostDevices[%d].name %q %v", i, d.Name, err)
+		}
+	}
 	if exceeded := p.Machine.Exceeded(tenancy.MachineUsage(s.Spec()), "--max-machine-"); len(exceeded) > 0 {
 		return services.Result{}, refused("machine size", infrav1.DomainReadyCondition, infrav1.MachineSizeNotAllowedReason,
 			"%s", describeExceeded(exceeded))
