@@ -110,7 +110,8 @@ func TestRoundTrip(t *testing.T) {
 		{Image: volumeImage, VirtualHardware: kvm, DiskSizeGiB: 40, Network: &infrav1.NetworkAttachment{Name: "default",
 			AddressesFromPools: []infrav1.IPPoolReference{{APIGroup: "ipam.cluster.x-k8s.io", Kind: "InClusterIPPool", Name: "lan"}},
 			Nameservers:        []string{"192.168.1.1", "fd00::1"}},
-			DataDisks: []infrav1.DataDisk{{Name: "etcd", SizeGiB: 10, Pool: "fast"}, {Name: "longhorn", SizeGiB: 100}}},
+			DataDisks:   []infrav1.DataDisk{{Name: "etcd", SizeGiB: 10, Pool: "fast"}, {Name: "longhorn", SizeGiB: 100}},
+			HostDevices: []infrav1.HostDevice{{Name: "gpu0"}, {Name: "nic0"}}},
 		{Image: volumeImage, VirtualHardware: customCPU},
 	}
 	clusterSpecs := []infrav1.LibvirtClusterSpec{{

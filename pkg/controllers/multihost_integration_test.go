@@ -36,7 +36,8 @@ var lanPrefix = netip.MustParsePrefix("10.231.0.0/24")
 // HostUnreachable while the other host's machines go on; the machine
 // recovers, without being recreated, when libvirtd is back; a host that
 // drops off the network is noticed by keepalive; and a machine deleted
-// while its host is away is removed once the host returns.
+// while its host is away is removed once the host returns. A machine
+// whose host device neither host has is placed on neither.
 func TestMultiHost(t *testing.T) {
 	testlibvirt.URI(t)
 	tb := testlibvirt.StartTestbed(t, "a", "b")
@@ -44,7 +45,10 @@ func TestMultiHost(t *testing.T) {
 	// certificate, key and CA); the test itself looks at it over TCP.
 	uriA, uriB := tb.URI("a"), tb.TLSURI("b")
 	h := newHarness(t)
-	h.options = func(o *manager.Options) { o.LibvirtURIs = []string{uriA, uriB} }
+	h.options = func(o *manager.Options) {
+		o.LibvirtURIs = []string{uriA, uriB}
+		o.HostDevices = []string{"gpu0=0000:fe:1f.7/nvidia.com/gpu"} // on neither host
+	}
 	h.startProvider(nil)
 	cert, key, ca := tb.TLSCredentials()
 	must(t, h.c.Create(h.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: "capl-host-b"},
@@ -99,11 +103,27 @@ func TestMultiHost(t *testing.T) {
 	before, err := hostB.DomainInfo(h.ctx, domB)
 	must(t, err)
 
+	// A machine whose host device no host has is placed nowhere: it waits,
+	// saying why for each host, and is deleted without a host.
+	h.createMachine("mh-gpu", machineOpts{cluster: cluster, withData: true, hostDevices: []infrav1.HostDevice{{Name: "gpu0"}}})
+	lm := h.waitCondition("mh-gpu", infrav1.DomainReadyCondition, metav1.ConditionFalse, infrav1.WaitingForHostDeviceReason, time.Minute)
+	msg := conditions.Get(lm, infrav1.DomainReadyCondition).Message
+	t.Logf("mh-gpu: %s", msg)
+	if lm.Spec.FailureDomain != "" || !strings.Contains(msg, "host-a: gpu0: PCI device 0000:fe:1f.7 does not exist") || !strings.Contains(msg, "host-b: gpu0:") {
+		t.Errorf("mh-gpu placed in %q, DomainReady %q; want no placement and both hosts' reasons", lm.Spec.FailureDomain, msg)
+	}
+	h.deleteMachine("mh-gpu", time.Minute)
+	for _, host := range []*virt.Client{hostA, hostB} {
+		if _, err := host.DomainInfo(h.ctx, naming.DomainName(h.ns, "mh-gpu")); !virt.IsNotFound(err) {
+			t.Errorf("mh-gpu's domain on %s: %v", host.URI(), err)
+		}
+	}
+
 	// Host B goes away: its machine says so within a minute.
 	stopping := time.Now()
 	tb.Stop("b")
 	stopped := time.Now()
-	lm := h.waitCondition("mh-b", infrav1.DomainReadyCondition, metav1.ConditionFalse, infrav1.HostUnreachableReason, time.Minute)
+	lm = h.waitCondition("mh-b", infrav1.DomainReadyCondition, metav1.ConditionFalse, infrav1.HostUnreachableReason, time.Minute)
 	t.Logf("FIGURE HostUnreachable %s after libvirtd exited (stopping it took %s): %s", time.Since(stopped).Round(100*time.Millisecond),
 		stopped.Sub(stopping).Round(100*time.Millisecond), conditions.Get(lm, infrav1.DomainReadyCondition).Message)
 	if msg := conditions.Get(lm, infrav1.DomainReadyCondition).Message; !strings.Contains(msg, uriB) || strings.Contains(msg, "capl-credentials-") {

@@ -89,6 +89,13 @@ func (r *LibvirtMachineReconciler) placeMachine(ctx context.Context, lm *infrav1
 		}
 	}
 	p := placement{failureDomain: fd}
+	if fd == "" && deleting && lc != nil && len(lc.Spec.FailureDomains) > 0 {
+		// Never placed (a machine waiting for its host devices): the
+		// placement is recorded before anything is created, so nothing of
+		// it is on any host; findOwnDomain still looks on every one.
+		p.host, p.hostName = r.Hosts.Default(), r.Hosts.Name(hosts.Ref{})
+		return p, nil
+	}
 	if lc == nil && lm.Spec.FailureDomain != "" {
 		p.host = r.Hosts.Default()
 		p.problem = &placementProblem{reason: infrav1.FailureDomainNotFoundReason,
