@@ -145,7 +145,7 @@ const (
 	DomainCrashedReason = "Crashed"
 	// WaitingForHostDeviceReason: a PCI device of spec.hostDevices is not
 	// on the machine's host, or another running domain holds it; the
-	// message names the device and the domain. Nothing is defined until it
+	// message names the device and the domain. Nothing is created until it
 	// is free; a machine the provider places goes only to a host that has
 	// it free.
 	WaitingForHostDeviceReason = "WaitingForHostDevice"

@@ -215,12 +215,12 @@ func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
 		// reference belongs to.
 		{Service: references.NewMachine(s, vm, r.Tenancy, r.Quota), SkipOnceProvisioned: true},
 		{Service: identity.New(vm, s.Host)},
+		{Service: hostdevice.New(vm, s.Host, r.Tenancy), Condition: infrav1.DomainReadyCondition, SkipOnceProvisioned: true},
 		{Service: address.New(vm, s.Host), Condition: infrav1.AddressReservedCondition, SkipOnceProvisioned: true},
 		{Service: ipaddress.New(s, r.Tenancy), Condition: infrav1.AddressReservedCondition, SkipOnceProvisioned: true},
 		{Service: disk.New(vm, s.Host, r.Images).WithMaxBytes(r.Tenancy.Machine.DiskBytes()), Condition: infrav1.DiskReadyCondition, SkipOnceProvisioned: true},
 		{Service: datadisk.New(vm, s.Host), Condition: infrav1.DiskReadyCondition, SkipOnceProvisioned: true},
 		{Service: seed.New(s, s.Host), Condition: infrav1.BootstrapDataReadyCondition, SkipOnceProvisioned: true},
-		{Service: hostdevice.New(vm, s.Host, r.Tenancy), Condition: infrav1.DomainReadyCondition, SkipOnceProvisioned: true},
 		{Service: domain.New(vm, s.Host, domain.Options{ShutdownTimeout: r.ShutdownTimeout, TrafficFilter: r.Tenancy.TrafficFilter}), Condition: infrav1.DomainReadyCondition},
 		{Service: guest.NewAddresses(vm, s.Host, r.events), Condition: infrav1.AddressAssignedCondition},
 		{Service: loadBalancerMembership{s: s, lb: r.LoadBalancer}, Condition: infrav1.DomainReadyCondition},
