@@ -36,16 +36,7 @@ version: 1
 			n := valid
 			tc.nic(&n)
 			got, err := n.NetworkConfig()
-			switch {
-			case tc.wantErr != "":
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("err %v; want one containing %q", err, tc.wantErr)
-				}
-			case err != nil:
-				t.Fatal(err)
-			case !strings.Contains(string(got), tc.want):
-				t.Fatalf("got\n%s\nwant it to contain\n%s", got, tc.want)
-			}
+			checkNetworkConfig(t, got, err, tc.want, tc.wantErr)
 		})
 	}
 }
@@ -90,16 +81,23 @@ version: 1
 			n.Addresses = append([]StaticAddress(nil), valid.Addresses...)
 			tc.nic(&n)
 			got, err := n.NetworkConfig()
-			switch {
-			case tc.wantErr != "":
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("err %v; want one containing %q", err, tc.wantErr)
-				}
-			case err != nil:
-				t.Fatal(err)
-			case !strings.Contains(string(got), tc.want):
-				t.Fatalf("got\n%s\nwant it to contain\n%s", got, tc.want)
-			}
+			checkNetworkConfig(t, got, err, tc.want, tc.wantErr)
 		})
+	}
+}
+
+// checkNetworkConfig fails t unless err contains wantErr, or, when wantErr
+// is empty, got contains want.
+func checkNetworkConfig(t *testing.T, got []byte, err error, want, wantErr string) {
+	t.Helper()
+	switch {
+	case wantErr != "":
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Fatalf("err %v; want one containing %q", err, wantErr)
+		}
+	case err != nil:
+		t.Fatal(err)
+	case !strings.Contains(string(got), want):
+		t.Fatalf("got\n%s\nwant it to contain\n%s", got, want)
 	}
 }

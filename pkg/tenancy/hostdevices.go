@@ -3,7 +3,6 @@ package tenancy
 import (
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 
@@ -28,9 +27,6 @@ type HostDevice struct {
 	Resource corev1.ResourceName
 }
 
-// aliasPattern keeps aliases to DNS labels, as spec.hostDevices[].name.
-var aliasPattern = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-
 // ParseHostDevices reads the manager's --host-devices entries:
 // ALIAS=ADDRESS or ALIAS=ADDRESS/RESOURCE, as gpu0=0000:65:00.0/nvidia.com/gpu.
 // Aliases and addresses are unique; none (or no entry) allows no device.
@@ -43,7 +39,7 @@ func ParseHostDevices(entries []string) ([]HostDevice, error) {
 			continue
 		}
 		alias, rest, ok := strings.Cut(e, "=")
-		if !ok || !aliasPattern.MatchString(alias) || len(alias) > 63 {
+		if !ok || len(validation.IsDNS1123Label(alias)) > 0 { // as spec.hostDevices[].name
 			errs = append(errs, fmt.Errorf("%q: want ALIAS=ADDRESS[/RESOURCE], ALIAS a DNS label (gpu0=0000:65:00.0/nvidia.com/gpu)", e))
 			continue
 		}
