@@ -213,10 +213,10 @@ func (s *suite) recordRollout(t *testing.T, name string, start time.Time, availa
 	}
 }
 
-// guardedWorkload runs a Deployment of two idle pods on the workers with
-// a PodDisruptionBudget of one, and samples its available pods until the
-// returned function is called, which removes both and returns the fewest
-// available pods seen.
+// guardedWorkload runs a Deployment of two idle pods (on the workers, or the
+// control plane while a lone worker drains) with a PodDisruptionBudget of one,
+// and samples its available pods until the returned function is called,
+// which removes both and returns the fewest available pods seen.
 func (s *suite) guardedWorkload(t *testing.T) func() (minAvailable int32, samples int) {
 	t.Helper()
 	image := s.cniImage(t)
@@ -228,6 +228,10 @@ func (s *suite) guardedWorkload(t *testing.T) func() (minAvailable int32, sample
 	// Idle until told to stop (as PID 1, sh gets SIGTERM only with a trap).
 	dep.Spec.Template.Spec.Containers = []corev1.Container{{Name: "idle", Image: image, ImagePullPolicy: corev1.PullNever,
 		Command: []string{"/bin/sh", "-c", "trap 'exit 0' TERM; sleep infinity & wait"}}}
+	// Under TCG a worker is replaced, not doubled (maxSurge 0): while the
+	// only worker drains, the evicted pod has nowhere to go but the control
+	// plane, and without it the budget would hold the drain for good.
+	dep.Spec.Template.Spec.Tolerations = []corev1.Toleration{{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
 	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "capl-guarded"}}
 	pdb.Spec.MinAvailable = ptr.To(intstr.FromInt32(1))
 	pdb.Spec.Selector = &metav1.LabelSelector{MatchLabels: labels}

@@ -130,6 +130,8 @@ func TestRenderedTemplatesAreAccepted(t *testing.T) {
 		"LIBVIRT_STARTUP_PROBE_FAILURE_THRESHOLD":     "120",
 		"LIBVIRT_API_SERVER_READINESS_PERIOD_SECONDS": "10",
 		"LIBVIRT_COREDNS_REPLICAS":                    "1",
+		"LIBVIRT_WORKER_MAX_SURGE":                    "0",
+		"LIBVIRT_WORKER_MAX_UNAVAILABLE":              "1",
 	}
 	cases := []struct {
 		name, flavor string
@@ -230,7 +232,32 @@ func TestRenderedTemplatesAreAccepted(t *testing.T) {
 				tc.check(t, byKind)
 			}
 			checkKubeadmRetry(t, byKind)
+			surge, unavailable := int64(1), int64(0)
+			if tc.vars["LIBVIRT_WORKER_MAX_SURGE"] != "" {
+				surge, unavailable = 0, 1
+			}
+			checkWorkerRollout(t, byKind, surge, unavailable)
 		})
+	}
+}
+
+// checkWorkerRollout checks the rolling update of the workers' MachineDeployment,
+// or of the topology's that Cluster API makes from it.
+func checkWorkerRollout(t *testing.T, objs map[string][]*unstructured.Unstructured, surge, unavailable int64) {
+	t.Helper()
+	var strategy map[string]any
+	if mds := objs["MachineDeployment"]; len(mds) > 0 {
+		strategy, _, _ = unstructured.NestedMap(mds[0].Object, "spec", "rollout", "strategy")
+	} else {
+		mds, _, _ := unstructured.NestedSlice(objs["Cluster"][0].Object, "spec", "topology", "workers", "machineDeployments")
+		if len(mds) != 1 {
+			t.Fatalf("topology has %d MachineDeployments, want 1", len(mds))
+		}
+		strategy, _, _ = unstructured.NestedMap(mds[0].(map[string]any), "rollout", "strategy")
+	}
+	want := fmt.Sprint(map[string]any{"type": "RollingUpdate", "rollingUpdate": map[string]any{"maxSurge": surge, "maxUnavailable": unavailable}})
+	if fmt.Sprint(strategy) != want {
+		t.Errorf("workers' rollout strategy %v, want %v", strategy, want)
 	}
 }
 

@@ -87,6 +87,9 @@ type ClusterOptions struct {
 	EtcdProgressNotifyInterval, EtcdHeartbeatIntervalMS, EtcdElectionTimeoutMS string
 	// CoreDNSReplicas overrides kubeadm's 2 CoreDNS replicas when set.
 	CoreDNSReplicas int32
+	// WorkerMaxSurge and WorkerMaxUnavailable are the MachineDeployment's
+	// rolling update; empty keeps Cluster API's (1 and 0).
+	WorkerMaxSurge, WorkerMaxUnavailable string
 	// StagedWorkers renders the MachineDeployment with no replicas; the
 	// caller scales it to Workers once the first control-plane node is
 	// Ready (ScaleWorkers). Under TCG on a small host a worker booting and
@@ -161,6 +164,8 @@ func ClusterVariables(o ClusterOptions, imgs ClusterImages) map[string]string {
 		"LIBVIRT_ETCD_PROGRESS_NOTIFY_INTERVAL":       o.EtcdProgressNotifyInterval,
 		"LIBVIRT_ETCD_HEARTBEAT_INTERVAL_MS":          o.EtcdHeartbeatIntervalMS,
 		"LIBVIRT_ETCD_ELECTION_TIMEOUT_MS":            o.EtcdElectionTimeoutMS,
+		"LIBVIRT_WORKER_MAX_SURGE":                    o.WorkerMaxSurge,
+		"LIBVIRT_WORKER_MAX_UNAVAILABLE":              o.WorkerMaxUnavailable,
 	} {
 		if value != "" {
 			vars[name] = value
@@ -281,6 +286,10 @@ func (o ClusterOptions) TCGTuning() ClusterOptions {
 	o.EtcdProgressNotifyInterval = "60s"
 	o.EtcdHeartbeatIntervalMS, o.EtcdElectionTimeoutMS = "500", "5000"
 	o.CoreDNSReplicas = 1
+	// A rollout's surge worker is a third VM beside the control plane and
+	// the old worker: on a 2-core host it starved the control plane until
+	// its node went Unknown (docs/upgrades.md). Replace, do not double.
+	o.WorkerMaxSurge, o.WorkerMaxUnavailable = "0", "1"
 	return o
 }
 

@@ -99,6 +99,11 @@ func TestRenderCluster(t *testing.T) {
 	if replicas != 3 || workers != 0 {
 		t.Errorf("control plane %d, workers %d; want 3 and 0 (TCG: workers are staged after the control plane)", replicas, workers)
 	}
+	surge, _, _ := unstructured.NestedInt64(kinds["MachineDeployment/k8s-md-0"].Object, "spec", "rollout", "strategy", "rollingUpdate", "maxSurge")
+	unavailable, _, _ := unstructured.NestedInt64(kinds["MachineDeployment/k8s-md-0"].Object, "spec", "rollout", "strategy", "rollingUpdate", "maxUnavailable")
+	if surge != 0 || unavailable != 1 {
+		t.Errorf("workers roll out with maxSurge %d, maxUnavailable %d; want 0 and 1 (TCG: a worker is replaced, not doubled)", surge, unavailable)
+	}
 	cpus, _, _ := unstructured.NestedInt64(kinds["LibvirtMachineTemplate/k8s-md-0"].Object, "spec", "template", "spec", "cpus")
 	if cpus != 1 {
 		t.Errorf("TCG workers have %d vCPUs, want 1", cpus)
