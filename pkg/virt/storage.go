@@ -307,5 +307,5 @@ func missingBase(info VolumeInfo) error {
 	if !info.BackingMissing {
 		return nil
 	}
-	return fmt.Errorf("%w: %s/%s is backed by %s, which no volume is any more", ErrBaseImageMissing, info.Pool, info.Name, info.BackingPath)
+	return fmt.Errorf("%w: %s/%s is backed by %s, which no volume of an active pool is", ErrBaseImageMissing, info.Pool, info.Name, info.BackingPath)
 }

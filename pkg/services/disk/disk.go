@@ -72,7 +72,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	if info, err := svc.host.VolumeInfo(ctx, pool.Name, vm.OverlayVolume()); err == nil {
 		if info.BackingMissing {
 			return services.Result{}, fail(virt.ErrBaseImageMissing,
-				"Root disk %s/%s is backed by %s, which is gone: the disk cannot be read and is not reused; delete the machine to have a new one made",
+				"Root disk %s/%s is backed by %s, which is gone (deleted, or its pool stopped): the disk cannot be read and is not reused; restart the pool, or delete the machine to have a new one made",
 				pool.Name, info.Name, info.BackingPath)
 		}
 		if info.CapacityBytes >= want {
