@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -89,8 +90,13 @@ func (h *harness) dhcpHosts() []libvirtxml.NetworkDHCPHost {
 		var x libvirtxml.Network
 		must(h.t, x.Unmarshal(doc))
 		for _, ip := range x.IPs {
-			if ip.DHCP != nil {
-				out = append(out, ip.DHCP.Hosts...)
+			if ip.DHCP == nil {
+				continue
+			}
+			for _, e := range ip.DHCP.Hosts {
+				if !slices.Contains(out, e) {
+					out = append(out, e)
+				}
 			}
 		}
 	}
