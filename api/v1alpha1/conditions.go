@@ -84,6 +84,9 @@ const (
 	DiskReadyCondition = "DiskReady"
 	// ImageNotFoundReason: the base image volume or URL does not exist.
 	ImageNotFoundReason = "ImageNotFound"
+	// BaseImageMissingReason: the root disk exists but the base image it
+	// is backed by is gone; the disk is not reused.
+	BaseImageMissingReason = "BaseImageMissing"
 	// ImageChecksumMismatchReason: the image at url does not match its checksum.
 	ImageChecksumMismatchReason = "ImageChecksumMismatch"
 	// PoolFullReason: the storage pool has no space left.

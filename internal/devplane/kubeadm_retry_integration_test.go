@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -84,6 +85,8 @@ func TestKubeadmRetryScript(t *testing.T) {
 		name, role string
 		results    []string
 		want       []string
+		// never are outcomes the log must not show.
+		never []string
 	}{{
 		name: "worker: a clean retry", role: "worker", results: []string{"fail", "ok"},
 		want: []string{join, "sleep 30", "kubeadm reset --force", join, "exit 0", "bootstrapped"},
@@ -100,6 +103,7 @@ func TestKubeadmRetryScript(t *testing.T) {
 		name: "control plane: given up, its etcd member removed", role: "control-plane",
 		results: []string{"fail", "fail", "fail", "fail", "fail", "fail"},
 		want:    []string{resume, resume, resume, resume, leaveEtcd, "kubeadm reset --force", join, leaveEtcd, "exit 1", "ca.crt kept"},
+		never:   []string{"bootstrapped"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -118,6 +122,11 @@ func TestKubeadmRetryScript(t *testing.T) {
 			out, _ := os.ReadFile(filepath.Join(dir, "out"))
 			if !inOrder(strings.Split(strings.TrimSpace(string(log)), "\n"), tc.want) {
 				t.Errorf("calls and outcome:\n%s\nwant, in this order:\n%s\nthe script said:\n%s", log, strings.Join(tc.want, "\n"), out)
+			}
+			for _, line := range strings.Split(strings.TrimSpace(string(log)), "\n") {
+				if slices.Contains(tc.never, line) {
+					t.Errorf("the log shows %q (the success file was written):\n%s\nthe script said:\n%s", line, log, out)
+				}
 			}
 		})
 	}

@@ -69,8 +69,9 @@ func TestMoveMarkerCannotOrphan(t *testing.T) {
 	t.Logf("c: %s", conditions.Get(lm, infrav1.DomainReadyCondition).Message)
 	h.assertNoLibvirtObjects("c")
 
+	macC := h.machineMACs("c")
 	h.deleteMachine("c", 2*time.Minute)
-	h.assertClean("c", "")
+	h.assertClean("c", macC...)
 
 	// The operator's clean-up (capl-dev orphans --delete): the orphan's
 	// domain and volumes are found, nothing of a machine that exists.

@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/base64"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"libvirt.org/go/libvirt"
+	"libvirt.org/go/libvirtxml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -17,12 +19,25 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // assertClean fails when anything of the named machine is left in libvirt:
 // its domain, overlay, data disks, seed, console log or DHCP host entry.
-func (h *harness) assertClean(name, mac string) {
+// A DHCP entry is found on the test network's live and persistent
+// definitions, read through a connection of the test's own, by the name
+// the provider gives the machine's entries (virt.ReservationName), and by
+// macs: those the machine had (machineMACs, read before its deletion).
+func (h *harness) assertClean(name string, macs ...string) {
+	h.t.Helper()
+	h.assertNoDomainOrVolumes(name)
+	h.assertNoDHCPEntry(name, macs...)
+}
+
+// assertNoDomainOrVolumes fails when the named machine has a domain or a
+// volume in libvirt.
+func (h *harness) assertNoDomainOrVolumes(name string) {
 	h.t.Helper()
 	domain := naming.DomainName(h.ns, name)
 	if _, err := h.host.DomainInfo(h.ctx, domain); !virt.IsNotFound(err) {
@@ -38,39 +53,112 @@ func (h *harness) assertClean(name, mac string) {
 			h.t.Errorf("volume %s left behind (err %v)", vol, err)
 		}
 	}
-	entries, err := h.host.Reservations(h.ctx, h.network.Name)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	for _, e := range entries {
-		if mac != "" && netalloc.SameMAC(e.MAC.String(), mac) {
-			h.t.Errorf("reservation %s→%s left behind", e.MAC, e.IP)
+}
+
+// assertNoDHCPEntry fails when the test network has a DHCP host entry
+// named for the machine, or for one of macs.
+func (h *harness) assertNoDHCPEntry(name string, macs ...string) {
+	h.t.Helper()
+	owned := virt.ReservationName(virt.Owner{Kind: "LibvirtMachine", Namespace: h.ns, Name: name})
+	for _, e := range h.dhcpHosts() {
+		if e.Name == owned {
+			h.t.Errorf("DHCP entry %s (%s→%s) of %s left behind", e.Name, e.MAC, e.IP, name)
+			continue
+		}
+		for _, mac := range macs {
+			if mac != "" && netalloc.SameMAC(e.MAC, mac) {
+				h.t.Errorf("DHCP entry %s→%s (name %q) of %s's MAC left behind", e.MAC, e.IP, e.Name, name)
+			}
 		}
 	}
+}
+
+// dhcpHosts are the DHCP host entries of the test network's live and
+// persistent definitions, read through a connection of the test's own.
+func (h *harness) dhcpHosts() []libvirtxml.NetworkDHCPHost {
+	h.t.Helper()
+	conn, err := libvirt.NewConnect(h.uri)
+	must(h.t, err)
+	defer conn.Close()
+	net, err := conn.LookupNetworkByName(h.network.Name)
+	must(h.t, err)
+	defer net.Free()
+	var out []libvirtxml.NetworkDHCPHost
+	for _, flags := range []libvirt.NetworkXMLFlags{0, libvirt.NETWORK_XML_INACTIVE} {
+		doc, err := net.GetXMLDesc(flags)
+		must(h.t, err)
+		var x libvirtxml.Network
+		must(h.t, x.Unmarshal(doc))
+		for _, ip := range x.IPs {
+			if ip.DHCP == nil {
+				continue
+			}
+			for _, e := range ip.DHCP.Hosts {
+				if !slices.Contains(out, e) {
+					out = append(out, e)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// machineMACs are the MACs the named machine has or had: its annotation,
+// its status and its domain's interfaces, read through a connection of
+// the test's own. Read them before deleting it.
+func (h *harness) machineMACs(name string) []string {
+	h.t.Helper()
+	var macs []string
+	lm := h.lm(name)
+	if m := lm.Annotations[scope.MACAnnotation]; m != "" {
+		macs = append(macs, m)
+	}
+	if lm.Status.Domain != nil && lm.Status.Domain.MAC != "" {
+		macs = append(macs, lm.Status.Domain.MAC)
+	}
+	conn, err := libvirt.NewConnect(h.uri)
+	must(h.t, err)
+	defer conn.Close()
+	dom, err := conn.LookupDomainByName(naming.DomainName(h.ns, name))
+	if err != nil {
+		return macs // no domain
+	}
+	defer dom.Free()
+	doc, err := dom.GetXMLDesc(libvirt.DOMAIN_XML_INACTIVE)
+	must(h.t, err)
+	var x libvirtxml.Domain
+	must(h.t, x.Unmarshal(doc))
+	if x.Devices != nil {
+		for _, nic := range x.Devices.Interfaces {
+			if nic.MAC != nil {
+				macs = append(macs, nic.MAC.Address)
+			}
+		}
+	}
+	return macs
 }
 
 // deleteAndAssertClean deletes each machine and checks that nothing of
-// it is left: its domain, volumes and the DHCP entry of the MAC it had.
+// it is left: its domain, volumes and DHCP entries (by name and by the
+// MACs it had).
 func (h *harness) deleteAndAssertClean(names ...string) {
 	h.t.Helper()
 	for _, name := range names {
-		mac := ""
-		if lm := h.lm(name); lm.Status.Domain != nil {
-			mac = lm.Status.Domain.MAC
-		}
+		macs := h.machineMACs(name)
 		h.deleteMachine(name, time.Minute)
-		h.assertClean(name, mac)
+		h.assertClean(name, macs...)
 	}
 }
 
-// assertNoLibvirtObjects checks that nothing was created for a machine.
+// assertNoLibvirtObjects checks that nothing was created for a machine:
+// no MAC chosen (status or annotation), no domain, volume or DHCP entry.
 func (h *harness) assertNoLibvirtObjects(name string) {
 	h.t.Helper()
-	lm := h.lm(name)
-	if lm.Status.Domain != nil && lm.Status.Domain.MAC != "" {
-		h.t.Errorf("%s chose a MAC while it should wait", name)
+	macs := h.machineMACs(name)
+	if len(macs) > 0 {
+		h.t.Errorf("%s chose a MAC (%v) while it should wait", name, macs)
 	}
-	h.assertClean(name, "")
+	h.assertClean(name, macs...)
 }
 
 // poolVolumes lists the test pool's volume names through a connection of

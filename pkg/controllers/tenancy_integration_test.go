@@ -77,8 +77,7 @@ func TestTenantIsolation(t *testing.T) {
 	}
 
 	for _, c := range cases {
-		h.deleteMachine(c.machine, time.Minute)
-		h.assertClean(c.machine, "")
+		h.deleteAndAssertClean(c.machine)
 	}
 	for _, v := range []string{rootA, seedA} {
 		info, err := h.host.VolumeInfo(h.ctx, h.pool, v)

@@ -2,6 +2,7 @@ package quota_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -160,33 +161,73 @@ func TestClusters(t *testing.T) {
 	}
 }
 
-// TestAdmissionsTogether: machines created in the same instant and
-// admitted at once never all pass a total that has room for one, whatever
-// order the admissions run in.
+// TestAdmissionsTogether: two machines created in the same second share
+// a namespace with room for one. "b" lists the namespace before "a" is
+// there, and "a" asks to be admitted while "b" is between that listing and
+// its admission. Neither is ahead of the other by what it saw: "a" does
+// not count "b" by creation order (the same second, and "a" sorts first),
+// only once "b" is admitted; "b" never saw "a". Only the namespace's lock,
+// which makes "a" wait for "b", admits one of them; without it both pass.
 func TestAdmissionsTogether(t *testing.T) {
-	for range 20 {
-		var lms []client.Object
-		for _, n := range []string{"a", "b", "c", "d"} {
-			lms = append(lms, machine("team-b", n, 0, 1, 512, 4))
-		}
-		l := ledger(t, tenancy.Limits{Machines: 1}, nil, lms...)
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		admitted := 0
-		for _, o := range lms {
-			wg.Go(func() {
-				if admitMachine(l, o.(*infrav1.LibvirtMachine)) == nil {
-					mu.Lock()
-					admitted++
-					mu.Unlock()
-				}
-			})
-		}
-		wg.Wait()
-		if admitted != 1 {
-			t.Fatalf("%d machines admitted with room for one", admitted)
+	a, b := machine("team-b", "a", 0, 1, 512, 4), machine("team-b", "b", 0, 1, 512, 4)
+	scheme, err := manager.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := &pausingReader{Reader: fake.NewClientBuilder().WithScheme(scheme).WithObjects(a, b).Build(), hide: "a", aListed: make(chan struct{})}
+	l := quota.NewLedger(tenancy.Limits{Machines: 1}, api, func() map[string]quota.Lister { return map[string]quota.Lister{"test:///": listing(nil)} })
+	aErr := make(chan error, 1)
+	api.during = func() {
+		go func() { aErr <- admitMachine(l, a) }()
+		select {
+		case <-api.aListed: // not kept out: let it finish first
+			err := <-aErr
+			aErr <- err
+			t.Logf("a's admission ran while b's was under way: %v", err)
+		case <-time.After(2 * time.Second): // waits for b's admission
 		}
 	}
+	bErr := admitMachine(l, b)
+	if err := <-aErr; (err == nil) == (bErr == nil) {
+		t.Errorf("with room for one machine: a's admission %v, b's %v; want exactly one admitted", err, bErr)
+	}
+	if bErr != nil {
+		t.Errorf("b, admitted first, was refused: %v", bErr)
+	}
+}
+
+// pausingReader is an API server on which the first listing of
+// LibvirtMachines (b's admission's) is made before hide was created, and
+// is followed by during; a later listing closes aListed.
+type pausingReader struct {
+	client.Reader
+	hide    string
+	during  func()
+	aListed chan struct{}
+	mu      sync.Mutex
+	lists   int
+}
+
+func (r *pausingReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if err := r.Reader.List(ctx, list, opts...); err != nil {
+		return err
+	}
+	ml, ok := list.(*infrav1.LibvirtMachineList)
+	if !ok {
+		return nil
+	}
+	r.mu.Lock()
+	r.lists++
+	n := r.lists
+	r.mu.Unlock()
+	switch n {
+	case 1:
+		ml.Items = slices.DeleteFunc(ml.Items, func(lm infrav1.LibvirtMachine) bool { return lm.Name == r.hide })
+		r.during()
+	case 2:
+		close(r.aListed)
+	}
+	return nil
 }
 
 // TestHoldImages: an imported image counts, at its allocation, for each

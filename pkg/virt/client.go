@@ -117,6 +117,8 @@ type Client struct {
 	poolMu    sync.Mutex
 	poolLocks map[string]chan struct{} // one-slot semaphores, see lockPool
 
+	images imageLocks // overlay creation against image collection
+
 	ownersMu sync.Mutex
 	owners   map[string]*Owner // domain UUID → owner, for events of undefined domains
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"libvirt.org/go/libvirt"
 )
@@ -113,15 +114,18 @@ func poolVolumes(p *libvirt.StoragePool) ([]VolumeInfo, error) {
 }
 
 // ErrImageInUse is DeleteUnusedImage's refusal of an image a volume is
-// backed by or an import writes.
+// backed by, an overlay is being made on, an import writes or the caller
+// keeps.
 var ErrImageInUse = errors.New("image in use")
 
 // DeleteUnusedImage deletes the image volume pool/name unless, checked
-// again with the import and pool locks held, a volume of the host is
-// backed by it or an import writes it (ErrImageInUse). isImage is
-// ImageUses' filter; a volume it does not accept is never deleted. A
-// missing volume is success.
-func (c *Client) DeleteUnusedImage(ctx context.Context, pool, name string, isImage func(string) bool) error {
+// again with the import claim, the pool lock and the image's lock held, a
+// volume of the host is backed by it, an overlay is being made on it, an
+// import writes it or keep (when set, asked last) says to keep it: then
+// ErrImageInUse. isImage is ImageUses' filter; a volume it does not accept
+// is never deleted. A missing volume is success. It never waits for the
+// creation of an overlay: the image is in use.
+func (c *Client) DeleteUnusedImage(ctx context.Context, pool, name string, isImage func(string) bool, keep func() bool) error {
 	if !isImage(name) {
 		return fmt.Errorf("volume %s/%s is not an imported image", pool, name)
 	}
@@ -135,6 +139,13 @@ func (c *Client) DeleteUnusedImage(ctx context.Context, pool, name string, isIma
 		return err
 	}
 	defer unlock()
+	// Taken last, so that an overlay's creation never waits for the pool.
+	ref := VolumeRef{Pool: pool, Name: name}
+	unlockImage, ok := c.images.tryLock(ref)
+	if !ok {
+		return fmt.Errorf("%w: an overlay is being made on %s/%s", ErrImageInUse, pool, name)
+	}
+	defer unlockImage()
 	return c.withConn(ctx, "DeleteUnusedImage", func(conn *libvirt.Connect) error {
 		vols, err := allVolumes(conn)
 		if err != nil {
@@ -147,8 +158,81 @@ func (c *Client) DeleteUnusedImage(ctx context.Context, pool, name string, isIma
 			if len(u.Users) > 0 || u.Partial {
 				return fmt.Errorf("%w: %s/%s backs %v (partial: %t)", ErrImageInUse, pool, name, u.Users, u.Partial)
 			}
+			if keep != nil && keep() {
+				return fmt.Errorf("%w: %s/%s was asked for since it was found unused", ErrImageInUse, pool, name)
+			}
+			c.images.beforeDelete(ref)
 			return ignoreNotFound(withPool(conn, pool, func(p *libvirt.StoragePool) error { return deleteVolume(p, name) }))
 		}
 		return nil
 	})
+}
+
+// imageLocks keep the creation of overlays and the collection of images
+// apart, per image of one Client. EnsureOverlay holds its base's lock
+// shared from reading the base to creating the overlay; DeleteUnusedImage
+// holds it alone from re-listing the image's users to deleting it. An
+// overlay is then either among the users that re-listing sees, or made
+// after the delete, when EnsureOverlay finds no base (ErrImageNotFound)
+// and the import runs again: no overlay is left backed by nothing.
+//
+// The locks are this process's: they hold for everything one manager does
+// on a host, local or remote (one Client per URI). libvirt offers no lock
+// that a second process could share, and two managers on one host are not
+// expected (one leader reconciles and collects); an overlay another
+// process's collection broke is reported by VolumeInfo.BackingMissing and
+// ErrBaseImageMissing, never reused silently.
+type imageLocks struct {
+	mu    sync.Mutex
+	locks map[VolumeRef]*sync.RWMutex
+	// hooks are test seams: waiting runs when a creation finds its base
+	// locked and is about to wait; deleting runs when a collection found
+	// an image unused and is about to delete it. Set before use only.
+	waiting, deleting func(VolumeRef)
+}
+
+// lock returns image's lock.
+func (l *imageLocks) lock(image VolumeRef) *sync.RWMutex {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	m, ok := l.locks[image]
+	if !ok {
+		if l.locks == nil {
+			l.locks = map[VolumeRef]*sync.RWMutex{}
+		}
+		m = &sync.RWMutex{}
+		l.locks[image] = m
+	}
+	return m
+}
+
+// share takes image's lock shared, for making an overlay on it. It waits
+// only for a collection's re-listing and delete, a few libvirt calls: the
+// collection takes the image's lock after the pool's, and never waits for
+// it.
+func (l *imageLocks) share(image VolumeRef) func() {
+	m := l.lock(image)
+	if !m.TryRLock() {
+		if l.waiting != nil {
+			l.waiting(image)
+		}
+		m.RLock()
+	}
+	return m.RUnlock
+}
+
+// tryLock takes image's lock alone when nobody holds it, for collection.
+func (l *imageLocks) tryLock(image VolumeRef) (func(), bool) {
+	m := l.lock(image)
+	if !m.TryLock() {
+		return nil, false
+	}
+	return m.Unlock, true
+}
+
+// beforeDelete runs the test seam of a collection about to delete image.
+func (l *imageLocks) beforeDelete(image VolumeRef) {
+	if l.deleting != nil {
+		l.deleting(image)
+	}
 }

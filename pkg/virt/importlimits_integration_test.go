@@ -207,13 +207,13 @@ func TestImageUsesAndDeleteUnusedImage(t *testing.T) {
 	if len(got) != 2 || len(got[used]) != 1 || got[used][0] != (virt.VolumeRef{Pool: e.pool, Name: overlay}) || len(got[unused]) != 0 {
 		t.Fatalf("ImageUses = %+v", uses)
 	}
-	if err := e.c.DeleteUnusedImage(ctx, e.pool, used, isImage); !errors.Is(err, virt.ErrImageInUse) {
+	if err := e.c.DeleteUnusedImage(ctx, e.pool, used, isImage, nil); !errors.Is(err, virt.ErrImageInUse) {
 		t.Errorf("deleting the used image: want ErrImageInUse, got %v", err)
 	}
-	if err := e.c.DeleteUnusedImage(ctx, e.pool, overlay, isImage); err == nil {
+	if err := e.c.DeleteUnusedImage(ctx, e.pool, overlay, isImage, nil); err == nil {
 		t.Error("deleted a volume that is not an image")
 	}
-	if err := e.c.DeleteUnusedImage(ctx, e.pool, unused, isImage); err != nil {
+	if err := e.c.DeleteUnusedImage(ctx, e.pool, unused, isImage, nil); err != nil {
 		t.Fatal(err)
 	}
 	e.assertNoVolume(t, unused)

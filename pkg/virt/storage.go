@@ -76,7 +76,15 @@ type VolumeInfo struct {
 	// own header does: for the provider's overlays, the base image and
 	// the format the provider checked it to be.
 	BackingPath, BackingFormat string
+	// BackingMissing is true when BackingPath names no volume of an active
+	// pool: the disk cannot be read (set by VolumeInfo and EnsureOverlay).
+	BackingMissing bool
 }
+
+// ErrBaseImageMissing is EnsureOverlay's refusal to reuse an overlay whose
+// base image is gone: the disk it is cannot be read, and writing a new one
+// over it would lose what the VM wrote.
+var ErrBaseImageMissing = errors.New("the overlay's base image is gone")
 
 // partialSuffix names the marker volume that exists while an import into
 // the volume without the suffix is incomplete.
@@ -160,20 +168,41 @@ func sizeBytes(s *libvirtxml.StorageVolumeSize) uint64 {
 	return s.Value * mult
 }
 
-// VolumeInfo describes a volume; IsNotFound(err) when it or its pool does
-// not exist.
+// VolumeInfo describes a volume, with whether its backing file is gone;
+// IsNotFound(err) when it or its pool does not exist.
 func (c *Client) VolumeInfo(ctx context.Context, pool, name string) (VolumeInfo, error) {
 	var info VolumeInfo
 	err := c.withConn(ctx, "VolumeInfo", func(conn *libvirt.Connect) error {
 		return withPool(conn, pool, func(p *libvirt.StoragePool) error {
 			return withVolume(p, name, func(v *libvirt.StorageVol) error {
 				var err error
-				info, err = describeVolume(pool, v)
+				if info, err = describeVolume(pool, v); err != nil {
+					return err
+				}
+				info.BackingMissing, err = backingMissing(conn, info)
 				return err
 			})
 		})
 	})
 	return info, err
+}
+
+// backingMissing tells whether info's backing file names no volume of an
+// active pool. The provider's overlays are always backed by a pool volume,
+// and the collector deletes images through libvirt, which forgets them at
+// once.
+func backingMissing(conn *libvirt.Connect, info VolumeInfo) (bool, error) {
+	if info.BackingPath == "" {
+		return false, nil
+	}
+	vol, err := conn.LookupStorageVolByPath(info.BackingPath)
+	if IsNotFound(err) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("looking up the backing file %s of %s/%s: %w", info.BackingPath, info.Pool, info.Name, err)
+	}
+	return false, vol.Free()
 }
 
 // DeleteVolume deletes a volume together with an import marker it may
@@ -198,7 +227,12 @@ func (c *Client) DeleteVolume(ctx context.Context, pool, name string) error {
 // The base's format is read from its own first bytes, never from libvirt's
 // probe, and a base that names other files is refused (ErrImageRefused):
 // an operator's image pool may hold volumes nobody inspected on import.
+// An existing overlay whose backing file is gone is ErrBaseImageMissing.
+// The base's image lock is held shared throughout, so that the image
+// collector (DeleteUnusedImage) never deletes a base between this check
+// and the overlay's creation (imageLocks).
 func (c *Client) EnsureOverlay(ctx context.Context, spec OverlaySpec) (VolumeInfo, error) {
+	defer c.images.share(VolumeRef{Pool: spec.BackingPool, Name: spec.BackingVolume})()
 	var info VolumeInfo
 	err := c.withConn(ctx, "EnsureOverlay", func(conn *libvirt.Connect) error {
 		var base VolumeInfo
@@ -229,14 +263,14 @@ func (c *Client) EnsureOverlay(ctx context.Context, spec OverlaySpec) (VolumeInf
 			return fmt.Errorf("%w: base %s/%s makes a disk of %d bytes, more than the %d allowed", ErrDiskTooLarge, spec.BackingPool, spec.BackingVolume, capacity, spec.MaxCapacityBytes)
 		}
 		return withPool(conn, spec.Pool, func(p *libvirt.StoragePool) error {
-			info, err = ensureOverlayIn(p, spec, base, capacity)
+			info, err = ensureOverlayIn(conn, p, spec, base, capacity)
 			return wrapNoSpace(spec.Pool, err)
 		})
 	})
 	return info, err
 }
 
-func ensureOverlayIn(p *libvirt.StoragePool, spec OverlaySpec, base VolumeInfo, capacity uint64) (VolumeInfo, error) {
+func ensureOverlayIn(conn *libvirt.Connect, p *libvirt.StoragePool, spec OverlaySpec, base VolumeInfo, capacity uint64) (VolumeInfo, error) {
 	vol, err := p.LookupStorageVolByName(spec.Name)
 	if IsNotFound(err) {
 		doc, merr := overlayVolumeXML(spec.Name, capacity, base.Path, base.Format).Marshal()
@@ -252,11 +286,26 @@ func ensureOverlayIn(p *libvirt.StoragePool, spec OverlaySpec, base VolumeInfo, 
 	}
 	defer vol.Free()
 	info, err := describeVolume(spec.Pool, vol)
-	if err != nil || info.CapacityBytes >= capacity {
+	if err != nil {
 		return info, err
+	}
+	if info.BackingMissing, err = backingMissing(conn, info); err != nil || info.BackingMissing {
+		return info, errors.Join(err, missingBase(info))
+	}
+	if info.CapacityBytes >= capacity {
+		return info, nil
 	}
 	if err := vol.Resize(capacity, 0); err != nil {
 		return VolumeInfo{}, fmt.Errorf("growing overlay %s/%s to %d bytes: %w", spec.Pool, spec.Name, capacity, err)
 	}
 	return describeVolume(spec.Pool, vol)
+}
+
+// missingBase is ErrBaseImageMissing for an overlay info describes, when
+// info.BackingMissing.
+func missingBase(info VolumeInfo) error {
+	if !info.BackingMissing {
+		return nil
+	}
+	return fmt.Errorf("%w: %s/%s is backed by %s, which no volume of an active pool is", ErrBaseImageMissing, info.Pool, info.Name, info.BackingPath)
 }

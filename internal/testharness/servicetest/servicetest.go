@@ -168,6 +168,9 @@ func (i *SyncImporter) Ensure(k imageimport.Key, _ imageimport.Waiter) imageimpo
 // Release records the waiter released.
 func (i *SyncImporter) Release(w imageimport.Waiter) { i.Released = append(i.Released, w) }
 
+// Want records nothing: no collector runs beside it.
+func (*SyncImporter) Want(virt.StorageHost, string, string) {}
+
 // Provision runs address, disk and seed so that the domain can be defined.
 func Provision(t *testing.T, f *Fixture) *scope.MachineScope {
 	t.Helper()

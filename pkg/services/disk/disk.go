@@ -34,6 +34,9 @@ type Importer interface {
 	Ensure(key imageimport.Key, w imageimport.Waiter) imageimport.Status
 	// Release ends the waiter's wait; an import nobody waits for stops.
 	Release(w imageimport.Waiter)
+	// Want records that a base image named by spec.image.volume is used:
+	// the image collector spares it.
+	Want(host virt.StorageHost, pool, volume string)
 }
 
 // Service makes the root disk; its outcome is DiskReady's.
@@ -66,9 +69,16 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	vm := svc.vm
 	pool := vm.Pool
 	want := vm.DiskSizeBytes
-	if info, err := svc.host.VolumeInfo(ctx, pool.Name, vm.OverlayVolume()); err == nil && info.CapacityBytes >= want {
-		vm.RootDisk = &info
-		return services.Done(infrav1.ReadyReason, ""), nil
+	if info, err := svc.host.VolumeInfo(ctx, pool.Name, vm.OverlayVolume()); err == nil {
+		if info.BackingMissing {
+			return services.Result{}, fail(virt.ErrBaseImageMissing,
+				"Root disk %s/%s is backed by %s, which is gone (deleted, or its pool stopped): the disk cannot be read and is not reused; restart the pool, or delete the machine to have a new one made",
+				pool.Name, info.Name, info.BackingPath)
+		}
+		if info.CapacityBytes >= want {
+			vm.RootDisk = &info
+			return services.Done(infrav1.ReadyReason, ""), nil
+		}
 	}
 	if pool.Path != "" {
 		if err := svc.host.EnsurePool(ctx, pool); err != nil {
@@ -99,6 +109,9 @@ func (svc *Service) baseImage(ctx context.Context, pool string) (string, string,
 		p := img.Volume.Pool
 		if p == "" {
 			p = pool
+		}
+		if svc.images != nil && naming.IsImageVolumeName(img.Volume.Name) {
+			svc.images.Want(svc.host, p, img.Volume.Name)
 		}
 		return p, img.Volume.Name, nil
 	}
@@ -189,6 +202,8 @@ func fail(err error, format string, args ...any) error {
 		return services.Fail(r, services.Requeue(recheckChecksum, "image refused"), format, args...)
 	}
 	switch {
+	case errors.Is(err, virt.ErrBaseImageMissing):
+		return services.Fail(infrav1.BaseImageMissingReason, services.Requeue(recheckMissing, "base image gone"), format, args...)
 	case errors.Is(err, virt.ErrImageNotFound):
 		return services.Fail(infrav1.ImageNotFoundReason, services.Requeue(recheckMissing, "image not found"), format, args...)
 	case errors.Is(err, virt.ErrChecksumMismatch):

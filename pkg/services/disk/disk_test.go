@@ -57,6 +57,8 @@ func (i runningImporter) Ensure(imageimport.Key, imageimport.Waiter) imageimport
 
 func (runningImporter) Release(imageimport.Waiter) {}
 
+func (runningImporter) Want(virt.StorageHost, string, string) {}
+
 func TestDiskImportReasons(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -138,5 +140,68 @@ func TestDiskImportsByChecksum(t *testing.T) {
 	}
 	if _, ok := f.Host.Volumes["pool/"+naming.ImageVolumeName(sum)]; !ok {
 		t.Error("Delete removed the shared base image")
+	}
+}
+
+// TestDiskBaseImageGone: a root disk found existing whose base image is
+// gone is not reused: DiskReady is False with BaseImageMissing, naming the
+// missing file, and the reconcile comes back. Before, the overlay was
+// taken as ready because it existed and was large enough.
+func TestDiskBaseImageGone(t *testing.T) {
+	f := servicetest.NewFixture(t)
+	fs := f.Scope()
+	f.Host.Volumes["pool/"+fs.VM.OverlayVolume()] = virt.VolumeInfo{Pool: "pool", Name: fs.VM.OverlayVolume(), CapacityBytes: 100 << 30,
+		Format: "qcow2", BackingPath: "/pools/pool/gone", BackingMissing: true}
+	err := servicetest.Reconcile(fs, infrav1.DiskReadyCondition, disk.New(fs.VM, fs.Host, &servicetest.SyncImporter{Host: f.Host}))
+	if _, ok := services.AsRequeue(err); !ok {
+		t.Fatalf("err = %v, want a requeue", err)
+	}
+	c := servicetest.WantCondition(t, f.LM, infrav1.DiskReadyCondition, metav1.ConditionFalse, infrav1.BaseImageMissingReason)
+	if c != nil && !strings.Contains(c.Message, "/pools/pool/gone") {
+		t.Errorf("DiskReady says %q, want the missing file named", c.Message)
+	}
+	if fs.VM.RootDisk != nil {
+		t.Errorf("the root disk was taken: %+v", fs.VM.RootDisk)
+	}
+}
+
+// wantingImporter records the images reconciles name themselves.
+type wantingImporter struct {
+	servicetest.SyncImporter
+	wanted []string
+}
+
+func (i *wantingImporter) Want(host virt.StorageHost, pool, volume string) {
+	i.wanted = append(i.wanted, fmt.Sprintf("%t %s/%s", host != nil, pool, volume))
+}
+
+// TestDiskWantsNamedImage: a machine naming an imported image by
+// spec.image.volume tells the importer it uses it, so the image collector
+// spares it as it spares the images it imports for machines; a volume
+// that is no imported image is not reported. Before, such an image was
+// never marked as wanted and could be collected before its overlay was
+// made.
+func TestDiskWantsNamedImage(t *testing.T) {
+	image := naming.ImageVolumeName(strings.Repeat("ab", 32))
+	for _, tc := range []struct {
+		name, volume string
+		want         []string
+	}{
+		{"imported image", image, []string{"true pool/" + image}},
+		{"operator's volume", "base", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := servicetest.NewFixture(t)
+			f.Host.Volumes["pool/"+image] = virt.VolumeInfo{Pool: "pool", Name: image, Path: "/pools/pool/" + image, CapacityBytes: 1 << 30, Format: "qcow2"}
+			f.LM.Spec.Image.Volume = &infrav1.VolumeReference{Name: tc.volume}
+			fs := f.Scope()
+			im := &wantingImporter{SyncImporter: servicetest.SyncImporter{Host: f.Host}}
+			if err := servicetest.Reconcile(fs, infrav1.DiskReadyCondition, disk.New(fs.VM, fs.Host, im)); err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(im.wanted) != fmt.Sprint(tc.want) {
+				t.Errorf("wanted %v, want %v", im.wanted, tc.want)
+			}
+		})
 	}
 }

@@ -15,7 +15,7 @@ import (
 // Hosts without it (test fakes) are not collected.
 type ImageStore interface {
 	ImageUses(ctx context.Context, isImage func(name string) bool) ([]virt.ImageUse, error)
-	DeleteUnusedImage(ctx context.Context, pool, name string, isImage func(string) bool) error
+	DeleteUnusedImage(ctx context.Context, pool, name string, isImage func(string) bool, keep func() bool) error
 }
 
 // imageRef names an imported image on a host.
@@ -106,7 +106,10 @@ func (im *Importer) sweepOne(ctx context.Context, store ImageStore, ref imageRef
 		return
 	}
 	log := ctrl.Log.WithName("imagegc").WithValues("pool", ref.pool, "volume", ref.volume)
-	err := store.DeleteUnusedImage(ctx, ref.pool, ref.volume, naming.IsImageVolumeName)
+	// Asked again with the image's lock held: a reconcile that asked for
+	// it since this sweep looked keeps it.
+	keep := func() bool { return im.wantedAt(ref).After(since) }
+	err := store.DeleteUnusedImage(ctx, ref.pool, ref.volume, naming.IsImageVolumeName, keep)
 	switch {
 	case errors.Is(err, virt.ErrImageInUse):
 		unused[ref] = now

@@ -135,6 +135,20 @@ func (im *Importer) Ensure(key Key, w Waiter) Status {
 	return st
 }
 
+// Want records that a reconcile uses the image volume pool/volume of host
+// (nil: the Importer's own) as a base it names itself (spec.image.volume):
+// the collector spares it for GCAfter, as it spares the images reconciles
+// import, though no import asked for it.
+func (im *Importer) Want(host virt.StorageHost, pool, volume string) {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	if host == nil {
+		host = im.host
+	}
+	im.hosts[host] = struct{}{}
+	im.wanted[imageRef{host: host, pool: pool, volume: volume}] = im.now()
+}
+
 // Release ends w's wait on every import: an import nobody waits for any
 // more is cancelled, and the volume it was writing removed.
 func (im *Importer) Release(w Waiter) {

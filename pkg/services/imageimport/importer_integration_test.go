@@ -158,16 +158,19 @@ func importQCOW2(t *testing.T, c *virt.Client, pool string, virtual int) string 
 	return name
 }
 
-// TestUnusedImagesCollected: of three imported images, the one an overlay
-// is backed by and the one a reconcile asked for stay; the one nobody uses
-// stays for the grace period and is removed on the first sweep after it.
-// Before, imported images were never removed.
+// TestUnusedImagesCollected: of four imported images, the one an overlay
+// is backed by, the one a reconcile asked for and the one a reconcile
+// names by spec.image.volume (Want) stay; the one nobody uses stays for
+// the grace period and is removed on the first sweep after it. Before,
+// imported images were never removed, and then an image named by
+// spec.image.volume was removed as unused.
 func TestUnusedImagesCollected(t *testing.T) {
 	const grace = time.Hour
 	im, c, pool, clk := libvirtImporter(t, Options{GCAfter: grace})
 	im.gcPools = func(p string) bool { return p == pool } // the host is shared
 	ctx := context.Background()
 	used, unused, wanted := importQCOW2(t, c, pool, 1<<20), importQCOW2(t, c, pool, 2<<20), importQCOW2(t, c, pool, 3<<20)
+	named := importQCOW2(t, c, pool, 4<<20)
 	if _, err := c.EnsureOverlay(ctx, virt.OverlaySpec{Pool: pool, Name: pool + "-overlay", BackingPool: pool, BackingVolume: used}); err != nil {
 		t.Fatal(err)
 	}
@@ -186,19 +189,70 @@ func TestUnusedImagesCollected(t *testing.T) {
 		advance time.Duration
 		want    map[string]bool
 	}{
-		{0, map[string]bool{used: true, unused: true, wanted: true}},
-		{grace - time.Second, map[string]bool{used: true, unused: true, wanted: true}},
-		{2 * time.Second, map[string]bool{used: true, unused: false, wanted: true}},
-		{2 * grace, map[string]bool{used: true, unused: false, wanted: true}},
+		{0, map[string]bool{used: true, unused: true, wanted: true, named: true}},
+		{grace - time.Second, map[string]bool{used: true, unused: true, wanted: true, named: true}},
+		{2 * time.Second, map[string]bool{used: true, unused: false, wanted: true, named: true}},
+		{2 * grace, map[string]bool{used: true, unused: false, wanted: true, named: true}},
 	}
 	for i, s := range steps {
 		clk.Add(s.advance)
 		im.Ensure(wantedKey, a)
+		im.Want(c, pool, named)
 		im.sweep(ctx, unusedSince)
 		for vol, want := range s.want {
 			if got := exists(vol); got != want {
 				t.Errorf("step %d: %s exists: %t, want %t", i, vol, got, want)
 			}
 		}
+	}
+}
+
+// askingStore is a host on which a reconcile asks for every image the
+// collector is about to delete, after the sweep found it unused and
+// before DeleteUnusedImage runs.
+type askingStore struct {
+	*virt.Client
+	ask func(pool, name string)
+}
+
+func (s *askingStore) DeleteUnusedImage(ctx context.Context, pool, name string, isImage func(string) bool, keep func() bool) error {
+	s.ask(pool, name)
+	return s.Client.DeleteUnusedImage(ctx, pool, name, isImage, keep)
+}
+
+// TestImageAskedForDuringCollectionKept: an image unused for the grace
+// period, which a reconcile asks for (Want, as a machine naming it by
+// spec.image.volume does) between the sweep's decision and the delete, is
+// kept: the collector asks again with the image's lock held. Before, the
+// sweep's decision alone counted and the image was deleted.
+func TestImageAskedForDuringCollectionKept(t *testing.T) {
+	const grace = time.Hour
+	uri := testlibvirt.URI(t)
+	c := testlibvirt.Client(t, uri)
+	pool := testlibvirt.Pool(t, uri, c)
+	var im *Importer
+	asked := 0
+	im = New(&askingStore{Client: c, ask: func(p, name string) {
+		asked++
+		im.Want(nil, p, name)
+	}}, Options{GCAfter: grace})
+	clk := &clock{now: time.Now()}
+	im.now = clk.Now
+	im.gcPools = func(p string) bool { return p == pool }
+	t.Cleanup(func() {
+		im.cancel()
+		im.wg.Wait()
+	})
+	ctx := context.Background()
+	img := importQCOW2(t, c, pool, 1<<20)
+	unusedSince := map[imageRef]time.Time{}
+	im.sweep(ctx, unusedSince)
+	clk.Add(grace + time.Second)
+	im.sweep(ctx, unusedSince)
+	if asked != 1 {
+		t.Fatalf("the collector tried to delete %d times, want once", asked)
+	}
+	if _, err := c.VolumeInfo(ctx, pool, img); err != nil {
+		t.Errorf("the image asked for during its collection: %v", err)
 	}
 }
