@@ -94,10 +94,10 @@ func TestReleaseDirectory(t *testing.T) {
 	}
 
 	// The image.
-	digest := strings.TrimSpace(string(must1(t, os.ReadFile(filepath.Join(dir, "manager-image.digest")))))
+	digest := strings.TrimSpace(string(readFile(t, filepath.Join(dir, "manager-image.digest"))))
 	refName := checkImageArchive(t, filepath.Join(dir, "manager-image.tar"), digest)
 	image := refName + "@" + digest
-	objs, err := plane.DecodeYAML(must1(t, os.ReadFile(filepath.Join(dir, "infrastructure-components.yaml"))))
+	objs, err := plane.DecodeYAML(readFile(t, filepath.Join(dir, "infrastructure-components.yaml")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,10 @@ func releaseVersion(t *testing.T, dir string) string {
 // with its digest, and returns the image's name.
 func checkImageArchive(t *testing.T, path, digest string) string {
 	t.Helper()
-	f := must1(t, os.Open(path))
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer f.Close()
 	files := map[string][]byte{}
 	tr := tar.NewReader(f)
@@ -236,7 +239,11 @@ func checkImageArchive(t *testing.T, path, digest string) string {
 		if err != nil {
 			t.Fatalf("%s: %v", path, err)
 		}
-		files[strings.TrimPrefix(hdr.Name, "./")] = must1(t, io.ReadAll(tr))
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		files[strings.TrimPrefix(hdr.Name, "./")] = data
 	}
 	blob := func(d string) []byte {
 		t.Helper()
@@ -354,10 +361,11 @@ func clusterctlEnv(t *testing.T, kubeconfig string, vars []string, args ...strin
 	return out.String(), errOut.String()
 }
 
-func must1[T any](t *testing.T, v T, err error) T {
+func readFile(t *testing.T, path string) []byte {
 	t.Helper()
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return v
+	return data
 }

@@ -53,7 +53,8 @@ func managerBinary(t *testing.T) string {
 // a temporary HOME (and, as under sudo, chowned to SUDO_UID), a cluster
 // from the template applied server-side as create cluster applies it and
 // again with other sizes (the replicas follow, a scale in between is
-// undone), get clusters and status of it, orphans, doctor, logs, the
+// undone), get clusters, get nodes and status of it (also as JSON and
+// YAML), orphans, doctor, logs, the
 // warning about a plane older than its binary and start --restart, stop
 // and start (etcd's objects kept), delete cluster, down. The plane's
 // libvirt is libvirt's in-process test driver (test:///default): nothing

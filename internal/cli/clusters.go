@@ -396,17 +396,6 @@ func printClusters(out io.Writer, output outputFormat, rows []clusterRow, now ti
 	return tw.Flush()
 }
 
-// readyOf is "ready/desired" of a replica count.
-func readyOf(ready, desired *int32) string {
-	v := func(p *int32) int32 {
-		if p == nil {
-			return 0
-		}
-		return *p
-	}
-	return fmt.Sprintf("%d/%d", v(ready), v(desired))
-}
-
 func orDash(s string) string {
 	if s == "" {
 		return "-"
