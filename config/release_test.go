@@ -49,10 +49,11 @@ func releaseDir(t *testing.T) string {
 // layout whose manifest has the digest of manager-image.digest, which the
 // components run; then the real clusterctl, offline, through the
 // directory's own clusterctl.yaml: generate provider (the image by
-// digest), generate cluster of every flavour (the topology flavour with its
-// ClusterClass from the repository), and init --infrastructure libvirt into
-// a real API server, after which the provider's objects and clusterctl's
-// inventory are there.
+// digest), init --infrastructure libvirt into a real API server, after
+// which clusterctl's inventory lists the four providers and the provider's
+// objects are there, and generate cluster of every flavour for that
+// management cluster (the topology flavour with its ClusterClass from the
+// repository).
 //
 // What it does not prove: that the Deployments run (the API server has no
 // nodes), nor cert-manager's installation: the API server gets cert-manager's
@@ -126,40 +127,6 @@ func TestReleaseDirectory(t *testing.T) {
 		t.Error("clusterctl generate provider left a variable")
 	}
 
-	// generate cluster: every flavour of the release.
-	vars := []string{"LIBVIRT_IMAGE_VOLUME=capl-node-v1.36.3.qcow2", "LIBVIRT_CONTROL_PLANE_ENDPOINT_HOST=192.168.1.240"}
-	for _, f := range want {
-		flavor, ok := strings.CutPrefix(f, "cluster-template")
-		if !ok {
-			continue
-		}
-		flavor = strings.TrimPrefix(strings.TrimSuffix(flavor, ".yaml"), "-")
-		args := []string{"generate", "cluster", "demo", "--infrastructure", "libvirt", "--kubernetes-version", "v1.36.3", "--target-namespace", "default"}
-		if flavor != "" {
-			args = append(args, "--flavor", flavor)
-		}
-		out, _ := clusterctlEnv(t, noCluster, vars, append(args, "--config", config)...)
-		if i := strings.Index(out, "${"); i >= 0 {
-			t.Errorf("flavour %q: a variable left: %q", flavor, out[i:min(len(out), i+60)])
-		}
-		rendered, err := plane.DecodeYAML([]byte(out))
-		if err != nil {
-			t.Errorf("flavour %q: %v", flavor, err)
-			continue
-		}
-		var kinds []string
-		for _, o := range rendered {
-			kinds = append(kinds, o.GetKind())
-		}
-		if !slices.Contains(kinds, "Cluster") {
-			t.Errorf("flavour %q renders no Cluster: %v", flavor, kinds)
-		}
-		if flavor == "topology" && !slices.Contains(kinds, "ClusterClass") {
-			t.Errorf("flavour topology: clusterctl added no ClusterClass from the repository: %v", kinds)
-		}
-		t.Logf("flavour %q: %d objects (%s)", flavor, len(rendered), strings.Join(kinds, ", "))
-	}
-
 	// init into the API server.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -205,6 +172,41 @@ func TestReleaseDirectory(t *testing.T) {
 		if _, ok := crd.Labels["clusterctl.cluster.x-k8s.io"]; !ok {
 			t.Errorf("CRD %s lacks clusterctl's label: not installed by clusterctl", crd.Name)
 		}
+	}
+
+	// generate cluster: every flavour of the release, for the management
+	// cluster init made, as a user runs it next.
+	vars := []string{"LIBVIRT_IMAGE_VOLUME=capl-node-v1.36.3.qcow2", "LIBVIRT_CONTROL_PLANE_ENDPOINT_HOST=192.168.1.240"}
+	for _, f := range want {
+		flavor, ok := strings.CutPrefix(f, "cluster-template")
+		if !ok {
+			continue
+		}
+		flavor = strings.TrimPrefix(strings.TrimSuffix(flavor, ".yaml"), "-")
+		args := []string{"generate", "cluster", "demo", "--infrastructure", "libvirt", "--kubernetes-version", "v1.36.3", "--target-namespace", "default"}
+		if flavor != "" {
+			args = append(args, "--flavor", flavor)
+		}
+		out, _ := clusterctlEnv(t, env.Kubeconfig, vars, append(args, "--config", config)...)
+		if i := strings.Index(out, "${"); i >= 0 {
+			t.Errorf("flavour %q: a variable left: %q", flavor, out[i:min(len(out), i+60)])
+		}
+		rendered, err := plane.DecodeYAML([]byte(out))
+		if err != nil {
+			t.Errorf("flavour %q: %v", flavor, err)
+			continue
+		}
+		var kinds []string
+		for _, o := range rendered {
+			kinds = append(kinds, o.GetKind())
+		}
+		if !slices.Contains(kinds, "Cluster") {
+			t.Errorf("flavour %q renders no Cluster: %v", flavor, kinds)
+		}
+		if flavor == "topology" && !slices.Contains(kinds, "ClusterClass") {
+			t.Errorf("flavour topology: clusterctl added no ClusterClass from the repository: %v", kinds)
+		}
+		t.Logf("flavour %q: %d objects (%s)", flavor, len(rendered), strings.Join(kinds, ", "))
 	}
 }
 
