@@ -63,10 +63,21 @@ prepare-host: ## Install packages and start libvirtd on this Debian/Ubuntu host 
 run: ## Run the manager against the management cluster of the current kubeconfig.
 	go run ./cmd/manager --libvirt-uri=$(LIBVIRT_URI) --health-addr=127.0.0.1:9440 --diagnostics-address=127.0.0.1:8443
 
+# What `manager --version` and `capl-dev version` say: the release of a
+# checkout at its tag, else RELEASE_VERSION-dev; the commit (-dirty with
+# changes); the commit's time, not the build's, so that a rebuild of one
+# commit is the same binary.
+VERSION_PKG := github.com/capi-libvirt/cluster-api-provider-libvirt/internal/version
+VERSION = $(shell git describe --tags --exact-match --match 'v[0-9]*' 2>/dev/null || echo $(RELEASE_VERSION)-dev)
+GIT_COMMIT = $(shell git rev-parse HEAD 2>/dev/null)$(shell test -z "$$(git status --porcelain 2>/dev/null)" || echo -dirty)
+GIT_COMMIT_DATE = $(shell TZ=UTC git show -s --date=format-local:%Y-%m-%dT%H:%M:%SZ --format=%cd HEAD 2>/dev/null)
+VERSION_LDFLAGS = -X $(VERSION_PKG).gitVersion=$(VERSION) -X $(VERSION_PKG).gitCommit=$(GIT_COMMIT) -X $(VERSION_PKG).buildDate=$(GIT_COMMIT_DATE)
+
 .PHONY: build
-build: ## Build the manager and capl-dev (the one-host management plane) into bin/.
-	@hack/timed.sh --key "go build manager" --what "bin/manager (go build, incremental)" -- go build -o $(BIN)/manager ./cmd/manager
-	@hack/timed.sh --key "go build capl-dev" --what "bin/capl-dev (go build, incremental)" -- go build -o $(BIN)/capl-dev ./cmd/capl-dev
+build: ## Build the manager and capl-dev (the one-host management plane) into bin/, with their version (VERSION_LDFLAGS).
+	@ldflags='$(VERSION_LDFLAGS)' && \
+	hack/timed.sh --key "go build manager" --what "bin/manager (go build, incremental)" -- go build -ldflags "$$ldflags" -o $(BIN)/manager ./cmd/manager && \
+	hack/timed.sh --key "go build capl-dev" --what "bin/capl-dev (go build, incremental)" -- go build -ldflags "$$ldflags" -o $(BIN)/capl-dev ./cmd/capl-dev
 
 # Where `make dist` writes the one-host plane's release directory.
 DIST_DIR ?= $(ROOT)/dist/capl-dev-linux-amd64
@@ -217,6 +228,7 @@ verify: generate $(KUSTOMIZE) ## Fail when generated files are stale, code is no
 	go vet ./...
 	go vet -tags e2e ./e2e/...
 	go vet -tags image ./images/manager/
+	go vet -tags release ./config/
 	cd images/oci && go vet ./...
 	$(KUSTOMIZE) build config/default >/dev/null
 
@@ -262,6 +274,18 @@ clusterctl-repo: release-manifests $(KUSTOMIZE) $(HELM) ## Everything `clusterct
 	CERT_MANAGER_VERSION=$(CERT_MANAGER_VERSION) KUBERNETES_VERSION=$(KUBERNETES_VERSION) INFRA_RELEASE_DIR=$(RELEASE_DIR) INFRA_VERSION=$(RELEASE_VERSION) KUSTOMIZE=$(KUSTOMIZE) HELM=$(HELM) \
 		hack/timed.sh --key "clusterctl-repo" --what "Cluster API's providers and cert-manager for clusterctl init (images/providers/build.sh)" -- \
 		images/providers/build.sh $(CLUSTERCTL_REPO_DIR)
+
+# Where make release writes the release directory.
+RELEASE_OUT ?= $(ROOT)/dist/release
+
+.PHONY: release
+release: image-current $(KUSTOMIZE) ## What a GitHub release of the provider holds, in $(RELEASE_OUT): infrastructure-components.yaml (the manager by digest), metadata.yaml, the templates, the manager image (manager-image.tar, .digest) and a clusterctl.yaml whose local repository holds it and Cluster API's providers (hack/release.sh).
+	$(MAKE) release-manifests RELEASE_DIR=$(RELEASE_OUT)
+	IMG=$(IMG) KUSTOMIZE=$(KUSTOMIZE) hack/release.sh $(RELEASE_OUT) $(RELEASE_VERSION) $(MANAGER_IMAGE_DIR)
+
+.PHONY: test-release
+test-release: envtest release clusterctl ## make release, then the real clusterctl reads it: init into an envtest API server (kube-apiserver, etcd), generate provider, every flavour through generate cluster; the image's digest checked against the components'.
+	$(TEST_ENV) CAPL_TEST_RELEASE_DIR=$(RELEASE_OUT) go test -tags release -count=1 -timeout=10m -v -run '^TestRelease' ./config/
 
 .PHONY: clusterctl-override
 clusterctl-override: release-manifests ## Install $(RELEASE_DIR) as clusterctl's local override of infrastructure-libvirt $(RELEASE_VERSION) and register the provider.

@@ -1,7 +1,8 @@
 // Package docs_test keeps the documentation complete: every API field,
 // manager flag, clusterctl variable, ClusterClass variable, condition
 // reason and capl-dev command must appear in it, so that adding one without
-// documenting it fails; and every capl-dev command line it shows must parse.
+// documenting it fails; every capl-dev command line it shows must parse;
+// every page is in the indexes and every relative link leads to a file.
 package docs_test
 
 import (
@@ -246,6 +247,7 @@ var commandTests = map[string][]string{
 	"create cluster": {"TestCLI"},
 	"delete cluster": {"TestCLIPlaneWithoutVMs", "TestCLI"},
 	"get clusters":   {"TestCLIPlaneWithoutVMs", "TestCLI"},
+	"get nodes":      {"TestCLIPlaneWithoutVMs"},
 	"get kubeconfig": {"TestCLIPlaneWithoutVMs", "TestCLI"},
 	"status":         {"TestCLIPlaneWithoutVMs", "TestCLI"},
 	"logs":           {"TestCLIPlaneWithoutVMs", "TestCLI"},
@@ -255,6 +257,7 @@ var commandTests = map[string][]string{
 	"doctor":         {"TestDeadLibvirtdSaidWithinSeconds", "TestCLIPlaneWithoutVMs"},
 	"orphans":        {"TestCLIPlaneWithoutVMs"},
 	"completion":     {"TestCompletion"},
+	"version":        {"TestVersion"},
 }
 
 // TestCapldevCommandsDocumented: every capl-dev command line in the
@@ -361,4 +364,75 @@ func testExists(t *testing.T, name string) bool {
 		}
 	}
 	return testFuncs[name]
+}
+
+// TestDocsIndexed: every page of docs/ is in docs/README.md's index and in
+// README.md's Documentation list.
+func TestDocsIndexed(t *testing.T) {
+	pages, err := filepath.Glob("*.md")
+	if err != nil || len(pages) < 2 {
+		t.Fatalf("docs/*.md: %v %v", pages, err)
+	}
+	index := read(t, "README.md")
+	readme := read(t, "../README.md")
+	_, list, ok := strings.Cut(readme, "\n## Documentation\n")
+	if !ok {
+		t.Fatal("README.md has no ## Documentation section")
+	}
+	list, _, _ = strings.Cut(list, "\n## ")
+	for _, page := range pages {
+		if page == "README.md" {
+			continue
+		}
+		if !strings.Contains(index, "]("+page+")") {
+			t.Errorf("docs/README.md does not index %s", page)
+		}
+		if !strings.Contains(list, "](docs/"+page+")") {
+			t.Errorf("README.md's Documentation list lacks docs/%s", page)
+		}
+	}
+	t.Logf("%d pages checked", len(pages)-1)
+}
+
+// markdownLink is a Markdown link's or image's target: [text](target).
+var markdownLink = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+
+// TestRelativeLinksResolve: every relative link of README.md and docs/
+// (and the other READMEs docFiles names) points at a file or directory
+// that exists. Links inside code blocks and inline code are not links.
+func TestRelativeLinksResolve(t *testing.T) {
+	checked := 0
+	for _, glob := range docFiles {
+		files, err := filepath.Glob(glob)
+		if err != nil || len(files) == 0 {
+			t.Fatalf("no file matches %s: %v", glob, err)
+		}
+		for _, f := range files {
+			fenced := false
+			for i, line := range strings.Split(read(t, f), "\n") {
+				if strings.HasPrefix(strings.TrimSpace(line), "```") {
+					fenced = !fenced
+					continue
+				}
+				if fenced {
+					continue
+				}
+				for _, m := range markdownLink.FindAllStringSubmatch(inlineCode.ReplaceAllString(line, ""), -1) {
+					target := m[1]
+					if strings.Contains(target, "://") || strings.HasPrefix(target, "#") || strings.HasPrefix(target, "mailto:") {
+						continue
+					}
+					path, _, _ := strings.Cut(target, "#")
+					checked++
+					if _, err := os.Stat(filepath.Join(filepath.Dir(f), path)); err != nil {
+						t.Errorf("%s:%d: the link %s leads nowhere: %v", f, i+1, target, err)
+					}
+				}
+			}
+		}
+	}
+	if checked < 20 {
+		t.Fatalf("found %d relative links", checked)
+	}
+	t.Logf("%d relative links checked", checked)
 }

@@ -183,10 +183,12 @@ func TestCLI(t *testing.T) {
 		pod, pullPolicy, want string
 		flags                 []string
 	}{
-		{pod: "hello-nodes", pullPolicy: "Never", want: "imported", flags: []string{"--to-nodes"}},
+		// --cluster names the nodes: it implies --to-nodes. Without it the
+		// plane's registry serves every cluster.
+		{pod: "hello-nodes", pullPolicy: "Never", want: "imported", flags: []string{"--cluster=" + cliCluster}},
 		{pod: "hello", pullPolicy: "Always", want: "pushed into the plane's registry"},
 	} {
-		ok(cli(nil, append(append([]string{"load", "image", tarball, "--cluster=" + cliCluster}, load.flags...), ns...)...), "load image "+strings.Join(load.flags, " "), load.want)
+		ok(cli(nil, append(append([]string{"load", "image", tarball}, load.flags...), ns...)...), "load image "+strings.Join(load.flags, " "), load.want)
 		if out, err := kubectl("run", load.pod, "--image="+cliImage, "--image-pull-policy="+load.pullPolicy, "--restart=Never", "--overrides="+overrides); err != nil {
 			t.Fatalf("kubectl run: %v\n%s", err, out)
 		}

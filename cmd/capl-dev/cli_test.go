@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -106,8 +108,8 @@ func (r result) expect(t *testing.T, what string, code int, stdout, stderr []str
 var commands = [][]string{
 	{"up"}, {"down"}, {"stop"}, {"start"}, {"serve"},
 	{"create"}, {"create", "cluster"}, {"delete"}, {"delete", "cluster"},
-	{"get"}, {"get", "clusters"}, {"get", "kubeconfig"}, {"status"}, {"logs"}, {"render"},
-	{"exec"}, {"load"}, {"load", "image"}, {"doctor"}, {"orphans"}, {"completion"},
+	{"get"}, {"get", "clusters"}, {"get", "nodes"}, {"get", "kubeconfig"}, {"status"}, {"logs"}, {"render"},
+	{"exec"}, {"load"}, {"load", "image"}, {"doctor"}, {"orphans"}, {"version"}, {"completion"},
 }
 
 // TestHelpAndUsageErrors: every command has help; a command line that
@@ -135,6 +137,10 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{[]string{"exec", "node", "--"}, []string{"name the VM and the command"}},
 		{[]string{"load", "image"}, []string{"requires at least 1 arg(s)"}},
 		{[]string{"status", "a", "b"}, []string{"accepts at most 1 arg(s)"}},
+		{[]string{"get", "nodes", "a", "b"}, []string{"accepts at most 1 arg(s)"}},
+		{[]string{"get", "clusters", "-o", "xml"}, []string{`"xml" is not an output format: json or yaml`}},
+		{[]string{"status", "-o", "table"}, []string{`"table" is not an output format`}},
+		{[]string{"version", "extra"}, []string{"unknown command"}},
 	} {
 		runCLI(t, nil, tc.args...).expect(t, "capl-dev "+strings.Join(tc.args, " "), 2, nil, tc.stderr)
 	}
@@ -184,7 +190,8 @@ func TestCompletion(t *testing.T) {
 		}
 	}
 	runCLI(t, nil, "__complete", "").expect(t, "commands", 0, []string{"up\t", "create\t", "doctor\t", "status\t"}, nil)
-	runCLI(t, nil, "__complete", "get", "").expect(t, "get's commands", 0, []string{"clusters\t", "kubeconfig\t"}, nil)
+	runCLI(t, nil, "__complete", "get", "").expect(t, "get's commands", 0, []string{"clusters\t", "nodes\t", "kubeconfig\t"}, nil)
+	runCLI(t, nil, "__complete", "get", "clusters", "-o", "").expect(t, "-o's values", 0, []string{"json", "yaml"}, nil)
 	runCLI(t, nil, "__complete", "create", "cluster", "dev", "--").
 		expect(t, "create cluster's flags", 0, []string{"--workers\t", "--node-image\t", "--kubernetes-version\t", "--state-dir\t"}, nil)
 }
@@ -246,7 +253,7 @@ func TestDeadLibvirtdSaidWithinSeconds(t *testing.T) {
 func TestCommandsNeedARunningPlane(t *testing.T) {
 	state := t.TempDir()
 	for _, args := range [][]string{
-		{"status"}, {"get", "clusters"}, {"get", "kubeconfig", "demo"}, {"create", "cluster", "x"},
+		{"status"}, {"get", "clusters"}, {"get", "nodes"}, {"get", "kubeconfig", "demo"}, {"create", "cluster", "x"},
 		{"delete", "cluster", "x"}, {"exec", "node", "--", "true"}, {"load", "image", "x.tar"}, {"stop"},
 	} {
 		// Before the command: exec's flags end at its NODE.
@@ -272,4 +279,43 @@ func TestRender(t *testing.T) {
 		expect(t, "render --stand-in", 0, []string{"kind: LibvirtMachineTemplate", "file://" + images}, nil)
 	runCLI(t, nil, "render", "--image-dir="+t.TempDir(), "--domain-type=kvm").
 		expect(t, "render without images", 1, nil, []string{"make images node-image"})
+}
+
+// TestVersion: version prints the release, the commit and the commit's
+// time the build set (-ldflags -X, as make build sets them), as a line
+// and as JSON and YAML; a plain go build says what Go recorded (with
+// -buildvcs=false nothing: "unknown"), never an empty field.
+func TestVersion(t *testing.T) {
+	plain := runCLI(t, nil, "version")
+	plain.expect(t, "version of go build", 0, nil, nil)
+	if !regexp.MustCompile(`^capl-dev \S+ \(commit \S+, committed \S+, go1\.\S+, \w+/\w+\)\n$`).MatchString(plain.stdout) {
+		t.Errorf("version of go build: %q", plain.stdout)
+	}
+
+	pkg := "github.com/capi-libvirt/cluster-api-provider-libvirt/internal/version"
+	bin := filepath.Join(t.TempDir(), "capl-dev")
+	ldflags := "-X " + pkg + ".gitVersion=v9.8.7 -X " + pkg + ".gitCommit=0123456789abcdef -X " + pkg + ".buildDate=2026-11-29T01:02:03Z"
+	cmd := exec.Command(goPath(t), "build", "-ldflags", ldflags, "-o", bin, ".")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build -ldflags: %v\n%s", err, out)
+	}
+	run := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command(bin, args...).Output()
+		if err != nil {
+			t.Fatalf("capl-dev %s: %v", strings.Join(args, " "), err)
+		}
+		return string(out)
+	}
+	if got := run("version"); !strings.HasPrefix(got, "capl-dev v9.8.7 (commit 0123456789abcdef, committed 2026-11-29T01:02:03Z, go1.") {
+		t.Errorf("version: %q", got)
+	}
+	var v struct{ Version, GitCommit, BuildDate, GoVersion, Platform string }
+	must(t, json.Unmarshal([]byte(run("version", "-o", "json")), &v))
+	if v.Version != "v9.8.7" || v.GitCommit != "0123456789abcdef" || v.BuildDate != "2026-11-29T01:02:03Z" || v.Platform != runtime.GOOS+"/"+runtime.GOARCH {
+		t.Errorf("version -o json: %+v", v)
+	}
+	if got := run("version", "-o", "yaml"); !strings.Contains(got, "version: v9.8.7\n") || !strings.Contains(got, "gitCommit: 0123456789abcdef\n") {
+		t.Errorf("version -o yaml:\n%s", got)
+	}
 }

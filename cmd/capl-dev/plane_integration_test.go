@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"compress/gzip"
 	"context"
+	"encoding/json"
 	"io"
 	"os"
 	"os/exec"
@@ -52,7 +53,8 @@ func managerBinary(t *testing.T) string {
 // a temporary HOME (and, as under sudo, chowned to SUDO_UID), a cluster
 // from the template applied server-side as create cluster applies it and
 // again with other sizes (the replicas follow, a scale in between is
-// undone), get clusters and status of it, orphans, doctor, logs, the
+// undone), get clusters, get nodes and status of it (also as JSON and
+// YAML), orphans, doctor, logs, the
 // warning about a plane older than its binary and start --restart, stop
 // and start (etcd's objects kept), delete cluster, down. The plane's
 // libvirt is libvirt's in-process test driver (test:///default): nothing
@@ -182,6 +184,25 @@ func TestCLIPlaneWithoutVMs(t *testing.T) {
 		t.Errorf("after a scale to 5 and applying 2 workers: %d", w)
 	}
 	cli(nil, "get", "clusters").expect(t, "get clusters", 0, []string{"NAMESPACE", "default", "conv"}, nil)
+	var listed struct {
+		Clusters []struct{ Namespace, Name string }
+	}
+	r = cli(nil, "get", "clusters", "-o", "json")
+	r.expect(t, "get clusters -o json", 0, nil, nil)
+	if err := json.Unmarshal([]byte(r.stdout), &listed); err != nil || len(listed.Clusters) != 1 || listed.Clusters[0].Name != "conv" {
+		t.Errorf("get clusters -o json: %v\n%s", err, r.stdout)
+	}
+	cli(nil, "get", "clusters", "-o", "yaml").expect(t, "get clusters -o yaml", 0, []string{"clusters:\n- ", "name: conv\n"}, nil)
+	// The test driver makes no VM: the cluster's machines have no domain.
+	cli(nil, "get", "nodes", "conv").expect(t, "get nodes conv", 0, []string{"No VMs found."}, nil)
+	cli(nil, "get", "nodes", "-o", "json").expect(t, "get nodes -o json", 0, []string{`"nodes": []`}, nil)
+	cli(nil, "get", "nodes", "nope").expect(t, "get nodes of no cluster", 1, nil, []string{"no cluster default/nope"})
+	cli(nil, "status", "conv", "-o", "yaml").expect(t, "status conv -o yaml", 0, []string{"clusters:\n- ", "name: conv\n", "libvirtCluster:", "machineDeployments:", "kind: KubeadmControlPlane"}, nil)
+	r = cli(nil, "status", "-o", "json")
+	r.expect(t, "status -o json", 0, []string{`"plane": {`, `"libvirtURI": "` + uri + `"`}, nil)
+	if !json.Valid([]byte(r.stdout)) {
+		t.Errorf("status -o json is no JSON:\n%s", r.stdout)
+	}
 	cli(nil, "status", "conv").expect(t, "status conv", 0, []string{"Cluster default/conv", "conditions:", "LibvirtCluster conv",
 		"KubeadmControlPlane conv-control-plane", "MachineDeployment conv-md-0"}, nil)
 	cli(nil, "status", "nope").expect(t, "status of no cluster", 1, nil, []string{"no cluster default/nope"})

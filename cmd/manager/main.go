@@ -14,6 +14,7 @@ import (
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/version"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 )
 
@@ -24,7 +25,12 @@ func main() {
 	logsv1.AddFlags(logOptions, pflag.CommandLine)
 	pflag.CommandLine.SetNormalizeFunc(cliflag.WordSepNormalizeFunc)
 	pflag.CommandLine.AddGoFlagSet(flag.CommandLine)
+	showVersion := pflag.Bool("version", false, "print the version (release, commit, commit time) and exit")
 	pflag.Parse()
+	if *showVersion {
+		fmt.Println("manager " + version.Get().String())
+		return
+	}
 
 	if err := logsv1.ValidateAndApply(logOptions, nil); err != nil {
 		fmt.Fprintf(os.Stderr, "invalid logging flags: %v\n", err)
@@ -38,7 +44,8 @@ func main() {
 		log.Error(err, "Unable to create the manager")
 		os.Exit(1)
 	}
-	log.Info("Starting manager", "libvirtURI", opts.LibvirtURI, "namespace", opts.WatchNamespace)
+	log.Info("Starting manager", "version", version.Get().Version, "commit", version.Get().GitCommit,
+		"libvirtURI", opts.LibvirtURI, "namespace", opts.WatchNamespace)
 	if err := mgr.Start(ctrl.SetupSignalHandler()); err != nil {
 		log.Error(err, "Manager stopped with an error")
 		os.Exit(1)

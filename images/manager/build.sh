@@ -146,7 +146,12 @@ export GOENV=off GOWORK=off GOTOOLCHAIN=local GOFLAGS=-mod=readonly
 #    depends on the sources, Go and libvirt-dev, not on where it is built.
 bin=$(mktemp -d "${TMPDIR:-/tmp}/capl-manager.XXXXXX")
 trap 'rm -rf "$bin"' EXIT
-(cd "$root" && CGO_ENABLED=1 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags '-s -w' -o "$bin/manager" ./cmd/manager)
+#    Its version (manager --version): RELEASE_VERSION, the commit and the
+#    commit's time, the same for every build of the commit.
+commit_date=$(TZ=UTC git -C "$root" show -s --date=format-local:%Y-%m-%dT%H:%M:%SZ --format=%cd HEAD 2>/dev/null || echo unknown)
+version_pkg=github.com/capi-libvirt/cluster-api-provider-libvirt/internal/version
+ldflags="-s -w -X $version_pkg.gitVersion=$version -X $version_pkg.gitCommit=$rev -X $version_pkg.buildDate=$commit_date"
+(cd "$root" && CGO_ENABLED=1 GOOS=linux GOARCH=amd64 go build -trimpath -ldflags "$ldflags" -o "$bin/manager" ./cmd/manager)
 log "manager built after $((SECONDS - start)) s ($(du -h --apparent-size "$bin/manager" | cut -f1))"
 
 start_work

@@ -19,6 +19,12 @@
 # into which `capl-dev serve --registry-layout=OUT_DIR/oci` pushes them.
 #
 # Usage: images/providers/build.sh OUT_DIR
+#        images/providers/build.sh --manifests OUT_DIR
+#   --manifests writes only Cluster API's three providers' repository
+#   (OUT_DIR/repository/, below), naming the images Cluster API publishes
+#   for its release of go.mod: no manager built, no image, no cert-manager,
+#   no infrastructure provider (make release: Cluster API's part of
+#   dist/release/clusterctl.yaml). It needs KUSTOMIZE only.
 #
 # Environment:
 #   CERT_MANAGER_VERSION  the cert-manager release (required; the Makefile's pin)
@@ -40,8 +46,14 @@ umask 022
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
-out_dir=$(realpath -m "${1:?usage: build.sh OUT_DIR}")
-: "${CERT_MANAGER_VERSION:?}" "${INFRA_RELEASE_DIR:?}" "${INFRA_VERSION:?}" "${KUSTOMIZE:?}" "${HELM:?}" "${KUBERNETES_VERSION:?}"
+manifests_only=false
+if [[ ${1:-} == --manifests ]]; then
+  manifests_only=true
+  shift
+fi
+out_dir=$(realpath -m "${1:?usage: build.sh [--manifests] OUT_DIR}")
+: "${KUSTOMIZE:?}"
+$manifests_only || : "${CERT_MANAGER_VERSION:?}" "${INFRA_RELEASE_DIR:?}" "${INFRA_VERSION:?}" "${HELM:?}" "${KUBERNETES_VERSION:?}"
 log() { printf '%s providers: %s\n' "$(date +%T)" "$*" >&2; }
 die() {
   log "error: $*"
@@ -52,7 +64,9 @@ start=$SECONDS
 capi_version=$(cd "$root" && go list -m -f '{{.Version}}' sigs.k8s.io/cluster-api)
 [[ -n $capi_version ]] || die "no sigs.k8s.io/cluster-api in go.mod"
 case $(ls -A "$out_dir" 2>/dev/null) in
-"" | *clusterctl.yaml*) ;; # absent, empty, or a previous build: replaced
+"") ;;                  # absent or empty
+*clusterctl.yaml*) ;;   # a previous build: replaced
+repository) ;;          # a previous --manifests build: replaced
 *) die "$out_dir holds other files than a previous build's; give an absent or empty directory" ;;
 esac
 export GOFLAGS=-mod=readonly GOTOOLCHAIN=local CGO_ENABLED=0
@@ -66,48 +80,10 @@ module_dir() {
   (cd "$work" && GOFLAGS= go mod download -json "$1" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
 }
 capi_dir=$(module_dir "sigs.k8s.io/cluster-api@$capi_version")
-cm_dir=$(module_dir "github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION")
-[[ -d $capi_dir && -d $cm_dir ]] || die "could not download Cluster API $capi_version or cert-manager $CERT_MANAGER_VERSION"
-[[ -d $cm_dir/cmd/controller && ! -f $cm_dir/cmd/controller/go.mod ]] ||
-  die "cert-manager $CERT_MANAGER_VERSION keeps its controllers in modules of their own (v1.12 and later), which the module proxy does not serve; use v1.11.x"
-
-# 1. The managers: static, as Cluster API's and cert-manager's Dockerfiles
-#    build them (CGO_ENABLED=0, -trimpath), with their version variables.
-log "building Cluster API $capi_version's managers (core, kubeadm bootstrap, kubeadm control plane)"
-for main in core bootstrap/kubeadm controlplane/kubeadm; do
-  (cd "$root" && go build -trimpath \
-    -ldflags "-s -w -X sigs.k8s.io/cluster-api/version.gitVersion=$capi_version -X sigs.k8s.io/cluster-api/version.gitTreeState=clean" \
-    -o "$work/bin/${main//\//-}" "sigs.k8s.io/cluster-api/$main")
-done
-# cert-manager's go.mod replaces a dependency, so it is built inside its own
-# module (the module cache's copy, read only) rather than from ours.
-log "building cert-manager $CERT_MANAGER_VERSION (controller, webhook, cainjector)"
-(cd "$cm_dir" && go build -trimpath \
-  -ldflags "-s -w -X github.com/cert-manager/cert-manager/pkg/util.AppVersion=$CERT_MANAGER_VERSION" \
-  -o "$work/bin/" ./cmd/controller ./cmd/webhook ./cmd/cainjector)
-
-# 2. The images, named as the manifests name them.
+[[ -d $capi_dir ]] || die "could not download Cluster API $capi_version"
 capi_registry=registry.k8s.io/cluster-api cm_registry=quay.io/jetstack
-image() { # REF SRC DST USER
-  printf '{"ref": "%s", "baseTar": "", "files": [{"src": "%s", "dst": "%s"}], "entrypoint": ["%s"], "user": "%s"}' "$1" "$2" "$3" "$3" "$4"
-}
-{
-  echo '{"images": ['
-  image "$capi_registry/cluster-api-controller:$capi_version" "$work/bin/core" /manager 65532:65532
-  echo ,
-  image "$capi_registry/kubeadm-bootstrap-controller:$capi_version" "$work/bin/bootstrap-kubeadm" /manager 65532:65532
-  echo ,
-  image "$capi_registry/kubeadm-control-plane-controller:$capi_version" "$work/bin/controlplane-kubeadm" /manager 65532:65532
-  for c in controller webhook cainjector; do
-    echo ,
-    image "$cm_registry/cert-manager-$c:$CERT_MANAGER_VERSION" "$work/bin/$c" "/app/cmd/$c/$c" 1000
-  done
-  echo ']}'
-} >"$work/spec.json"
-log "writing the images"
-(cd "$root/images/oci" && go run . -spec "$work/spec.json" -layout "$work/out/oci" -refs "$work/out/refs")
 
-# 3. The repository, in clusterctl's layout for a local repository:
+# 1. The repository, in clusterctl's layout for a local repository:
 #    {basepath}/{provider-label}/{version}/{components.yaml}.
 repo=$work/out/repository
 # capi_components LABEL CONFIG_DIR FILE IMAGE: one of Cluster API's providers,
@@ -141,6 +117,55 @@ log "writing the repository"
 capi_components cluster-api core/config/default core-components.yaml "cluster-api-controller:$capi_version"
 capi_components bootstrap-kubeadm bootstrap/kubeadm/config/default bootstrap-components.yaml "kubeadm-bootstrap-controller:$capi_version"
 capi_components control-plane-kubeadm controlplane/kubeadm/config/default control-plane-components.yaml "kubeadm-control-plane-controller:$capi_version"
+
+if $manifests_only; then
+  rm -rf "$out_dir"
+  mkdir -p "$out_dir"
+  mv "$repo" "$out_dir/repository"
+  log "Cluster API $capi_version's core, kubeadm bootstrap and kubeadm control-plane components in $out_dir/repository"
+  exit 0
+fi
+cm_dir=$(module_dir "github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION")
+[[ -d $cm_dir ]] || die "could not download cert-manager $CERT_MANAGER_VERSION"
+[[ -d $cm_dir/cmd/controller && ! -f $cm_dir/cmd/controller/go.mod ]] ||
+  die "cert-manager $CERT_MANAGER_VERSION keeps its controllers in modules of their own (v1.12 and later), which the module proxy does not serve; use v1.11.x"
+
+# 2. The managers: static, as Cluster API's and cert-manager's Dockerfiles
+#    build them (CGO_ENABLED=0, -trimpath), with their version variables.
+log "building Cluster API $capi_version's managers (core, kubeadm bootstrap, kubeadm control plane)"
+for main in core bootstrap/kubeadm controlplane/kubeadm; do
+  (cd "$root" && go build -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/cluster-api/version.gitVersion=$capi_version -X sigs.k8s.io/cluster-api/version.gitTreeState=clean" \
+    -o "$work/bin/${main//\//-}" "sigs.k8s.io/cluster-api/$main")
+done
+# cert-manager's go.mod replaces a dependency, so it is built inside its own
+# module (the module cache's copy, read only) rather than from ours.
+log "building cert-manager $CERT_MANAGER_VERSION (controller, webhook, cainjector)"
+(cd "$cm_dir" && go build -trimpath \
+  -ldflags "-s -w -X github.com/cert-manager/cert-manager/pkg/util.AppVersion=$CERT_MANAGER_VERSION" \
+  -o "$work/bin/" ./cmd/controller ./cmd/webhook ./cmd/cainjector)
+
+# 3. The images, named as the manifests name them.
+image() { # REF SRC DST USER
+  printf '{"ref": "%s", "baseTar": "", "files": [{"src": "%s", "dst": "%s"}], "entrypoint": ["%s"], "user": "%s"}' "$1" "$2" "$3" "$3" "$4"
+}
+{
+  echo '{"images": ['
+  image "$capi_registry/cluster-api-controller:$capi_version" "$work/bin/core" /manager 65532:65532
+  echo ,
+  image "$capi_registry/kubeadm-bootstrap-controller:$capi_version" "$work/bin/bootstrap-kubeadm" /manager 65532:65532
+  echo ,
+  image "$capi_registry/kubeadm-control-plane-controller:$capi_version" "$work/bin/controlplane-kubeadm" /manager 65532:65532
+  for c in controller webhook cainjector; do
+    echo ,
+    image "$cm_registry/cert-manager-$c:$CERT_MANAGER_VERSION" "$work/bin/$c" "/app/cmd/$c/$c" 1000
+  done
+  echo ']}'
+} >"$work/spec.json"
+log "writing the images"
+(cd "$root/images/oci" && go run . -spec "$work/spec.json" -layout "$work/out/oci" -refs "$work/out/refs")
+
+# 4. This provider and cert-manager in the repository.
 mkdir -p "$repo/infrastructure-libvirt/$INFRA_VERSION"
 cp "$INFRA_RELEASE_DIR"/*.yaml "$repo/infrastructure-libvirt/$INFRA_VERSION/"
 
@@ -172,7 +197,7 @@ for c in controller webhook cainjector; do
     die "cert-manager.yaml does not run $cm_registry/cert-manager-$c:$CERT_MANAGER_VERSION"
 done
 
-# 4. clusterctl's configuration: every provider init installs, from the
+# 5. clusterctl's configuration: every provider init installs, from the
 #    repository (a file:// URL's directory is read as a local repository),
 #    and cert-manager from its file.
 cat >"$work/out/clusterctl.yaml" <<EOF

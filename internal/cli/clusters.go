@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,7 +14,9 @@ import (
 
 	"github.com/spf13/cobra"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/duration"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -213,25 +216,31 @@ func (a *app) waitClusterGone(ctx context.Context, c client.Client, namespace, n
 func (a *app) getCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "get",
-		Short: "Get clusters, or a cluster's kubeconfig",
+		Short: "Get clusters, their nodes, or a cluster's kubeconfig",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return usageError{errors.New("name what to get: clusters, or kubeconfig NAME")}
+			return usageError{errors.New("name what to get: clusters, nodes, or kubeconfig NAME")}
 		},
 	}
+	var clustersOutput outputFormat
 	clusters := &cobra.Command{
 		Use:     "clusters",
 		Aliases: []string{"cluster"},
 		Short:   "List the clusters of the plane",
-		Args:    cobra.NoArgs,
+		Long: `Lists the plane's clusters: phase, control-plane and worker machines ready of
+those desired, the control-plane endpoint, the Available condition and age;
+with -o json or -o yaml the same as {"clusters": [...]}, each with its
+creation time instead of its age.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p, err := a.attach()
 			if err != nil {
 				return err
 			}
-			return listClusters(cmd.Context(), p.Client, a)
+			return listClusters(cmd.Context(), p.Client, a.out, clustersOutput)
 		},
 	}
+	addOutputFlag(clusters, &clustersOutput)
 	var namespace, kubeconfigPath string
 	var merge bool
 	kc := &cobra.Command{
@@ -285,59 +294,106 @@ place is refused.`,
 	kc.Flags().StringVarP(&namespace, "namespace", "n", "default", "namespace of the cluster")
 	kc.Flags().BoolVar(&merge, "merge", false, "merge into the kubeconfig file (--kubeconfig) with a context per cluster, instead of printing")
 	kc.Flags().StringVar(&kubeconfigPath, "kubeconfig", "", "the file --merge writes; default the first file of $KUBECONFIG, else ~/.kube/config of the invoking user (SUDO_USER under sudo)")
-	cmd.AddCommand(clusters, kc)
+	cmd.AddCommand(clusters, a.getNodesCommand(), kc)
 	return cmd
 }
 
-// listClusters prints a table of the plane's clusters, or that there is
-// none.
-func listClusters(ctx context.Context, c client.Client, a *app) error {
+// clusterRow is a line of get clusters: what a person reads in the table,
+// and what -o json|yaml prints.
+type clusterRow struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Phase     string `json:"phase,omitempty"`
+	// ControlPlane and Workers are machines ready of those desired, as
+	// Cluster API counts them in the Cluster's status.
+	ControlPlane *replicaCount `json:"controlPlane,omitempty"`
+	Workers      *replicaCount `json:"workers,omitempty"`
+	// Endpoint is the control-plane endpoint, host:port.
+	Endpoint string `json:"endpoint,omitempty"`
+	// Available is the status of the Cluster's Available condition.
+	Available string      `json:"available,omitempty"`
+	Created   metav1.Time `json:"created"`
+}
+
+// replicaCount is ready of desired machines.
+type replicaCount struct {
+	Ready   int32 `json:"ready"`
+	Desired int32 `json:"desired"`
+}
+
+func (r *replicaCount) String() string {
+	if r == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%d/%d", r.Ready, r.Desired)
+}
+
+// countOf is a replica count of two optional numbers, nil when Cluster API
+// reports neither.
+func countOf(ready, desired *int32) *replicaCount {
+	if ready == nil && desired == nil {
+		return nil
+	}
+	return &replicaCount{Ready: ptr.Deref(ready, 0), Desired: ptr.Deref(desired, 0)}
+}
+
+// listClusters prints the plane's clusters as a table, or that there is
+// none, or as JSON or YAML ({"clusters": [...]}).
+func listClusters(ctx context.Context, c client.Client, out io.Writer, output outputFormat) error {
 	var clusters clusterv1.ClusterList
 	if err := c.List(ctx, &clusters); err != nil {
 		return err
 	}
-	if len(clusters.Items) == 0 {
-		fmt.Fprintln(a.out, "No clusters found.")
-		return nil
-	}
-	slices.SortFunc(clusters.Items, func(x, y clusterv1.Cluster) int {
-		return strings.Compare(x.Namespace+"/"+x.Name, y.Namespace+"/"+y.Name)
-	})
-	tw := tabwriter.NewWriter(a.out, 0, 4, 3, ' ', 0)
-	fmt.Fprintln(tw, "NAMESPACE\tNAME\tPHASE\tCONTROL PLANE\tWORKERS\tENDPOINT\tAVAILABLE\tAGE")
-	for _, cl := range clusters.Items {
-		endpoint := "-"
-		if ep := cl.Spec.ControlPlaneEndpoint; ep.Host != "" {
-			endpoint = fmt.Sprintf("%s:%d", ep.Host, ep.Port)
-		}
-		available := "-"
-		for _, cond := range cl.Status.Conditions {
-			if cond.Type == clusterv1.AvailableCondition {
-				available = string(cond.Status)
-			}
-		}
-		cp, workers := "-", "-"
-		if s := cl.Status.ControlPlane; s != nil {
-			cp = readyOf(s.ReadyReplicas, s.DesiredReplicas)
-		}
-		if s := cl.Status.Workers; s != nil {
-			workers = readyOf(s.ReadyReplicas, s.DesiredReplicas)
-		}
-		age := duration.HumanDuration(time.Since(cl.CreationTimestamp.Time))
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", cl.Namespace, cl.Name, orDash(cl.Status.Phase), cp, workers, endpoint, available, age)
-	}
-	return tw.Flush()
+	return printClusters(out, output, clusterRows(clusters.Items), time.Now())
 }
 
-// readyOf is "ready/desired" of a replica count.
-func readyOf(ready, desired *int32) string {
-	v := func(p *int32) int32 {
-		if p == nil {
-			return 0
+// clusterRows are the rows of clusters, by namespace and name.
+func clusterRows(clusters []clusterv1.Cluster) []clusterRow {
+	rows := []clusterRow{}
+	for _, cl := range clusters {
+		row := clusterRow{Namespace: cl.Namespace, Name: cl.Name, Phase: cl.Status.Phase, Created: cl.CreationTimestamp}
+		if ep := cl.Spec.ControlPlaneEndpoint; ep.Host != "" {
+			row.Endpoint = fmt.Sprintf("%s:%d", ep.Host, ep.Port)
 		}
-		return *p
+		for _, cond := range cl.Status.Conditions {
+			if cond.Type == clusterv1.AvailableCondition {
+				row.Available = string(cond.Status)
+			}
+		}
+		if s := cl.Status.ControlPlane; s != nil {
+			row.ControlPlane = countOf(s.ReadyReplicas, s.DesiredReplicas)
+		}
+		if s := cl.Status.Workers; s != nil {
+			row.Workers = countOf(s.ReadyReplicas, s.DesiredReplicas)
+		}
+		rows = append(rows, row)
 	}
-	return fmt.Sprintf("%d/%d", v(ready), v(desired))
+	slices.SortFunc(rows, func(x, y clusterRow) int {
+		return strings.Compare(x.Namespace+"/"+x.Name, y.Namespace+"/"+y.Name)
+	})
+	return rows
+}
+
+// printClusters writes rows as the table (ages as of now), or as JSON or
+// YAML.
+func printClusters(out io.Writer, output outputFormat, rows []clusterRow, now time.Time) error {
+	if output != outputText {
+		return output.encode(out, struct {
+			Clusters []clusterRow `json:"clusters"`
+		}{rows})
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(out, "No clusters found.")
+		return nil
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 3, ' ', 0)
+	fmt.Fprintln(tw, "NAMESPACE\tNAME\tPHASE\tCONTROL PLANE\tWORKERS\tENDPOINT\tAVAILABLE\tAGE")
+	for _, r := range rows {
+		age := duration.HumanDuration(now.Sub(r.Created.Time))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Namespace, r.Name, orDash(r.Phase), r.ControlPlane, r.Workers,
+			orDash(r.Endpoint), orDash(r.Available), age)
+	}
+	return tw.Flush()
 }
 
 func orDash(s string) string {

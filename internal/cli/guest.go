@@ -34,6 +34,13 @@ type guestVM struct {
 	// ControlPlane is true for control-plane machines, LoadBalancer for
 	// the HAProxy VM.
 	ControlPlane, LoadBalancer bool
+	// Machine is the Machine's name and Node its node's, when they are
+	// known; Addresses the VM's as the provider recorded them.
+	Machine, Node string
+	Addresses     []string
+	// DomainStatus is what the provider recorded of the domain (its
+	// host, UUID and last state).
+	DomainStatus *infrav1.DomainStatus
 }
 
 // name is how the VM is shown: its node's name when it has one.
@@ -69,12 +76,17 @@ func planeVMs(ctx context.Context, c client.Client, namespace, cluster string) (
 			continue
 		}
 		v := guestVM{Namespace: lm.Namespace, Cluster: lm.Labels[clusterv1.ClusterNameLabel], Domain: lm.Status.Domain.Name,
-			Pool: lm.Annotations[scope.PoolAnnotation]}
+			Pool: lm.Annotations[scope.PoolAnnotation], DomainStatus: lm.Status.Domain}
 		_, v.ControlPlane = lm.Labels[clusterv1.MachineControlPlaneLabel]
+		for _, a := range lm.Status.Addresses {
+			v.Addresses = append(v.Addresses, a.Address)
+		}
 		if m := byInfra[lm.Namespace+"/"+lm.Name]; m != nil {
 			if m.Status.NodeRef.IsDefined() {
-				v.Names = append(v.Names, m.Status.NodeRef.Name)
+				v.Node = m.Status.NodeRef.Name
+				v.Names = append(v.Names, v.Node)
 			}
+			v.Machine = m.Name
 			v.Names = append(v.Names, m.Name)
 		}
 		v.Names = append(v.Names, lm.Name, v.Domain)
@@ -94,8 +106,12 @@ func planeVMs(ctx context.Context, c client.Client, namespace, cluster string) (
 		if lb == nil || lb.Domain == nil || lb.Domain.Name == "" || (cluster != "" && owner != cluster) {
 			continue
 		}
-		vms = append(vms, guestVM{Namespace: lc.Namespace, Cluster: owner, Domain: lb.Domain.Name,
-			Pool: lc.Annotations[scope.PoolAnnotation], LoadBalancer: true, Names: []string{lb.Domain.Name}})
+		v := guestVM{Namespace: lc.Namespace, Cluster: owner, Domain: lb.Domain.Name,
+			Pool: lc.Annotations[scope.PoolAnnotation], LoadBalancer: true, Names: []string{lb.Domain.Name}, DomainStatus: lb.Domain}
+		if lb.Address != "" {
+			v.Addresses = []string{lb.Address}
+		}
+		vms = append(vms, v)
 	}
 	slices.SortFunc(vms, func(x, y guestVM) int { return strings.Compare(x.Domain, y.Domain) })
 	return vms, nil
@@ -261,20 +277,21 @@ func (a *app) loadCommand() *cobra.Command {
 	var toNodes bool
 	img := &cobra.Command{
 		Use:   "image TAR...",
-		Short: "Push image tarballs into the plane's registry, or import them into every node's containerd",
+		Short: "Push image tarballs into the plane's registry, or import them into a cluster's nodes",
 		Long: `Pushes each image tarball (docker save, or an OCI image layout as one tarball)
 into the plane's registry, which every node of every cluster of the plane uses
 as a mirror of every registry: a pod naming the image (IfNotPresent or Always)
 pulls it from there, as with kind's local registry. The image keeps its name
 (ghcr.io/team/app:dev is served as team/app:dev).
 
-Without a registry (capl-dev serve --registry-port=-1, or its port taken), or
-with --to-nodes, copies each tarball into every node of the cluster through the
-QEMU guest agent and imports it into containerd's k8s.io namespace, where the
-kubelet finds it: a pod with imagePullPolicy IfNotPresent or Never runs it
-without a registry, as kind load does.`,
+With --cluster or --to-nodes, or without a registry (capl-dev serve
+--registry-port=-1, or its port taken), copies each tarball into every node
+of the cluster --cluster (default demo) through the QEMU guest agent instead
+and imports it into containerd's k8s.io namespace, where the kubelet finds it:
+a pod with imagePullPolicy IfNotPresent or Never runs it without a registry,
+as kind load does.`,
 		Example: `  docker save my/app:dev -o app.tar && capl-dev load image app.tar
-  capl-dev load image app.tar sidecar.tar --to-nodes --cluster web`,
+  capl-dev load image app.tar sidecar.tar --cluster web`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
@@ -282,6 +299,9 @@ without a registry, as kind load does.`,
 			if err != nil {
 				return err
 			}
+			// A cluster named is a cluster's nodes: the registry serves
+			// every cluster alike.
+			toNodes = toNodes || cmd.Flags().Changed("cluster")
 			if url := p.Endpoints.RegistryURL; url != "" && !toNodes {
 				for _, tar := range args {
 					pushed, err := registry.PushArchive(ctx, url, tar)
@@ -333,8 +353,8 @@ without a registry, as kind load does.`,
 		},
 	}
 	img.Flags().StringVarP(&namespace, "namespace", "n", "default", "namespace of the cluster")
-	img.Flags().StringVar(&cluster, "cluster", "demo", "the cluster whose nodes get the images (with --to-nodes or without a registry)")
-	img.Flags().BoolVar(&toNodes, "to-nodes", false, "import into the cluster's nodes through the guest agent even when the plane runs a registry")
+	img.Flags().StringVar(&cluster, "cluster", "demo", "import into this cluster's nodes through the guest agent (given, it implies --to-nodes)")
+	img.Flags().BoolVar(&toNodes, "to-nodes", false, "import into the nodes of --cluster through the guest agent even when the plane runs a registry")
 	cmd.AddCommand(img)
 	return cmd
 }

@@ -1,8 +1,8 @@
 // Package cli is the command line of capl-dev, the one-host management
 // plane of cluster-api-provider-libvirt, in the words of kind and
 // clusterctl: `up` and `down` for the whole system, `create cluster`,
-// `delete cluster`, `get clusters`, `get kubeconfig`, `status`, `stop`,
-// `start`, `logs`, `exec`, `load image` and `doctor`. cmd/capl-dev only
+// `delete cluster`, `get clusters`, `get nodes`, `get kubeconfig`, `status`,
+// `stop`, `start`, `logs`, `exec`, `load image`, `doctor` and `version`. cmd/capl-dev only
 // runs Main; the tree is a package of its own so that tests (docs/) can
 // walk it.
 package cli
@@ -141,7 +141,7 @@ account prefix sudo.`,
 		c.GroupID = "nodes"
 		root.AddCommand(c)
 	}
-	for _, c := range []*cobra.Command{a.doctorCommand(), a.orphansCommand()} {
+	for _, c := range []*cobra.Command{a.doctorCommand(), a.orphansCommand(), a.versionCommand()} {
 		c.GroupID = "host"
 		root.AddCommand(c)
 	}

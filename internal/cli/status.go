@@ -13,6 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"k8s.io/utils/ptr"
+
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
@@ -23,6 +25,7 @@ import (
 
 func (a *app) statusCommand() *cobra.Command {
 	var namespace string
+	var output outputFormat
 	cmd := &cobra.Command{
 		Use:   "status [NAME]",
 		Short: "The plane, and each cluster's Cluster API objects with conditions and VMs",
@@ -31,7 +34,8 @@ every cluster, the tree of its Cluster API objects as clusterctl describe
 does: Cluster, LibvirtCluster with its HAProxy VM, control plane and
 MachineDeployments with their Machines and LibvirtMachines, each with its
 conditions (those not True with reason and message), and each VM's state as
-libvirt reports it now.`,
+libvirt reports it now. With -o json or -o yaml the same as data: "plane"
+(without NAME) and "clusters", each condition whole.`,
 		Args:              cobra.MaximumNArgs(1),
 		ValidArgsFunction: a.completeClusters,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -48,8 +52,9 @@ libvirt reports it now.`,
 			} else {
 				vms = recordedStates{err: derr}
 			}
+			var report statusReport
 			if len(args) == 0 {
-				a.printPlane(p, derr)
+				report.Plane = a.planeStatus(p, derr)
 			}
 			var clusters clusterv1.ClusterList
 			if len(args) == 1 {
@@ -64,39 +69,91 @@ libvirt reports it now.`,
 			} else if err := p.Client.List(ctx, &clusters); err != nil {
 				return err
 			}
-			if len(clusters.Items) == 0 {
-				fmt.Fprintln(a.out, "No clusters found.")
-				return nil
-			}
+			report.Clusters = []clusterStatus{}
 			for i := range clusters.Items {
-				t, err := clusterTree(ctx, p.Client, &clusters.Items[i], vms)
+				cs, err := readClusterStatus(ctx, p.Client, &clusters.Items[i], vms)
 				if err != nil {
 					return err
 				}
-				fmt.Fprintln(a.out)
-				t.print(a.out, "", "")
+				report.Clusters = append(report.Clusters, cs)
 			}
-			return nil
+			return printStatus(a.out, output, report)
 		},
 	}
 	cmd.Flags().StringVarP(&namespace, "namespace", "n", "default", "namespace of cluster NAME")
+	addOutputFlag(cmd, &output)
 	return cmd
 }
 
-// printPlane prints the plane's line: processes, endpoints, libvirt.
-func (a *app) printPlane(p *plane.Plane, libvirtErr error) {
-	fmt.Fprintf(a.out, "Plane %s: running (pid %d), API %s", p.StateDir, p.Endpoints.ServePID, p.Config.Host)
+// statusReport is what status shows.
+type statusReport struct {
+	// Plane is the plane's processes and libvirt; only without NAME.
+	Plane    *planeStatus    `json:"plane,omitempty"`
+	Clusters []clusterStatus `json:"clusters"`
+}
+
+// printStatus writes the report as the plane's line and a tree per
+// cluster, or as JSON or YAML.
+func printStatus(out io.Writer, output outputFormat, r statusReport) error {
+	if output != outputText {
+		return output.encode(out, r)
+	}
+	if r.Plane != nil {
+		r.Plane.print(out)
+	}
+	if len(r.Clusters) == 0 {
+		fmt.Fprintln(out, "No clusters found.")
+		return nil
+	}
+	for _, cs := range r.Clusters {
+		fmt.Fprintln(out)
+		cs.tree().print(out, "", "")
+	}
+	return nil
+}
+
+// planeStatus is the plane's processes, endpoints and libvirt.
+type planeStatus struct {
+	StateDir  string `json:"stateDir"`
+	APIServer string `json:"apiServer"`
+	ServePID  int    `json:"servePID"`
+	// ManagerPID is the manager's, or ManagerError why there is none.
+	ManagerPID   int    `json:"managerPID,omitempty"`
+	ManagerError string `json:"managerError,omitempty"`
+	// LibvirtURI is the libvirt the plane's VMs are on, LibvirtError why
+	// it did not answer.
+	LibvirtURI   string `json:"libvirtURI"`
+	LibvirtError string `json:"libvirtError,omitempty"`
+}
+
+// planeStatus reads the plane's line: processes, endpoints, libvirt.
+func (a *app) planeStatus(p *plane.Plane, libvirtErr error) *planeStatus {
+	ps := &planeStatus{StateDir: p.StateDir, APIServer: p.Config.Host, ServePID: p.Endpoints.ServePID, LibvirtURI: a.uri()}
 	if pid, err := p.ManagerPID(); err == nil {
-		fmt.Fprintf(a.out, ", manager pid %d", pid)
+		ps.ManagerPID = pid
 	} else {
-		fmt.Fprintf(a.out, ", manager: %v (see %s/manager.log)", err, p.StateDir)
+		ps.ManagerError = err.Error()
 	}
 	if libvirtErr != nil {
-		fmt.Fprintf(a.out, "\n  libvirt: %v", libvirtErr)
-	} else {
-		fmt.Fprintf(a.out, ", libvirt %s", a.uri())
+		ps.LibvirtError = libvirtErr.Error()
 	}
-	fmt.Fprintln(a.out)
+	return ps
+}
+
+// print writes the plane's line.
+func (ps *planeStatus) print(out io.Writer) {
+	fmt.Fprintf(out, "Plane %s: running (pid %d), API %s", ps.StateDir, ps.ServePID, ps.APIServer)
+	if ps.ManagerError == "" {
+		fmt.Fprintf(out, ", manager pid %d", ps.ManagerPID)
+	} else {
+		fmt.Fprintf(out, ", manager: %s (see %s/manager.log)", ps.ManagerError, ps.StateDir)
+	}
+	if ps.LibvirtError != "" {
+		fmt.Fprintf(out, "\n  libvirt: %s", ps.LibvirtError)
+	} else {
+		fmt.Fprintf(out, ", libvirt %s", ps.LibvirtURI)
+	}
+	fmt.Fprintln(out)
 }
 
 // domainStates tells a VM's state.
@@ -204,120 +261,279 @@ func oneLine(s string) string {
 	return s
 }
 
-// clusterTree reads the objects of cluster cl into a tree.
-func clusterTree(ctx context.Context, c client.Client, cl *clusterv1.Cluster, vms domainStates) (*node, error) {
-	root := &node{text: fmt.Sprintf("Cluster %s/%s  %s", cl.Namespace, cl.Name, orDash(cl.Status.Phase))}
-	if ep := cl.Spec.ControlPlaneEndpoint; ep.Host != "" {
-		root.text += fmt.Sprintf("  endpoint %s:%d", ep.Host, ep.Port)
+// clusterStatus is a cluster's objects as status shows them.
+type clusterStatus struct {
+	Namespace  string             `json:"namespace"`
+	Name       string             `json:"name"`
+	Phase      string             `json:"phase,omitempty"`
+	Endpoint   string             `json:"endpoint,omitempty"`
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	Deleting   *metav1.Time       `json:"deletionTimestamp,omitempty"`
+
+	LibvirtCluster     *libvirtClusterStatus     `json:"libvirtCluster,omitempty"`
+	ControlPlane       *controlPlaneStatus       `json:"controlPlane,omitempty"`
+	MachineDeployments []machineDeploymentStatus `json:"machineDeployments,omitempty"`
+	// Machines are those of no control plane or MachineDeployment (the
+	// stand-in cluster's control plane, machines made by hand).
+	Machines []machineStatus `json:"machines,omitempty"`
+}
+
+// libvirtClusterStatus is the cluster's LibvirtCluster, or Error why it
+// could not be read.
+type libvirtClusterStatus struct {
+	Name         string                 `json:"name"`
+	Error        string                 `json:"error,omitempty"`
+	Provisioned  bool                   `json:"provisioned"`
+	Conditions   []metav1.Condition     `json:"conditions,omitempty"`
+	Network      *infrav1.NetworkStatus `json:"network,omitempty"`
+	LoadBalancer *vmStatus              `json:"loadBalancer,omitempty"`
+}
+
+// controlPlaneStatus is the cluster's control plane: its replicas and
+// conditions when it is a KubeadmControlPlane.
+type controlPlaneStatus struct {
+	Kind       string             `json:"kind"`
+	Name       string             `json:"name"`
+	Error      string             `json:"error,omitempty"`
+	Ready      *replicaCount      `json:"ready,omitempty"`
+	Version    string             `json:"version,omitempty"`
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	Machines   []machineStatus    `json:"machines,omitempty"`
+}
+
+type machineDeploymentStatus struct {
+	Name       string             `json:"name"`
+	Ready      *replicaCount      `json:"ready"`
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	Machines   []machineStatus    `json:"machines,omitempty"`
+}
+
+// machineStatus is a Machine with its LibvirtMachine (nil: not found yet).
+type machineStatus struct {
+	Name              string                `json:"name"`
+	Phase             string                `json:"phase,omitempty"`
+	Node              string                `json:"node,omitempty"`
+	Version           string                `json:"version,omitempty"`
+	Conditions        []metav1.Condition    `json:"conditions,omitempty"`
+	InfrastructureRef string                `json:"infrastructureRef"`
+	LibvirtMachine    *libvirtMachineStatus `json:"libvirtMachine,omitempty"`
+}
+
+type libvirtMachineStatus struct {
+	Name           string             `json:"name"`
+	Conditions     []metav1.Condition `json:"conditions,omitempty"`
+	FailureReason  string             `json:"failureReason,omitempty"`
+	FailureMessage string             `json:"failureMessage,omitempty"`
+	VM             *vmStatus          `json:"vm,omitempty"`
+}
+
+// vmStatus is a VM: its domain, the state libvirt reports now (or as last
+// recorded, and why), its host and addresses.
+type vmStatus struct {
+	Domain    string   `json:"domain"`
+	State     string   `json:"state"`
+	UUID      string   `json:"uuid,omitempty"`
+	Host      string   `json:"host,omitempty"`
+	Addresses []string `json:"addresses,omitempty"`
+}
+
+// vmOf is the VM of domain status d, nil without a domain.
+func vmOf(d *infrav1.DomainStatus, vms domainStates, addresses ...string) *vmStatus {
+	if d == nil || d.Name == "" {
+		return nil
 	}
-	root.details = append(root.details, conditionsLine(cl.Status.Conditions))
+	return &vmStatus{Domain: d.Name, State: vms.state(d), UUID: d.UUID, Host: d.Host, Addresses: addresses}
+}
+
+// readClusterStatus reads the objects of cluster cl.
+func readClusterStatus(ctx context.Context, c client.Client, cl *clusterv1.Cluster, vms domainStates) (clusterStatus, error) {
+	cs := clusterStatus{Namespace: cl.Namespace, Name: cl.Name, Phase: cl.Status.Phase, Conditions: cl.Status.Conditions}
+	if ep := cl.Spec.ControlPlaneEndpoint; ep.Host != "" {
+		cs.Endpoint = fmt.Sprintf("%s:%d", ep.Host, ep.Port)
+	}
 	if !cl.DeletionTimestamp.IsZero() {
-		root.details = append(root.details, "deleting since "+cl.DeletionTimestamp.Format("15:04:05"))
+		cs.Deleting = cl.DeletionTimestamp
 	}
 	ns := client.InNamespace(cl.Namespace)
 	inCluster := client.MatchingLabels{clusterv1.ClusterNameLabel: cl.Name}
 
 	if ref := cl.Spec.InfrastructureRef; ref.IsDefined() {
+		lcs := &libvirtClusterStatus{Name: ref.Name}
 		lc := &infrav1.LibvirtCluster{}
 		if err := c.Get(ctx, client.ObjectKey{Namespace: cl.Namespace, Name: ref.Name}, lc); err != nil {
-			root.add(&node{text: "LibvirtCluster " + ref.Name, details: []string{err.Error()}})
+			lcs.Error = err.Error()
 		} else {
-			n := root.add(&node{text: fmt.Sprintf("LibvirtCluster %s  provisioned=%t", lc.Name, lc.Status.Initialization.IsProvisioned())})
-			n.details = append(n.details, conditionsLine(lc.Status.Conditions))
-			if net := lc.Status.Network; net != nil {
-				n.details = append(n.details, fmt.Sprintf("network %s (bridge %s, %s)", orDash(net.Name), orDash(net.Bridge), orDash(net.CIDR)))
-			}
-			if lb := lc.Status.LoadBalancer; lb != nil && lb.Domain != nil && lb.Domain.Name != "" {
-				n.details = append(n.details, fmt.Sprintf("VM %s: %s, address %s", lb.Domain.Name, vms.state(lb.Domain), orDash(lb.Address)))
+			lcs.Provisioned = lc.Status.Initialization.IsProvisioned()
+			lcs.Conditions = lc.Status.Conditions
+			lcs.Network = lc.Status.Network
+			if lb := lc.Status.LoadBalancer; lb != nil {
+				var addrs []string
+				if lb.Address != "" {
+					addrs = []string{lb.Address}
+				}
+				lcs.LoadBalancer = vmOf(lb.Domain, vms, addrs...)
 			}
 		}
+		cs.LibvirtCluster = lcs
 	}
 
 	var machines clusterv1.MachineList
 	if err := c.List(ctx, &machines, ns, inCluster); err != nil {
-		return nil, err
+		return cs, err
 	}
 	slices.SortFunc(machines.Items, func(x, y clusterv1.Machine) int { return strings.Compare(x.Name, y.Name) })
 	var lms infrav1.LibvirtMachineList
 	if err := c.List(ctx, &lms, ns, inCluster); err != nil {
-		return nil, err
+		return cs, err
 	}
 	libvirtMachines := map[string]*infrav1.LibvirtMachine{}
 	for i := range lms.Items {
 		libvirtMachines[lms.Items[i].Name] = &lms.Items[i]
 	}
 	shown := map[string]bool{}
-	addMachines := func(parent *node, match func(*clusterv1.Machine) bool) {
+	machinesOf := func(match func(*clusterv1.Machine) bool) []machineStatus {
+		var out []machineStatus
 		for i := range machines.Items {
 			m := &machines.Items[i]
 			if shown[m.Name] || !match(m) {
 				continue
 			}
 			shown[m.Name] = true
-			parent.add(machineNode(m, libvirtMachines[m.Spec.InfrastructureRef.Name], vms))
+			out = append(out, readMachineStatus(m, libvirtMachines[m.Spec.InfrastructureRef.Name], vms))
 		}
+		return out
 	}
 
 	if ref := cl.Spec.ControlPlaneRef; ref.IsDefined() {
-		n := root.add(&node{text: ref.Kind + " " + ref.Name})
+		cps := &controlPlaneStatus{Kind: ref.Kind, Name: ref.Name}
 		if ref.Kind == "KubeadmControlPlane" {
 			kcp := &controlplanev1.KubeadmControlPlane{}
 			if err := c.Get(ctx, client.ObjectKey{Namespace: cl.Namespace, Name: ref.Name}, kcp); err != nil {
-				n.details = append(n.details, err.Error())
+				cps.Error = err.Error()
 			} else {
-				n.text += fmt.Sprintf("  %s ready, version %s", readyOf(kcp.Status.ReadyReplicas, kcp.Spec.Replicas), kcp.Spec.Version)
-				n.details = append(n.details, conditionsLine(kcp.Status.Conditions))
+				cps.Ready = &replicaCount{Ready: ptr.Deref(kcp.Status.ReadyReplicas, 0), Desired: ptr.Deref(kcp.Spec.Replicas, 0)}
+				cps.Version = kcp.Spec.Version
+				cps.Conditions = kcp.Status.Conditions
 			}
 		}
-		addMachines(n, func(m *clusterv1.Machine) bool { _, ok := m.Labels[clusterv1.MachineControlPlaneLabel]; return ok })
+		cps.Machines = machinesOf(func(m *clusterv1.Machine) bool { _, ok := m.Labels[clusterv1.MachineControlPlaneLabel]; return ok })
+		cs.ControlPlane = cps
 	}
 	var mds clusterv1.MachineDeploymentList
 	if err := c.List(ctx, &mds, ns, inCluster); err != nil {
-		return nil, err
+		return cs, err
 	}
 	for _, md := range mds.Items {
-		n := root.add(&node{text: fmt.Sprintf("MachineDeployment %s  %s ready", md.Name, readyOf(md.Status.ReadyReplicas, md.Spec.Replicas))})
-		n.details = append(n.details, conditionsLine(md.Status.Conditions))
-		addMachines(n, func(m *clusterv1.Machine) bool { return m.Labels[clusterv1.MachineDeploymentNameLabel] == md.Name })
+		cs.MachineDeployments = append(cs.MachineDeployments, machineDeploymentStatus{
+			Name:       md.Name,
+			Ready:      &replicaCount{Ready: ptr.Deref(md.Status.ReadyReplicas, 0), Desired: ptr.Deref(md.Spec.Replicas, 0)},
+			Conditions: md.Status.Conditions,
+			Machines:   machinesOf(func(m *clusterv1.Machine) bool { return m.Labels[clusterv1.MachineDeploymentNameLabel] == md.Name }),
+		})
 	}
-	// Machines of no control plane or MachineDeployment (the stand-in
-	// cluster's control plane, machines made by hand).
-	rest := &node{text: "Machines"}
-	addMachines(rest, func(*clusterv1.Machine) bool { return true })
-	if len(rest.children) > 0 {
-		root.add(rest)
-	}
-	return root, nil
+	cs.Machines = machinesOf(func(*clusterv1.Machine) bool { return true })
+	return cs, nil
 }
 
-// machineNode is a Machine with its LibvirtMachine and VM.
-func machineNode(m *clusterv1.Machine, lm *infrav1.LibvirtMachine, vms domainStates) *node {
-	n := &node{text: fmt.Sprintf("Machine %s  %s", m.Name, orDash(m.Status.Phase))}
+// readMachineStatus is a Machine with its LibvirtMachine and VM.
+func readMachineStatus(m *clusterv1.Machine, lm *infrav1.LibvirtMachine, vms domainStates) machineStatus {
+	ms := machineStatus{Name: m.Name, Phase: m.Status.Phase, Version: m.Spec.Version, Conditions: m.Status.Conditions,
+		InfrastructureRef: m.Spec.InfrastructureRef.Name}
 	if m.Status.NodeRef.IsDefined() {
-		n.text += "  node " + m.Status.NodeRef.Name
+		ms.Node = m.Status.NodeRef.Name
 	}
-	if m.Spec.Version != "" {
-		n.text += "  " + m.Spec.Version
-	}
-	n.details = append(n.details, conditionsLine(m.Status.Conditions))
 	if lm == nil {
-		n.details = append(n.details, "LibvirtMachine "+m.Spec.InfrastructureRef.Name+": not found yet")
+		return ms
+	}
+	lms := &libvirtMachineStatus{Name: lm.Name, Conditions: lm.Status.Conditions,
+		FailureReason: ptr.Deref(lm.Status.FailureReason, ""), FailureMessage: ptr.Deref(lm.Status.FailureMessage, "")}
+	var addrs []string
+	for _, a := range lm.Status.Addresses {
+		addrs = append(addrs, a.Address)
+	}
+	lms.VM = vmOf(lm.Status.Domain, vms, addrs...)
+	ms.LibvirtMachine = lms
+	return ms
+}
+
+// tree is the cluster as status prints it, as clusterctl describe draws it.
+func (cs clusterStatus) tree() *node {
+	root := &node{text: fmt.Sprintf("Cluster %s/%s  %s", cs.Namespace, cs.Name, orDash(cs.Phase))}
+	if cs.Endpoint != "" {
+		root.text += "  endpoint " + cs.Endpoint
+	}
+	root.details = append(root.details, conditionsLine(cs.Conditions))
+	if cs.Deleting != nil {
+		root.details = append(root.details, "deleting since "+cs.Deleting.Format("15:04:05"))
+	}
+	if lc := cs.LibvirtCluster; lc != nil {
+		if lc.Error != "" {
+			root.add(&node{text: "LibvirtCluster " + lc.Name, details: []string{lc.Error}})
+		} else {
+			n := root.add(&node{text: fmt.Sprintf("LibvirtCluster %s  provisioned=%t", lc.Name, lc.Provisioned)})
+			n.details = append(n.details, conditionsLine(lc.Conditions))
+			if net := lc.Network; net != nil {
+				n.details = append(n.details, fmt.Sprintf("network %s (bridge %s, %s)", orDash(net.Name), orDash(net.Bridge), orDash(net.CIDR)))
+			}
+			if vm := lc.LoadBalancer; vm != nil {
+				n.details = append(n.details, fmt.Sprintf("VM %s: %s, address %s", vm.Domain, vm.State, orDash(strings.Join(vm.Addresses, " "))))
+			}
+		}
+	}
+	if cp := cs.ControlPlane; cp != nil {
+		n := root.add(&node{text: cp.Kind + " " + cp.Name})
+		switch {
+		case cp.Error != "":
+			n.details = append(n.details, cp.Error)
+		case cp.Ready != nil:
+			n.text += fmt.Sprintf("  %s ready, version %s", cp.Ready, cp.Version)
+			n.details = append(n.details, conditionsLine(cp.Conditions))
+		}
+		for _, m := range cp.Machines {
+			n.add(m.node())
+		}
+	}
+	for _, md := range cs.MachineDeployments {
+		n := root.add(&node{text: fmt.Sprintf("MachineDeployment %s  %s ready", md.Name, md.Ready)})
+		n.details = append(n.details, conditionsLine(md.Conditions))
+		for _, m := range md.Machines {
+			n.add(m.node())
+		}
+	}
+	if len(cs.Machines) > 0 {
+		rest := root.add(&node{text: "Machines"})
+		for _, m := range cs.Machines {
+			rest.add(m.node())
+		}
+	}
+	return root
+}
+
+// node is the machine's node of the tree.
+func (ms machineStatus) node() *node {
+	n := &node{text: fmt.Sprintf("Machine %s  %s", ms.Name, orDash(ms.Phase))}
+	if ms.Node != "" {
+		n.text += "  node " + ms.Node
+	}
+	if ms.Version != "" {
+		n.text += "  " + ms.Version
+	}
+	n.details = append(n.details, conditionsLine(ms.Conditions))
+	lm := ms.LibvirtMachine
+	if lm == nil {
+		n.details = append(n.details, "LibvirtMachine "+ms.InfrastructureRef+": not found yet")
 		return n
 	}
-	n.details = append(n.details, "LibvirtMachine "+lm.Name+" "+conditionsLine(lm.Status.Conditions))
-	if lm.Status.FailureReason != nil {
+	n.details = append(n.details, "LibvirtMachine "+lm.Name+" "+conditionsLine(lm.Conditions))
+	if lm.FailureReason != "" {
 		msg := ""
-		if lm.Status.FailureMessage != nil {
-			msg = ": " + oneLine(*lm.Status.FailureMessage)
+		if lm.FailureMessage != "" {
+			msg = ": " + oneLine(lm.FailureMessage)
 		}
-		n.details = append(n.details, "failed: "+*lm.Status.FailureReason+msg)
+		n.details = append(n.details, "failed: "+lm.FailureReason+msg)
 	}
-	if d := lm.Status.Domain; d != nil && d.Name != "" {
-		var addrs []string
-		for _, a := range lm.Status.Addresses {
-			addrs = append(addrs, a.Address)
-		}
-		n.details = append(n.details, fmt.Sprintf("VM %s: %s, UUID %s, address %s", d.Name, vms.state(d), orDash(d.UUID), orDash(strings.Join(addrs, " "))))
+	if vm := lm.VM; vm != nil {
+		n.details = append(n.details, fmt.Sprintf("VM %s: %s, UUID %s, address %s", vm.Domain, vm.State, orDash(vm.UUID), orDash(strings.Join(vm.Addresses, " "))))
 	}
 	return n
 }
