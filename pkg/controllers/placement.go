@@ -207,12 +207,12 @@ func (r *LibvirtMachineReconciler) hostDevicesMissing(ctx context.Context, lm *i
 		if err != nil {
 			return ""
 		}
-		why, err := hostdevice.Check(ctx, p.host, dev, naming.DomainName(lm.Namespace, lm.Name))
+		problem, err := hostdevice.Check(ctx, p.host, r.Tenancy, dev, p.hostName, naming.DomainName(lm.Namespace, lm.Name))
 		if err != nil {
 			return err.Error()
 		}
-		if why != "" {
-			return d.Name + ": " + why
+		if problem != nil {
+			return d.Name + ": " + problem.Message
 		}
 	}
 	return ""
