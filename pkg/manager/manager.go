@@ -198,7 +198,8 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 			}
 		}
 		if err := libvirtHosts.Keep(context.Background(), listed...); err != nil {
-			return nil, fmt.Errorf("opening the libvirt hosts of --libvirt-uris: %w", err)
+			// Counted as unreachable: admissions fail until it answers.
+			ctrl.Log.WithName("hosts").Error(err, "Opening the libvirt hosts of --libvirt-uris")
 		}
 	}
 	if err := mgr.Add(&hosts.Pruner{Set: libvirtHosts, Clusters: mgr.GetClient(), Interval: opts.HostPruneInterval}); err != nil {
