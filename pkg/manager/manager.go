@@ -198,7 +198,7 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 			}
 		}
 		if err := libvirtHosts.Keep(context.Background(), listed...); err != nil {
-			// Counted as unreachable: admissions fail until it answers.
+			// Not counted until a cluster names it (and it opens then).
 			ctrl.Log.WithName("hosts").Error(err, "Opening the libvirt hosts of --libvirt-uris")
 		}
 	}
