@@ -20,7 +20,7 @@ import (
 // TestMachineHostDeviceRefused: aliases of the operator's --host-devices
 // that lead to the wrong device on this host (the test's libvirt host):
 // one whose entry names a GPU's IDs but whose address is this host's
-// virtio disk controller (HostDeviceMismatch), and two at its disk
+// host bridge (HostDeviceMismatch), and two at its disk
 // controller and NIC without allow= (HostDeviceNotAllowed, storage and
 // network class). Each machine is refused from libvirt's node device
 // before anything exists: no DHCP entry, disk, seed or domain, and
@@ -28,10 +28,11 @@ import (
 func TestMachineHostDeviceRefused(t *testing.T) {
 	disk := sysfsPCIDevice(t, pci.KindStorage)
 	nic := sysfsPCIDevice(t, pci.KindNetwork)
+	bridge := sysfsPCIDevice(t, pci.KindBridge)
 	h := newHarness(t)
 	h.options = func(o *manager.Options) {
 		o.HostDevices = []string{
-			"gpu0=" + disk.String() + "/nvidia.com/gpu", "vendor=10de", "device=2204", "allow=storage",
+			"gpu0=" + bridge.String() + "/nvidia.com/gpu", "vendor=10de", "device=2204", "allow=bridge",
 			"disk1=" + disk.String(), "host=" + hosts.HostName(h.uri), "nic0=" + nic.String(), "host=" + hosts.HostName(h.uri),
 		}
 	}
