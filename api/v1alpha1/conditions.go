@@ -147,14 +147,23 @@ const (
 	// DomainCrashedReason: the domain crashed or stopped outside the provider.
 	DomainCrashedReason = "Crashed"
 	// WaitingForHostDeviceReason: a PCI device of spec.hostDevices is not
-	// on the machine's host, or another running domain holds it; the
+	// on the machine's host (its address is missing, or the operator
+	// bound the alias to another host), or another running domain holds it; the
 	// message names the device and the domain. Nothing is created until it
 	// is free; a machine the provider places goes only to a host that has
 	// it free.
 	WaitingForHostDeviceReason = "WaitingForHostDevice"
 	// HostDeviceNotAllowedReason: spec.hostDevices names an alias the
-	// operator did not list (--host-devices). Nothing is created.
+	// operator did not list (--host-devices), or the device at its address
+	// on the machine's host is a storage, network or bridge device the
+	// operator did not allow, has no IOMMU group, or shares its IOMMU
+	// group with a device the host still uses. Nothing is created.
 	HostDeviceNotAllowedReason = "HostDeviceNotAllowed"
+	// HostDeviceMismatchReason: the device at the address of a
+	// spec.hostDevices alias on the machine's host has other vendor and
+	// device IDs than the operator's --host-devices names for the alias.
+	// Nothing is created.
+	HostDeviceMismatchReason = "HostDeviceMismatch"
 	// DomainMissingReason: the provisioned domain vanished or was replaced.
 	DomainMissingReason = "DomainMissing"
 	// HardwareDriftReason: the domain's CPUs or memory differ from the spec;

@@ -170,12 +170,17 @@ func (r *LibvirtMachineReconciler) leastUsedFailureDomain(ctx context.Context, l
 	}
 	best, bestCount := "", 0
 	var withoutDevices []string
+	reason := "" // the reason every host gave; WaitingForHostDevice when they differ
 	for _, fd := range lc.Spec.FailureDomains {
 		if isControlPlaneMachine(m) && (fd.ControlPlane == nil || !*fd.ControlPlane) {
 			continue
 		}
-		if why := r.hostDevicesMissing(ctx, lm, lc, fd.Name); why != "" {
+		if why, whyReason := r.hostDevicesMissing(ctx, lm, lc, fd.Name); why != "" {
 			withoutDevices = append(withoutDevices, fmt.Sprintf("%s: %s", fd.Name, why))
+			if reason != "" && reason != whyReason {
+				whyReason = infrav1.WaitingForHostDeviceReason
+			}
+			reason = whyReason
 			continue
 		}
 		if best == "" || used[fd.Name] < bestCount {
@@ -183,39 +188,41 @@ func (r *LibvirtMachineReconciler) leastUsedFailureDomain(ctx context.Context, l
 		}
 	}
 	if best == "" && len(withoutDevices) > 0 {
-		return "", &placementProblem{reason: infrav1.WaitingForHostDeviceReason,
+		// A device every host refuses the same way (the wrong IDs, a NIC)
+		// is reported as such; otherwise the machine waits for one.
+		return "", &placementProblem{reason: reason,
 			message: "No failure domain's host has the machine's host devices free (" + strings.Join(withoutDevices, "; ") + ")"}, nil
 	}
 	return best, nil, nil
 }
 
 // hostDevicesMissing tells why the host of failure domain fd cannot take
-// lm's host devices now, "" when it can (or lm has none). Aliases the
-// operator did not list are left to the reference step, which refuses
-// them wherever the machine goes.
-func (r *LibvirtMachineReconciler) hostDevicesMissing(ctx context.Context, lm *infrav1.LibvirtMachine, lc *infrav1.LibvirtCluster, fd string) string {
+// lm's host devices now, and the condition reason that says so; "" when
+// it can (or lm has none). Aliases the operator did not list are left to
+// the reference step, which refuses them wherever the machine goes.
+func (r *LibvirtMachineReconciler) hostDevicesMissing(ctx context.Context, lm *infrav1.LibvirtMachine, lc *infrav1.LibvirtCluster, fd string) (why, reason string) {
 	if len(lm.Spec.HostDevices) == 0 {
-		return ""
+		return "", ""
 	}
 	ref, _ := hosts.FailureDomainRef(lc, fd) // fd is one of lc's
 	p := resolveHost(ctx, r.Hosts, r.Tenancy, placement{failureDomain: fd, ref: ref})
 	if p.problem != nil {
-		return p.problem.message
+		return p.problem.message, infrav1.WaitingForHostDeviceReason
 	}
 	for _, d := range lm.Spec.HostDevices {
 		dev, err := r.Tenancy.HostDevice(d.Name)
 		if err != nil {
-			return ""
+			return "", ""
 		}
-		why, err := hostdevice.Check(ctx, p.host, dev, naming.DomainName(lm.Namespace, lm.Name))
+		problem, err := hostdevice.Check(ctx, p.host, r.Tenancy, dev, p.hostName, naming.DomainName(lm.Namespace, lm.Name))
 		if err != nil {
-			return err.Error()
+			return err.Error(), infrav1.WaitingForHostDeviceReason
 		}
-		if why != "" {
-			return d.Name + ": " + why
+		if problem != nil {
+			return d.Name + ": " + problem.Message, problem.Reason
 		}
 	}
-	return ""
+	return "", ""
 }
 
 // isControlPlaneMachine tells whether m is a control-plane Machine.

@@ -11,6 +11,7 @@ package hosts
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"net/url"
@@ -56,6 +57,10 @@ type Set struct {
 	closed bool
 	hosts  map[Ref]*member
 	subs   map[*subscriber]struct{}
+	// kept are hosts Prune never closes (Keep).
+	kept map[Ref]bool
+	// onPrune, when set, sees each host Prune is about to close.
+	onPrune func(uri string, h virt.Host)
 }
 
 // member is one connection to another host.
@@ -81,8 +86,34 @@ func NewSet(def virt.Host, managerURI, defName string, secrets client.Reader) *S
 		lookup: lookupHost,
 		hosts:  map[Ref]*member{},
 		subs:   map[*subscriber]struct{}{},
+		kept:   map[Ref]bool{},
 	}
 }
+
+// Keep opens the hosts refs name (in the background, as Get) and keeps
+// them open whatever the clusters name: the hosts the operator lists are
+// always listed, so that what is left on them counts in the namespaces'
+// totals from the manager's start, whether a cluster names them or not.
+func (s *Set) Keep(ctx context.Context, refs ...Ref) error {
+	var errs []error
+	for _, ref := range refs {
+		if ref.IsDefault(s.managerURI) {
+			continue
+		}
+		s.mu.Lock()
+		s.kept[ref] = true
+		s.mu.Unlock()
+		if _, err := s.Get(ctx, ref); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// OnPrune has f see each host Prune is about to close, while it is still
+// open (the quota ledger takes its last listing). Call it before the
+// Pruner starts.
+func (s *Set) OnPrune(f func(uri string, h virt.Host)) { s.onPrune = f }
 
 // Guard has every connect (and reconnect) to a host whose URI policy
 // admits only through tenancy.Any refused when the host's name resolves
@@ -160,31 +191,45 @@ func (s *Set) open(ctx context.Context, ref Ref) (virt.Host, error) {
 }
 
 // Open returns the hosts the manager has a connection to now, by URI:
-// its own and every other host a cluster named since it was last pruned.
-// Some may not answer (Reachable tells).
+// its own, those it keeps, and every other host a cluster named since it
+// was last pruned. Some may not answer (Reachable tells); of several
+// connections to one URI (made with different namespaces' credentials,
+// or the manager's own), one that answers.
 func (s *Set) Open() map[string]virt.Host {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := map[string]virt.Host{s.managerURI: s.def}
 	for ref, m := range s.hosts {
+		if prev, ok := out[ref.URI]; ok && Reachable(prev) == nil {
+			continue
+		}
 		out[ref.URI] = m.client
 	}
 	return out
 }
 
-// Prune closes the connections to the hosts inUse no longer names.
+// Prune closes the connections to the hosts inUse no longer names, but
+// those it keeps.
 func (s *Set) Prune(inUse map[Ref]bool) {
 	s.mu.Lock()
-	var gone []*member
+	var gone []Ref
+	var members []*member
 	for ref, m := range s.hosts {
-		if !inUse[ref] {
-			gone = append(gone, m)
+		if !inUse[ref] && (s.closed || !s.kept[ref]) {
+			gone, members = append(gone, ref), append(members, m)
 			delete(s.hosts, ref)
 			ctrl.Log.WithName("hosts").Info("Closing a libvirt host no cluster names", "host", ref.String())
 		}
 	}
+	onPrune := s.onPrune
+	if s.closed {
+		onPrune = nil
+	}
 	s.mu.Unlock()
-	for _, m := range gone {
+	for i, m := range members {
+		if onPrune != nil {
+			onPrune(gone[i].URI, m.client)
+		}
 		_ = m.client.Close()
 		m.creds.remove()
 	}

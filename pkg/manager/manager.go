@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -30,6 +31,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/quota"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/loadbalancer"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/webhooks"
 )
@@ -173,13 +175,33 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 	libvirtHosts.Guard(policy)
 	// One ledger for both kinds: a namespace's machines and clusters share
 	// its totals, and admissions of one namespace are serialised.
+	// A host counts for every namespace only when the operator chose it
+	// (the manager's own, those --libvirt-uris lists exactly); a host a
+	// tenant names counts only for the namespaces whose clusters name it.
+	// The operator's hosts are always open, so what is left on them
+	// counts from the start; a tenant's host keeps counting, at its last
+	// listing, after the last cluster naming it is gone (until a restart).
+	shared := func(uri string) bool { return uri == opts.LibvirtURI || slices.Contains(policy.LibvirtURIs, uri) }
 	ledger := quota.NewLedger(policy.Namespace, mgr.GetAPIReader(), func() map[string]quota.Lister {
 		out := map[string]quota.Lister{}
 		for uri, h := range libvirtHosts.Open() {
 			out[uri] = h
 		}
 		return out
-	})
+	}, quota.WithSharedHosts(shared))
+	libvirtHosts.OnPrune(func(uri string, h virt.Host) { ledger.Retire(context.Background(), uri, h) })
+	if ledger.Enabled() {
+		var listed []hosts.Ref
+		for _, uri := range policy.LibvirtURIs {
+			if uri != tenancy.Any && uri != tenancy.None && uri != "" {
+				listed = append(listed, hosts.Ref{URI: uri})
+			}
+		}
+		if err := libvirtHosts.Keep(context.Background(), listed...); err != nil {
+			// Not counted until a cluster names it (and it opens then).
+			ctrl.Log.WithName("hosts").Error(err, "Opening the libvirt hosts of --libvirt-uris")
+		}
+	}
 	if err := mgr.Add(&hosts.Pruner{Set: libvirtHosts, Clusters: mgr.GetClient(), Interval: opts.HostPruneInterval}); err != nil {
 		return nil, err
 	}

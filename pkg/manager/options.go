@@ -92,6 +92,9 @@ type Options struct {
 	// take on the hosts (a quantity).
 	NamespaceMaxClusters int
 	NamespaceMaxDisk     string
+	// NamespaceMaxHostDevices bounds the PCI devices a namespace's
+	// domains pass through together.
+	NamespaceMaxHostDevices int
 
 	// TrafficFilter is the nwfilter of machines on shared segments
 	// ("none" for none).
@@ -146,8 +149,9 @@ func (o *Options) Tenancy() (tenancy.Policy, error) {
 		PoolDirs: o.StoragePoolDirs, Pools: o.StoragePools, ImagePools: o.ImagePools,
 		Bridges: o.HostBridges, Networks: o.LibvirtNetworks, ImageFileDirs: o.ImageFileDirs,
 		ManagerURI: o.LibvirtURI, LibvirtURIs: o.LibvirtURIs,
-		Machine:   tenancy.Limits{VCPUs: int64(o.MaxMachineVCPUs)},
-		Namespace: tenancy.Limits{Machines: o.NamespaceMaxMachines, Clusters: o.NamespaceMaxClusters, VCPUs: int64(o.NamespaceMaxVCPUs)},
+		Machine: tenancy.Limits{VCPUs: int64(o.MaxMachineVCPUs)},
+		Namespace: tenancy.Limits{Machines: o.NamespaceMaxMachines, Clusters: o.NamespaceMaxClusters, VCPUs: int64(o.NamespaceMaxVCPUs),
+			HostDevices: o.NamespaceMaxHostDevices},
 	}
 	switch o.TrafficFilter {
 	case "none", "":
@@ -274,6 +278,8 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.NamespaceMaxVCPUs, "namespace-max-vcpus", 0, "Most vCPUs the VMs of one namespace (its machines and HAProxy VMs, counted as they exist in libvirt) may take together; 0 sets no bound.")
 	fs.StringVar(&o.NamespaceMaxMemory, "namespace-max-memory", "0",
 		"Most memory the VMs of one namespace (its machines and HAProxy VMs, counted as they exist in libvirt) may take together (a quantity); 0 sets no bound.")
+	fs.IntVar(&o.NamespaceMaxHostDevices, "namespace-max-host-devices", 0,
+		"Most PCI devices the domains of one namespace may pass through together (spec.hostDevices, counted from the hostdevs of its domains in libvirt); 0 sets no bound.")
 	fs.IntVar(&o.NamespaceMaxClusters, "namespace-max-clusters", 0,
 		"Most LibvirtClusters of one namespace that get a network and HAProxy VM; clusters created later wait. 0 sets no bound.")
 	fs.StringVar(&o.NamespaceMaxDisk, "namespace-max-disk", "0",

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/pci"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 )
@@ -103,6 +104,8 @@ func TestMachineLimitFlags(t *testing.T) {
 			machine: tenancy.Limits{VCPUs: 4, MemoryMiB: 8 << 10, DiskGiB: 50}, ns: tenancy.Limits{Machines: 6, VCPUs: 12, MemoryMiB: 24 << 10}},
 		{name: "no bounds", args: []string{"--max-machine-vcpus=0", "--max-machine-memory=0", "--max-machine-disk=0"}},
 		{name: "bad size", args: []string{"--namespace-max-memory=lots"}, wantErr: "--namespace-max-memory"},
+		{name: "host devices", args: []string{"--namespace-max-host-devices=2"}, machine: tenancy.Limits{VCPUs: 32, MemoryMiB: 128 << 10, DiskGiB: 1 << 10},
+			ns: tenancy.Limits{HostDevices: 2}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := parseFlags(t, tc.args)
@@ -211,6 +214,10 @@ func TestHostDeviceFlag(t *testing.T) {
 		{args: []string{"--host-devices=none"}},
 		{args: []string{"--host-devices=gpu0=0000:65:00.0/nvidia.com/gpu,nic0=0000:17:00.1"}, wantAliases: []string{"gpu0", "nic0"}},
 		{args: []string{"--host-devices=0000:65:00.0"}, wantErr: "invalid --host-devices"},
+		// The flag splits at commas: options join their alias again.
+		{args: []string{"--host-devices=gpu0=0000:65:00.0/nvidia.com/gpu,vendor=10de,device=2204,host=gpu1,nic0=0000:17:00.1,allow=network"},
+			wantAliases: []string{"gpu0", "nic0"}},
+		{args: []string{"--host-devices=gpu0=0000:65:00.0", "--host-devices=vendor=10de,device=2204"}, wantAliases: []string{"gpu0"}},
 	} {
 		p, err := parseFlags(t, tc.args).Tenancy()
 		if tc.wantErr != "" {
@@ -225,6 +232,10 @@ func TestHostDeviceFlag(t *testing.T) {
 		var aliases []string
 		for _, d := range p.HostDevices {
 			aliases = append(aliases, d.Alias)
+		}
+		if len(tc.wantAliases) > 0 && tc.wantAliases[0] == "gpu0" && strings.Contains(strings.Join(tc.args, " "), "vendor=") &&
+			p.HostDevices[0].IDs != (pci.IDs{Vendor: 0x10de, Device: 0x2204}) {
+			t.Errorf("%v: gpu0's IDs %s, want 10de:2204", tc.args, p.HostDevices[0].IDs)
 		}
 		if !slices.Equal(aliases, tc.wantAliases) {
 			t.Errorf("%v: aliases %v, want %v", tc.args, aliases, tc.wantAliases)

@@ -55,6 +55,7 @@ func Hold(namespace string, objs []virt.OwnedObject, uses []virt.ImageUse, skip 
 			h.Domains[o.Name] = true
 			h.VCPUs += o.VCPUs
 			h.MemoryMiB += o.MemoryMiB
+			h.HostDevices += o.HostDevices
 			switch o.Owner.Kind {
 			case "LibvirtMachine":
 				h.Machines++

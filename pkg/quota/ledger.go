@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
@@ -41,6 +43,47 @@ type listing struct {
 // manager reaches.
 type Hosts func() map[string]Lister
 
+// DefaultListTimeout bounds how long an admission waits for one host's
+// listing before it takes the host's last listing instead.
+const DefaultListTimeout = 5 * time.Second
+
+// listBound bounds one listing as a whole, which goes on in the
+// background after an admission stopped waiting for it.
+const listBound = 2 * time.Minute
+
+// Option configures a Ledger.
+type Option func(*Ledger)
+
+// WithSharedHosts has a host count only for the namespaces whose
+// LibvirtClusters name it in a failure domain (now, or earlier: the
+// orphans a namespace left there still count), unless shared says it
+// counts for every namespace (the manager's own host and the hosts the
+// operator lists). Without it, every host counts for every namespace.
+// A host a tenant names is the tenant's to answer for: what it reports
+// of other namespaces' objects is never counted against them.
+func WithSharedHosts(shared func(uri string) bool) Option {
+	return func(l *Ledger) { l.shared = shared }
+}
+
+// WithListTimeout sets how long an admission waits for one host's
+// listing (DefaultListTimeout without it).
+func WithListTimeout(d time.Duration) Option {
+	return func(l *Ledger) { l.listTimeout = d }
+}
+
+// hostListing is what the ledger knows of one host's listing.
+type hostListing struct {
+	mu sync.Mutex
+	// last is the host's last complete listing; nil before the first.
+	last *listing
+	// err is why the latest listing failed; nil when it succeeded.
+	err error
+	// running is closed when the listing under way ends; nil when none
+	// runs. One listing per host runs at a time, however many
+	// admissions wait for it.
+	running chan struct{}
+}
+
 // Ledger admits machines and clusters within a namespace's totals. It
 // counts what the namespace holds on every host the manager reaches, plus
 // what its objects in the API server ask for and do not hold yet: those
@@ -59,16 +102,28 @@ type Ledger struct {
 	// they hold their own objects or are forgotten. After a restart the
 	// objects created earlier count anyway (creation order).
 	admitted map[string]map[string]bool
-	// seen is the last listing of each host, for hosts that do not
-	// answer now: what a namespace had there still counts.
-	seen map[string]listing
+	// listings are what each host listed, by URI, kept for hosts that
+	// do not answer now or that the manager closed since: what a
+	// namespace had there still counts.
+	listings map[string]*hostListing
+	// namedBy are, by URI, the namespaces whose clusters named the host
+	// in an admission (WithSharedHosts).
+	namedBy map[string]map[string]bool
+
+	shared      func(uri string) bool
+	listTimeout time.Duration
 }
 
 // NewLedger returns a ledger for limits; api should read the API server
 // directly (the manager's API reader), not a cache that may lag.
-func NewLedger(limits tenancy.Limits, api client.Reader, hosts Hosts) *Ledger {
-	return &Ledger{limits: limits, api: api, hosts: hosts,
-		locks: map[string]*sync.Mutex{}, admitted: map[string]map[string]bool{}, seen: map[string]listing{}}
+func NewLedger(limits tenancy.Limits, api client.Reader, hosts Hosts, opts ...Option) *Ledger {
+	l := &Ledger{limits: limits, api: api, hosts: hosts,
+		locks: map[string]*sync.Mutex{}, admitted: map[string]map[string]bool{},
+		listings: map[string]*hostListing{}, namedBy: map[string]map[string]bool{}, listTimeout: DefaultListTimeout}
+	for _, o := range opts {
+		o(l)
+	}
+	return l
 }
 
 // Request is an object asking to be admitted.
@@ -112,16 +167,17 @@ func (l *Ledger) Admit(ctx context.Context, r Request) error {
 	ns := r.Object.GetNamespace()
 	unlock := l.lock(ns)
 	defer unlock()
-	all, err := l.listHosts(ctx)
+	objs, err := l.listNamespace(ctx, ns)
+	if err != nil {
+		return err
+	}
+	all, err := l.listHosts(ctx, ns, objs.clusters.Items)
 	if err != nil {
 		return err
 	}
 	held := Hold(ns, all.objs, all.uses, r.Own)
 	if ask := r.Ask(held); ask != (tenancy.Usage{}) {
-		pending, err := l.pending(ctx, r, held)
-		if err != nil {
-			return err
-		}
+		pending := l.pending(r, objs, held)
 		total := held.Usage.Add(pending).Add(ask)
 		if exceeded := l.limits.Exceeded(total, "--namespace-max-"); len(exceeded) > 0 {
 			return &ExceededError{Namespace: ns, Exceeded: exceeded}
@@ -169,30 +225,176 @@ func (l *Ledger) lock(ns string) func() {
 	return m.Unlock
 }
 
-// listHosts lists the owned objects of every host; a host that does not
-// answer contributes its last listing, so that taking a host off the
-// network frees nothing.
-func (l *Ledger) listHosts(ctx context.Context) (listing, error) {
-	var all listing
-	for uri, h := range l.hosts() {
-		got, err := listHost(ctx, h)
-		if err != nil {
-			l.mu.Lock()
-			seen, ok := l.seen[uri]
-			l.mu.Unlock()
-			if !ok {
-				return all, fmt.Errorf("counting what the namespace holds on %s: %w", uri, err)
-			}
-			got = seen
-		} else {
-			l.mu.Lock()
-			l.seen[uri] = got
-			l.mu.Unlock()
+// listHosts lists the owned objects of every host that counts for
+// namespace ns (whose LibvirtClusters are clusters), each host at once
+// and each for at most the list timeout. A host that does not answer in
+// time, or that the manager closed since (no cluster names it any more),
+// contributes its last listing, so that taking a host off the network, or
+// deleting the cluster that named it, frees nothing its orphans hold. A
+// host that never answered fails the admission (nothing is known of what
+// it holds), unless it is a tenant's host that no cluster of ns names
+// now.
+func (l *Ledger) listHosts(ctx context.Context, ns string, clusters []infrav1.LibvirtCluster) (listing, error) {
+	open := l.hosts()
+	named := l.recordNames(ns, clusters)
+	l.mu.Lock()
+	uris := slices.Collect(maps.Keys(open))
+	for uri := range l.listings {
+		if _, ok := open[uri]; !ok {
+			uris = append(uris, uri)
 		}
-		all.objs = append(all.objs, got.objs...)
-		all.uses = append(all.uses, got.uses...)
 	}
-	return all, nil
+	l.mu.Unlock()
+	type result struct {
+		uri string
+		got listing
+		err error
+	}
+	results := make(chan result)
+	n := 0
+	for _, uri := range uris {
+		if !l.countsFor(uri, ns) {
+			continue
+		}
+		n++
+		go func() {
+			got, err := l.listOne(ctx, uri, open[uri])
+			results <- result{uri, got, err}
+		}()
+	}
+	var all listing
+	var errs []error
+	for range n {
+		r := <-results
+		if r.err != nil {
+			if named[r.uri] || l.shared == nil || l.shared(r.uri) {
+				errs = append(errs, fmt.Errorf("counting what the namespace holds on %s: %w", r.uri, r.err))
+			} else {
+				ctrl.LoggerFrom(ctx).Info("Leaving out a libvirt host never listed", "host", r.uri, "reason", r.err.Error())
+			}
+			continue
+		}
+		all.objs = append(all.objs, r.got.objs...)
+		all.uses = append(all.uses, r.got.uses...)
+	}
+	return all, errors.Join(errs...)
+}
+
+// recordNames remembers which hosts the failure domains of namespace
+// ns's clusters name, and returns them.
+func (l *Ledger) recordNames(ns string, clusters []infrav1.LibvirtCluster) map[string]bool {
+	named := map[string]bool{}
+	for i := range clusters {
+		for _, fd := range clusters[i].Spec.FailureDomains {
+			if fd.URI != "" {
+				named[fd.URI] = true
+			}
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for uri := range named {
+		if l.namedBy[uri] == nil {
+			l.namedBy[uri] = map[string]bool{}
+		}
+		l.namedBy[uri][ns] = true
+	}
+	return named
+}
+
+// countsFor tells whether what the host at uri reports counts for
+// namespace ns: always without WithSharedHosts; with it, when the host
+// is shared or a cluster of ns named it.
+func (l *Ledger) countsFor(uri, ns string) bool {
+	if l.shared == nil || l.shared(uri) {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.namedBy[uri][ns]
+}
+
+// listOne returns the listing of the host at uri (h; nil for a host the
+// manager closed), waiting at most the list timeout for it; its last
+// listing when it does not answer in time or fails.
+func (l *Ledger) listOne(ctx context.Context, uri string, h Lister) (listing, error) {
+	hl := l.hostListing(uri)
+	hl.mu.Lock()
+	if h == nil {
+		defer hl.mu.Unlock()
+		if hl.last == nil {
+			return listing{}, errors.New("the host was closed before it was ever listed")
+		}
+		return *hl.last, nil
+	}
+	done := hl.running
+	if done == nil {
+		done = make(chan struct{})
+		hl.running = done
+		go hl.list(h, done)
+	}
+	hl.mu.Unlock()
+	timer := time.NewTimer(l.listTimeout)
+	defer timer.Stop()
+	var why error
+	select {
+	case <-done:
+	case <-timer.C:
+		why = fmt.Errorf("the host has not answered within %s", l.listTimeout)
+	case <-ctx.Done():
+		why = ctx.Err()
+	}
+	hl.mu.Lock()
+	defer hl.mu.Unlock()
+	if why == nil && hl.err != nil {
+		why = hl.err
+	}
+	switch {
+	case why == nil:
+		return *hl.last, nil
+	case hl.last != nil:
+		return *hl.last, nil
+	}
+	return listing{}, why
+}
+
+// list lists h in the background, bounded by listBound, keeps the
+// result, and closes done.
+func (hl *hostListing) list(h Lister, done chan struct{}) {
+	ctx, cancel := context.WithTimeout(context.Background(), listBound)
+	got, err := listHost(ctx, h)
+	cancel()
+	hl.mu.Lock()
+	if hl.err = err; err == nil {
+		hl.last = &got
+	}
+	hl.running = nil
+	hl.mu.Unlock()
+	close(done)
+}
+
+func (l *Ledger) hostListing(uri string) *hostListing {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	hl := l.listings[uri]
+	if hl == nil {
+		hl = &hostListing{}
+		l.listings[uri] = hl
+	}
+	return hl
+}
+
+// Retire lists h, the host at uri that the manager is about to close,
+// one last time (as an admission would), so that the objects left there
+// keep counting, for the namespaces they counted for, at what the host
+// last held.
+func (l *Ledger) Retire(ctx context.Context, uri string, h Lister) {
+	if !l.Enabled() {
+		return
+	}
+	if _, err := l.listOne(ctx, uri, h); err != nil {
+		ctrl.LoggerFrom(ctx).Info("A closed libvirt host's last listing is missing: what is left there is not counted", "host", uri, "reason", err.Error())
+	}
 }
 
 // listHost lists one host, unless it does not answer now.
@@ -213,34 +415,45 @@ func listHost(ctx context.Context, h Lister) (listing, error) {
 	return got, err
 }
 
+// namespaceObjects are a namespace's machines and clusters in the API
+// server.
+type namespaceObjects struct {
+	machines infrav1.LibvirtMachineList
+	clusters infrav1.LibvirtClusterList
+}
+
+// listNamespace reads namespace ns's machines and clusters.
+func (l *Ledger) listNamespace(ctx context.Context, ns string) (namespaceObjects, error) {
+	var o namespaceObjects
+	if err := l.api.List(ctx, &o.machines, client.InNamespace(ns)); err != nil {
+		return o, fmt.Errorf("listing the namespace's LibvirtMachines: %w", err)
+	}
+	if err := l.api.List(ctx, &o.clusters, client.InNamespace(ns)); err != nil {
+		return o, fmt.Errorf("listing the namespace's LibvirtClusters: %w", err)
+	}
+	return o, nil
+}
+
 // pending sums what the namespace's other objects in the API server ask
 // for and do not hold yet: those created before r's object (the same
 // second: by name) and those admitted already.
-func (l *Ledger) pending(ctx context.Context, r Request, held Holdings) (tenancy.Usage, error) {
+func (l *Ledger) pending(r Request, objs namespaceObjects, held Holdings) tenancy.Usage {
 	ns := r.Object.GetNamespace()
-	var machines infrav1.LibvirtMachineList
-	if err := l.api.List(ctx, &machines, client.InNamespace(ns)); err != nil {
-		return tenancy.Usage{}, fmt.Errorf("listing the namespace's LibvirtMachines: %w", err)
-	}
-	var clusters infrav1.LibvirtClusterList
-	if err := l.api.List(ctx, &clusters, client.InNamespace(ns)); err != nil {
-		return tenancy.Usage{}, fmt.Errorf("listing the namespace's LibvirtClusters: %w", err)
-	}
 	var u tenancy.Usage
 	self := keyOf(r.Object)
-	for i := range machines.Items {
-		lm := &machines.Items[i]
+	for i := range objs.machines.Items {
+		lm := &objs.machines.Items[i]
 		if keyOf(lm) != self && !held.Domains[naming.DomainName(ns, lm.Name)] && l.counts(r, lm) {
 			u = u.Add(MachineAsk(lm, held))
 		}
 	}
-	for i := range clusters.Items {
-		lc := &clusters.Items[i]
+	for i := range objs.clusters.Items {
+		lc := &objs.clusters.Items[i]
 		if keyOf(lc) != self && l.counts(r, lc) {
 			u = u.Add(ClusterAsk(lc, held))
 		}
 	}
-	return u, nil
+	return u
 }
 
 // counts tells whether other, which holds nothing yet, counts against r:

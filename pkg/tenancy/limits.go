@@ -21,6 +21,9 @@ type Limits struct {
 	VCPUs     int64
 	MemoryMiB int64
 	DiskGiB   int64
+	// HostDevices bounds the PCI devices a namespace's domains pass
+	// through together (Namespace only).
+	HostDevices int
 }
 
 // DiskBytes is DiskGiB in bytes; 0 for no bound.
@@ -31,6 +34,7 @@ type Usage struct {
 	Machines, Clusters int
 	VCPUs, MemoryMiB   int64
 	DiskGiB            int64
+	HostDevices        int
 }
 
 // MachineUsage is what one machine of spec asks for.
@@ -39,7 +43,7 @@ func MachineUsage(spec *infrav1.LibvirtMachineSpec) Usage {
 	for _, d := range spec.DataDisks {
 		disk += int64(d.SizeGiB)
 	}
-	return Usage{Machines: 1, VCPUs: int64(spec.CPUs), MemoryMiB: int64(spec.MemoryMiB), DiskGiB: disk}
+	return Usage{Machines: 1, VCPUs: int64(spec.CPUs), MemoryMiB: int64(spec.MemoryMiB), DiskGiB: disk, HostDevices: len(spec.HostDevices)}
 }
 
 // LoadBalancerUsage is what the HAProxy VM of spec asks for, defaults
@@ -57,11 +61,13 @@ func LoadBalancerUsage(spec *infrav1.LibvirtClusterSpec) Usage {
 // Add is u plus v.
 func (u Usage) Add(v Usage) Usage {
 	return Usage{Machines: u.Machines + v.Machines, Clusters: u.Clusters + v.Clusters,
-		VCPUs: u.VCPUs + v.VCPUs, MemoryMiB: u.MemoryMiB + v.MemoryMiB, DiskGiB: u.DiskGiB + v.DiskGiB}
+		VCPUs: u.VCPUs + v.VCPUs, MemoryMiB: u.MemoryMiB + v.MemoryMiB, DiskGiB: u.DiskGiB + v.DiskGiB,
+		HostDevices: u.HostDevices + v.HostDevices}
 }
 
 // Exceeded names, for every limit u passes, the field that passes it
-// ("cpus", "memoryMiB", "diskSizeGiB", "machines", "clusters") and the
+// ("cpus", "memoryMiB", "diskSizeGiB", "machines", "clusters",
+// "hostDevices") and the
 // flag that sets it (prefix "--max-machine-" or "--namespace-max-").
 func (l Limits) Exceeded(u Usage, flagPrefix string) map[string]string {
 	out := map[string]string{}
@@ -75,5 +81,6 @@ func (l Limits) Exceeded(u Usage, flagPrefix string) map[string]string {
 	check("cpus", "vcpus", u.VCPUs, l.VCPUs, " vCPUs")
 	check("memoryMiB", "memory", u.MemoryMiB, l.MemoryMiB, " MiB")
 	check("diskSizeGiB", "disk", u.DiskGiB, l.DiskGiB, " GiB of disk")
+	check("hostDevices", "host-devices", int64(u.HostDevices), int64(l.HostDevices), " host devices")
 	return out
 }

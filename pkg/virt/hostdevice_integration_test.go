@@ -3,6 +3,8 @@ package virt_test
 import (
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testprereq"
@@ -28,6 +30,15 @@ func TestPCIDeviceUsers(t *testing.T) {
 	if info.Driver == "" {
 		t.Errorf("PCIDevice(%s): no driver reported (sysfs has %s)", addr, driverOf(addr))
 	}
+	// What the alias check reads: the IDs and class, as sysfs has them,
+	// and the IOMMU group when the host has one.
+	if want := sysfsIdentity(t, addr); info.IDs != want.IDs || info.Class != want.Class {
+		t.Errorf("PCIDevice(%s): IDs %s, class %s; sysfs has %s, %s", addr, info.IDs, info.Class, want.IDs, want.Class)
+	}
+	_, groupErr := os.Stat(filepath.Join("/sys/bus/pci/devices", addr.String(), "iommu_group"))
+	if (groupErr == nil) != (info.IOMMUGroup != nil) {
+		t.Errorf("PCIDevice(%s): IOMMU group %+v; sysfs has one: %v", addr, info.IOMMUGroup, groupErr == nil)
+	}
 	for _, u := range info.Domains {
 		t.Errorf("PCIDevice(%s): domain %s passes it through before the test defined one", addr, u.Name)
 	}
@@ -43,6 +54,14 @@ func TestPCIDeviceUsers(t *testing.T) {
 	}
 	if len(info.Domains) != 1 || info.Domains[0] != (virt.PCIDeviceUser{Name: spec.Name, Active: false}) {
 		t.Errorf("PCIDevice(%s).Domains = %+v; want %s, not running", addr, info.Domains, spec.Name)
+	}
+	// The namespace totals count the domain's hostdev from libvirt.
+	owned, err := e.c.ListOwned(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(owned, func(o virt.OwnedObject) bool { return o.Kind == virt.OwnedDomain && o.Name == spec.Name }); i < 0 || owned[i].HostDevices != 1 {
+		t.Errorf("ListOwned: domain %s not listed with one host device (%+v)", spec.Name, owned)
 	}
 	if other := info.HeldByOther("another"); other != "" {
 		t.Errorf("a defined, stopped domain holds the device for another: %s", other)
@@ -66,6 +85,30 @@ func hostPCIDevice(t *testing.T) pci.Address {
 	}
 	testprereq.Missing(t, "no PCI device with a driver in /sys/bus/pci/devices")
 	return pci.Address{}
+}
+
+// sysfsIdentity reads addr's IDs and class from sysfs.
+func sysfsIdentity(t *testing.T, addr pci.Address) virt.PCIDeviceInfo {
+	t.Helper()
+	read := func(name string) string {
+		raw, err := os.ReadFile(filepath.Join("/sys/bus/pci/devices", addr.String(), name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(raw))
+	}
+	var info virt.PCIDeviceInfo
+	var err error
+	if info.IDs.Vendor, err = pci.ParseID(read("vendor")); err != nil {
+		t.Fatal(err)
+	}
+	if info.IDs.Device, err = pci.ParseID(read("device")); err != nil {
+		t.Fatal(err)
+	}
+	if info.Class, err = pci.ParseClass(read("class")); err != nil {
+		t.Fatal(err)
+	}
+	return info
 }
 
 // driverOf is the driver sysfs says is bound to addr, "" for none.

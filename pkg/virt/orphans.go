@@ -31,8 +31,10 @@ type OwnedObject struct {
 	// VCPUs and MemoryMiB are a domain's; CapacityBytes and
 	// AllocationBytes a volume's. Quotas count them: what exists on a host
 	// is what a namespace holds, whatever the API server says.
-	VCPUs           int64
-	MemoryMiB       int64
+	VCPUs     int64
+	MemoryMiB int64
+	// HostDevices counts the PCI devices a domain passes through.
+	HostDevices     int
 	CapacityBytes   uint64
 	AllocationBytes uint64
 }
@@ -97,7 +99,12 @@ func ownedDomains(conn *libvirt.Connect) ([]OwnedObject, error) {
 		if err != nil {
 			return nil, err
 		}
-		return []OwnedObject{{Kind: OwnedDomain, Name: name, Owner: o, VCPUs: int64(info.NrVirtCpu), MemoryMiB: int64(info.MaxMem / 1024)}}, nil
+		dx, err := decodeXML[libvirtxml.Domain](d.GetXMLDesc(0))
+		if err != nil {
+			return nil, err
+		}
+		return []OwnedObject{{Kind: OwnedDomain, Name: name, Owner: o, VCPUs: int64(info.NrVirtCpu), MemoryMiB: int64(info.MaxMem / 1024),
+			HostDevices: pciHostdevs(dx)}}, nil
 	})
 }
 

@@ -113,7 +113,11 @@ func (h *Host) PCIDevice(_ context.Context, addr pci.Address) (virt.PCIDeviceInf
 	if !ok {
 		return virt.PCIDeviceInfo{}, fmt.Errorf("node device %s: %w", addr.NodeDeviceName(), virt.ErrNotFound)
 	}
-	info := virt.PCIDeviceInfo{Driver: driver}
+	info, ok := h.PCIIdentities[addr]
+	if !ok {
+		info.IOMMUGroup = &virt.IOMMUGroup{Number: int(addr.Bus)<<8 | int(addr.Slot)<<3 | int(addr.Function)}
+	}
+	info.Driver, info.Domains = driver, nil
 	for _, name := range slices.Sorted(maps.Keys(h.Specs)) {
 		if slices.Contains(h.Specs[name].HostDevices, addr) {
 			info.Domains = append(info.Domains, virt.PCIDeviceUser{Name: name, Active: h.Domains[name].State == "running"})

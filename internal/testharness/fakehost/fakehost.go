@@ -38,6 +38,10 @@ type Host struct {
 	// PCIDevices are the host's PCI devices and their drivers; the
 	// domains passing one through come from Specs.
 	PCIDevices map[pci.Address]string
+	// PCIIdentities are what PCIDevice reports of a device besides its
+	// driver and users (IDs, class, IOMMU group); a device of PCIDevices
+	// without one is alone in an IOMMU group of its own.
+	PCIIdentities map[pci.Address]virt.PCIDeviceInfo
 	// MemoryBytes is what HostMemory reports; New sets 16 GiB.
 	MemoryBytes uint64
 	// Errs makes the named method return the error.

@@ -1,0 +1,210 @@
+package quota_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/quota"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+)
+
+const (
+	managerURI = "qemu:///system"
+	listedURI  = "qemu+ssh://rack1/system"          // the operator lists it in --libvirt-uris
+	tenantURI  = "qemu+tls://team-a.example/system" // only --libvirt-uris=* admits it
+)
+
+// shared is the manager's rule: its own host and the hosts the operator
+// lists count for every namespace.
+func shared(uri string) bool { return uri == managerURI || uri == listedURI }
+
+// naming returns a LibvirtCluster of ns whose one failure domain is uri.
+func namingCluster(ns, name, uri string) *infrav1.LibvirtCluster {
+	lc := cluster(ns, name, -time.Hour, infrav1.LoadBalancerNone)
+	lc.Spec.FailureDomains = []infrav1.FailureDomainSpec{{Name: "fd", URI: uri}}
+	return lc
+}
+
+// blocked is a host whose listing waits until release is closed.
+type blocked struct {
+	release chan struct{}
+	objs    []virt.OwnedObject
+}
+
+func (b *blocked) ListOwned(ctx context.Context) ([]virt.OwnedObject, error) {
+	select {
+	case <-b.release:
+		return b.objs, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// hostSet is the hosts the manager has open, which a test changes.
+type hostSet struct{ m map[string]quota.Lister }
+
+func (s *hostSet) hosts() map[string]quota.Lister { return s.m }
+
+func scopedLedger(t *testing.T, limits tenancy.Limits, hs *hostSet, api ...client.Object) (*quota.Ledger, client.Client) {
+	t.Helper()
+	scheme, err := manager.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(api...).Build()
+	return quota.NewLedger(limits, c, hs.hosts, quota.WithSharedHosts(shared), quota.WithListTimeout(200*time.Millisecond)), c
+}
+
+// admitWithin admits lm, failing the test when the admission does not
+// return within a minute (a host's listing stalled it).
+func admitWithin(t *testing.T, l *quota.Ledger, lm *infrav1.LibvirtMachine) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- admitMachine(l, lm) }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(time.Minute):
+		t.Fatalf("admitting %s/%s did not return within a minute", lm.Namespace, lm.Name)
+		return nil
+	}
+}
+
+// TestTenantHostCountsForItsNamespace: under --libvirt-uris=*, team-a
+// names its own libvirtd, which reports 10 000 vCPUs of domains tagged
+// team-b. They count for team-a (whose host it is) and never for team-b,
+// which does not name that host; what the operator's hosts report counts
+// for everyone.
+func TestTenantHostCountsForItsNamespace(t *testing.T) {
+	hs := &hostSet{m: map[string]quota.Lister{
+		managerURI: listing{domain("LibvirtMachine", "team-b", "real", 2, 1024)},
+		listedURI:  listing{domain("LibvirtMachine", "team-b", "rack", 2, 1024)},
+		tenantURI: listing{
+			domain("LibvirtMachine", "team-b", "forged", 10000, 1<<20),
+			domain("LibvirtMachine", "team-a", "own", 4, 1024),
+		},
+	}}
+	newB := machine("team-b", "new", 0, 2, 1024, 4)
+	newA := machine("team-a", "new", 0, 3, 1024, 4)
+	l, _ := scopedLedger(t, tenancy.Limits{VCPUs: 6}, hs, namingCluster("team-a", "a", tenantURI), newA, newB)
+	if err := admitWithin(t, l, newB); err != nil {
+		t.Errorf("team-b, 4 vCPUs held on the operator's hosts + 2 of 6: %v", err)
+	}
+	big := machine("team-b", "big", 0, 3, 1024, 4)
+	l, _ = scopedLedger(t, tenancy.Limits{VCPUs: 6}, hs, namingCluster("team-a", "a", tenantURI), big)
+	if err := admitWithin(t, l, big); err == nil || !strings.Contains(err.Error(), "--namespace-max-vcpus") {
+		t.Errorf("team-b, 4 vCPUs held on the operator's hosts + 3 of 6: %v; want a refusal", err)
+	}
+	if err := admitWithin(t, l, newA); err == nil || !strings.Contains(err.Error(), "--namespace-max-vcpus") {
+		t.Errorf("team-a, 10 000 vCPUs of team-b and 4 of its own on its own host + 3 of 6: %v; want a refusal", err)
+	}
+}
+
+// TestSlowTenantHost: a tenant's host that never answers stalls no other
+// namespace's admissions (they do not list it) and stalls its own only for
+// the list timeout; once it answered, its last listing stands in for it
+// when it is slow, and a slow operator host's last listing does too.
+func TestSlowTenantHost(t *testing.T) {
+	slowTenant := &blocked{release: make(chan struct{}), objs: []virt.OwnedObject{domain("LibvirtMachine", "team-a", "own", 4, 1024)}}
+	slowShared := &blocked{release: make(chan struct{}), objs: []virt.OwnedObject{domain("LibvirtMachine", "team-b", "rack", 4, 1024)}}
+	hs := &hostSet{m: map[string]quota.Lister{managerURI: listing(nil), tenantURI: slowTenant}}
+	newA := machine("team-a", "new", 0, 4, 1024, 4)
+	newB := machine("team-b", "new", 0, 4, 1024, 4)
+	l, _ := scopedLedger(t, tenancy.Limits{VCPUs: 6}, hs, namingCluster("team-a", "a", tenantURI), newA, newB)
+
+	if err := admitWithin(t, l, newB); err != nil {
+		t.Errorf("team-b, whose clusters name no slow host: %v", err)
+	}
+	err := admitWithin(t, l, newA)
+	if err == nil || !strings.Contains(err.Error(), "has not answered within") {
+		t.Errorf("team-a, whose own host was never listed: %v; want it to wait for its host", err)
+	}
+	close(slowTenant.release) // it answers once...
+	deadline := time.Now().Add(30 * time.Second)
+	for err = admitWithin(t, l, newA); err != nil && strings.Contains(err.Error(), "has not answered") && time.Now().Before(deadline); err = admitWithin(t, l, newA) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err == nil || !strings.Contains(err.Error(), "--namespace-max-vcpus") {
+		t.Fatalf("team-a, 4 vCPUs on its host + 4 of 6: %v; want a refusal", err)
+	}
+	slowTenant.release = make(chan struct{}) // ...then stalls: its last listing counts
+	if err := admitWithin(t, l, newA); err == nil || !strings.Contains(err.Error(), "--namespace-max-vcpus") {
+		t.Errorf("team-a, its host stalled after one listing: %v; want the last listing counted", err)
+	}
+
+	// An operator's host that stalls after one listing: its last listing
+	// counts for team-b, which is not stalled.
+	hs.m = map[string]quota.Lister{managerURI: listing(nil), listedURI: slowShared}
+	close(slowShared.release)
+	for err = admitWithin(t, l, newB); err != nil && strings.Contains(err.Error(), "has not answered") && time.Now().Before(deadline); err = admitWithin(t, l, newB) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	slowShared.release = make(chan struct{})
+	if err := admitWithin(t, l, newB); err == nil || !strings.Contains(err.Error(), "--namespace-max-vcpus") {
+		t.Errorf("team-b, the operator's host stalled after listing 4 of its vCPUs: %v; want a refusal", err)
+	}
+}
+
+// TestClosedHostStillCounts: the orphans team-a left on its own host
+// still count once its last cluster naming the host is gone and the
+// manager closed the host: Retire takes the host's last listing.
+func TestClosedHostStillCounts(t *testing.T) {
+	tenant := listing{domain("LibvirtMachine", "team-a", "orphan", 4, 1024)}
+	hs := &hostSet{m: map[string]quota.Lister{managerURI: listing(nil), tenantURI: tenant}}
+	lc := namingCluster("team-a", "a", tenantURI)
+	newA := machine("team-a", "new", 0, 4, 1024, 4)
+	l, c := scopedLedger(t, tenancy.Limits{VCPUs: 6}, hs, lc, newA)
+	if err := admitWithin(t, l, newA); err == nil || !strings.Contains(err.Error(), "--namespace-max-vcpus") {
+		t.Fatalf("team-a with 4 vCPUs on its host + 4 of 6: %v; want a refusal", err)
+	}
+	if err := c.Delete(context.Background(), lc); err != nil {
+		t.Fatal(err)
+	}
+	l.Retire(context.Background(), tenantURI, tenant) // the pruner closes it
+	hs.m = map[string]quota.Lister{managerURI: listing(nil)}
+	if err := admitWithin(t, l, newA); err == nil || !strings.Contains(err.Error(), "--namespace-max-vcpus") {
+		t.Errorf("team-a after its host was closed, its orphan left there: %v; want a refusal", err)
+	}
+}
+
+// TestNamespaceHostDevices: the PCI devices a namespace's domains pass
+// through count against --namespace-max-host-devices, with those its new
+// machine asks for.
+func TestNamespaceHostDevices(t *testing.T) {
+	held := domain("LibvirtMachine", "team-b", "gpu", 2, 1024)
+	held.HostDevices = 1
+	other := domain("LibvirtMachine", "team-a", "gpus", 2, 1024)
+	other.HostDevices = 4
+	for _, tc := range []struct {
+		name    string
+		devices []string
+		limit   int
+		want    string
+	}{
+		{"one held, one asked, room for two", []string{"gpu0"}, 2, ""},
+		{"one held, two asked, room for two", []string{"gpu0", "gpu1"}, 2, "--namespace-max-host-devices"},
+		{"one held, none asked", nil, 1, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lm := machine("team-b", "new", 0, 1, 512, 4)
+			for _, d := range tc.devices {
+				lm.Spec.HostDevices = append(lm.Spec.HostDevices, infrav1.HostDevice{Name: d})
+			}
+			err := admitMachine(ledger(t, tenancy.Limits{HostDevices: tc.limit}, []virt.OwnedObject{held, other}, lm), lm)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("got %v, want a refusal naming %s", err, tc.want)
+			}
+		})
+	}
+}
