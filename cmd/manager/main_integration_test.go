@@ -14,6 +14,17 @@ import (
 )
 
 // runMainEnv makes the test binary run main instead of the tests, so that
+// TestJSONLogs runs the manager's own flag parsing and logger setup.
+const runMainEnv = "CAPL_TEST_RUN_MANAGER_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
 // TestJSONLogs runs the manager with --logging-format=json, as Cluster
 // API providers are run, against an API server and the test:/// libvirt
 // driver, and expects every log line to be a JSON object with a msg, up to
