@@ -27,6 +27,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 )
 
@@ -36,7 +37,7 @@ import (
 const rbacDir = "../../config/rbac"
 
 // TestMetricsServedToServiceAccounts runs the manager as it runs in its
-// pod: built by manager.New, authenticated as the ServiceAccount the
+// pod: built by pkg/manager, authenticated as the ServiceAccount the
 // release RBAC of config/rbac binds, with leader election and the secure
 // diagnostics endpoint (the defaults of --diagnostics-address and
 // --insecure-diagnostics). /metrics answers a ServiceAccount that the
@@ -101,7 +102,10 @@ func TestMetricsServedToServiceAccounts(t *testing.T) {
 	opts.Diagnostics = flags.ManagerOptions{DiagnosticsAddress: freeAddress(t), TLSMinVersion: "VersionTLS12"}
 	opts.LeaderElect, opts.LeaderElectionNamespace, opts.LeaderElectionID = true, "system", "controller-leader-election-capl"
 	opts.LeaseDuration, opts.RenewDeadline, opts.RetryPeriod = 15*time.Second, 10*time.Second, 2*time.Second
-	mgr, err := manager.New(asManager, opts)
+	// New's wiring on a connection of the test's: New would refuse the
+	// controllers' names, which another test of this process registered.
+	host := testlibvirt.Client(t, uri)
+	mgr, err := manager.NewWithWiring(asManager, opts, manager.Wiring{Host: host, HostName: hosts.HostName(uri), SkipControllerNameValidation: true})
 	if err != nil {
 		t.Fatal(err)
 	}
