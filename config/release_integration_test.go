@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,7 +19,9 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -201,6 +204,30 @@ func TestComponentsFollowClusterctlContract(t *testing.T) {
 	if !strings.Contains(fmt.Sprint(deployments[0].Object), "secretName:"+secret) {
 		t.Errorf("the Deployment does not mount the certificate's Secret %s", secret)
 	}
+	// The metrics Service reaches the Deployment's diagnostics port.
+	var metricsService *corev1.Service
+	for _, u := range ofKind(objs, "Service") {
+		if u.GetName() == "capl-controller-manager-metrics-service" {
+			metricsService = convert[corev1.Service](t, u)
+		}
+	}
+	deployment := convert[appsv1.Deployment](t, deployments[0])
+	switch {
+	case metricsService == nil:
+		t.Error("no metrics Service capl-controller-manager-metrics-service")
+	case len(metricsService.Spec.Ports) != 1 || metricsService.Spec.Ports[0].Name != "https-metrics" || metricsService.Spec.Ports[0].Port != 8443 ||
+		metricsService.Spec.Ports[0].TargetPort.String() != "metrics":
+		t.Errorf("metrics Service ports %+v, want https-metrics 8443 → metrics", metricsService.Spec.Ports)
+	case !maps.Equal(metricsService.Spec.Selector, deployment.Spec.Selector.MatchLabels):
+		t.Errorf("metrics Service selects %v, the Deployment's pods are %v", metricsService.Spec.Selector, deployment.Spec.Selector.MatchLabels)
+	}
+	metricsPort := false
+	for _, p := range deployment.Spec.Template.Spec.Containers[0].Ports {
+		metricsPort = metricsPort || p.Name == "metrics" && p.ContainerPort == 8443
+	}
+	if !metricsPort {
+		t.Error("the manager container has no port metrics 8443 (--diagnostics-address)")
+	}
 	for _, kind := range []string{"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"} {
 		configs := ofKind(objs, kind)
 		if len(configs) != 1 {
@@ -257,12 +284,24 @@ func TestRBAC(t *testing.T) {
 	// addresses the pools make.
 	allowed["ipam.cluster.x-k8s.io/ipaddressclaims"] = append(slices.Clone(read), "create", "delete")
 	allowed["ipam.cluster.x-k8s.io/ipaddresses"] = read
+	// The diagnostics endpoint checks the tokens of /metrics requests and
+	// whether their holders may read it.
+	allowed["authentication.k8s.io/tokenreviews"] = []string{"create"}
+	allowed["authorization.k8s.io/subjectaccessreviews"] = []string{"create"}
 
-	roles := ofKind(objs, "ClusterRole")
-	if len(roles) != 1 {
-		t.Fatalf("%d ClusterRoles, want the manager's", len(roles))
+	roles := map[string]*rbacv1.ClusterRole{}
+	for _, u := range ofKind(objs, "ClusterRole") {
+		roles[u.GetName()] = convert[rbacv1.ClusterRole](t, u)
 	}
-	for _, rule := range convert[rbacv1.ClusterRole](t, roles[0]).Rules {
+	if len(roles) != 2 || roles["capl-manager-role"] == nil || roles["capl-metrics-reader"] == nil {
+		t.Fatalf("ClusterRoles %v, want the manager's and the metrics reader", slices.Collect(maps.Keys(roles)))
+	}
+	// The metrics reader may read /metrics, nothing else.
+	if rules := roles["capl-metrics-reader"].Rules; len(rules) != 1 || !slices.Equal(rules[0].NonResourceURLs, []string{"/metrics"}) ||
+		!slices.Equal(rules[0].Verbs, []string{"get"}) || len(rules[0].Resources) != 0 {
+		t.Errorf("metrics reader rules %+v, want get on /metrics only", rules)
+	}
+	for _, rule := range roles["capl-manager-role"].Rules {
 		if len(rule.NonResourceURLs) > 0 || len(rule.ResourceNames) > 0 {
 			t.Errorf("unexpected rule %+v", rule)
 		}
@@ -305,6 +344,11 @@ func TestRBAC(t *testing.T) {
 		r, sub, _ := strings.Cut(r, "/")
 		for _, v := range verbs {
 			need = append(need, access{v, g, r, sub, "default"})
+		}
+	}
+	for i, a := range need {
+		if a.group == "authentication.k8s.io" || a.group == "authorization.k8s.io" {
+			need[i].namespace = "" // cluster-scoped
 		}
 	}
 	need = append(need,

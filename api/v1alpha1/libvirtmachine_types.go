@@ -213,10 +213,12 @@ type DomainStatus struct {
 // +kubebuilder:metadata:labels="cluster.x-k8s.io/v1beta2=v1alpha1"
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Cluster",type="string",JSONPath=".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']",description="Cluster to which this LibvirtMachine belongs"
+// +kubebuilder:printcolumn:name="Ready",type="string",JSONPath=".status.conditions[?(@.type==\"Ready\")].status",description="Every provisioning step done (the Ready condition)"
+// +kubebuilder:printcolumn:name="Provisioned",type="boolean",JSONPath=".status.initialization.provisioned",description="Machine infrastructure is provisioned"
+// +kubebuilder:printcolumn:name="Host",type="string",JSONPath=".status.domain.host",description="libvirt host running the domain"
 // +kubebuilder:printcolumn:name="State",type="string",JSONPath=".status.domain.state",description="libvirt domain state"
 // +kubebuilder:printcolumn:name="Address",type="string",JSONPath=".status.addresses[0].address",description="Primary address"
-// +kubebuilder:printcolumn:name="ProviderID",type="string",JSONPath=".spec.providerID",description="Provider ID (libvirt:///<domain UUID>)"
-// +kubebuilder:printcolumn:name="Provisioned",type="boolean",JSONPath=".status.initialization.provisioned",priority=1
+// +kubebuilder:printcolumn:name="ProviderID",type="string",JSONPath=".spec.providerID",description="Provider ID (libvirt:///<domain UUID>)",priority=1
 // +kubebuilder:printcolumn:name="FailureDomain",type="string",JSONPath=".spec.failureDomain",priority=1
 // +kubebuilder:printcolumn:name="Machine",type="string",JSONPath=".metadata.ownerReferences[?(@.kind==\"Machine\")].name",priority=1
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"

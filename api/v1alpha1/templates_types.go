@@ -66,6 +66,8 @@ type NodeInfo struct {
 // +kubebuilder:resource:path=libvirtmachinetemplates,scope=Namespaced,categories=cluster-api
 // +kubebuilder:storageversion
 // +kubebuilder:metadata:labels="cluster.x-k8s.io/v1beta2=v1alpha1"
+// +kubebuilder:printcolumn:name="CPU",type="string",JSONPath=".status.capacity.cpu",description="vCPUs of each machine (status.capacity, for the autoscaler)"
+// +kubebuilder:printcolumn:name="Memory",type="string",JSONPath=".status.capacity.memory",description="Memory of each machine (status.capacity)"
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
 
 // LibvirtMachineTemplate stamps out LibvirtMachines for MachineDeployments,

@@ -208,6 +208,29 @@ func (s *Set) Open() map[string]virt.Host {
 	return out
 }
 
+// Connection is one of the manager's connections to a libvirt host.
+type Connection struct {
+	Ref Ref
+	// Name names the host as status.domain.host does (Name).
+	Name string
+	// Err is nil while the connection is up, else why it is not
+	// (Reachable).
+	Err error
+}
+
+// Connections are the manager's connections now: its own host's and one
+// per other host a cluster named since it was last pruned, by URI and
+// credentials.
+func (s *Set) Connections() []Connection {
+	s.mu.Lock()
+	out := []Connection{{Ref: Ref{URI: s.managerURI}, Name: s.defName, Err: Reachable(s.def)}}
+	for ref, m := range s.hosts {
+		out = append(out, Connection{Ref: ref, Name: HostName(ref.URI), Err: Reachable(m.client)})
+	}
+	s.mu.Unlock()
+	return out
+}
+
 // Prune closes the connections to the hosts inUse no longer names, but
 // those it keeps.
 func (s *Set) Prune(inUse map[Ref]bool) {

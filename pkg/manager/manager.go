@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -28,6 +29,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/controllers"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/metrics"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/quota"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/loadbalancer"
@@ -98,6 +100,21 @@ func (c closer) Start(ctx context.Context) error { <-ctx.Done(); return c.c.Clos
 // NeedLeaderElection is false: every replica holds its own connection.
 func (c closer) NeedLeaderElection() bool { return false }
 
+// hostConnections are set's connections as capl_libvirt_host_connected
+// reports them.
+func hostConnections(set *hosts.Set) []metrics.HostConnection {
+	conns := set.Connections()
+	out := make([]metrics.HostConnection, 0, len(conns))
+	for _, c := range conns {
+		hc := metrics.HostConnection{Host: c.Name, URI: c.Ref.URI, Connected: c.Err == nil}
+		if c.Ref.Secret != "" {
+			hc.Credentials = c.Ref.Namespace + "/" + c.Ref.Secret
+		}
+		out = append(out, hc)
+	}
+	return out
+}
+
 // NewWithWiring builds a manager on an existing libvirt Host.
 func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manager, error) {
 	if w.Host == nil {
@@ -110,6 +127,9 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 	// The diagnostics endpoint's /metrics serves this registry.
 	if err := virt.RegisterMetrics(ctrlmetrics.Registry); err != nil {
 		return nil, fmt.Errorf("registering the libvirt call metrics: %w", err)
+	}
+	if err := metrics.Register(ctrlmetrics.Registry); err != nil {
+		return nil, fmt.Errorf("registering the provider's metrics: %w", err)
 	}
 	policy, err := opts.Tenancy()
 	if err != nil {
@@ -201,6 +221,12 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 			// Not counted until a cluster names it (and it opens then).
 			ctrl.Log.WithName("hosts").Error(err, "Opening the libvirt hosts of --libvirt-uris")
 		}
+	}
+	if err := mgr.Add(metrics.Serve{Registry: ctrlmetrics.Registry, Collectors: []prometheus.Collector{
+		metrics.NewMachineStates(mgr.GetCache()),
+		metrics.NewHostConnections(func() []metrics.HostConnection { return hostConnections(libvirtHosts) }),
+	}}); err != nil {
+		return nil, err
 	}
 	if err := mgr.Add(&hosts.Pruner{Set: libvirtHosts, Clusters: mgr.GetClient(), Interval: opts.HostPruneInterval}); err != nil {
 		return nil, err

@@ -57,7 +57,7 @@ func NewClusterScope(p ClusterScopeParams) (*ClusterScope, error) {
 	if p.Client == nil || p.LibvirtCluster == nil || p.Host == nil {
 		return nil, errors.New("cluster scope needs a client, a LibvirtCluster and a host")
 	}
-	o, err := newObjectScope(p.Client, p.LibvirtCluster, p.Recorder, ClusterConditions)
+	o, err := newObjectScope(p.Client, "LibvirtCluster", p.LibvirtCluster, p.Recorder, ClusterConditions)
 	if err != nil {
 		return nil, err
 	}

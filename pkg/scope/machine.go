@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,6 +19,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/metrics"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -94,7 +96,7 @@ func NewMachineScope(p MachineScopeParams) (*MachineScope, error) {
 	if p.Client == nil || p.LibvirtMachine == nil || p.Host == nil {
 		return nil, errors.New("machine scope needs a client, a LibvirtMachine and a host")
 	}
-	o, err := newObjectScope(p.Client, p.LibvirtMachine, p.Recorder, StepConditions)
+	o, err := newObjectScope(p.Client, "LibvirtMachine", p.LibvirtMachine, p.Recorder, StepConditions)
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +106,28 @@ func NewMachineScope(p MachineScopeParams) (*MachineScope, error) {
 	}
 	s.VM = s.machineVM(p.HostName)
 	s.writeBack = s.writeVM
+	if !recreated(p.LibvirtMachine) {
+		s.reached = s.observeProvisioning
+	}
 	return s, nil
+}
+
+// recreated tells a LibvirtMachine that clusterctl move or a restore
+// recreated, with its identity but no status: its creation time is the
+// copy's, so its steps are not timed.
+func recreated(lm *infrav1.LibvirtMachine) bool {
+	return lm.Spec.ProviderID != "" && len(lm.Status.Conditions) == 0
+}
+
+// observeProvisioning times, from the machine's creation, a step
+// condition turning True before the machine is provisioned, and its
+// provisioning (capl_machine_provisioning_seconds).
+func (s *MachineScope) observeProvisioning(step string) {
+	if s.IsProvisioned() && step != metrics.ProvisionedStep {
+		return
+	}
+	created := s.LibvirtMachine.CreationTimestamp.Time
+	metrics.MachineProvisioning.WithLabelValues(step).Observe(time.Since(created).Seconds())
 }
 
 // machineVM builds the machine's VM from its objects: identity from
@@ -308,6 +331,9 @@ func (s *MachineScope) IsProvisioned() bool {
 func (s *MachineScope) SetProvisioned() {
 	if !s.IsProvisioned() {
 		s.Event(corev1.EventTypeNormal, "Provisioned", "Machine infrastructure is provisioned")
+		if s.reached != nil {
+			s.reached(metrics.ProvisionedStep)
+		}
 	}
 	s.LibvirtMachine.Status.Initialization.Provisioned = ptr.To(true)
 	s.LibvirtMachine.Status.Ready = true

@@ -12,6 +12,8 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/patch"
+
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/metrics"
 )
 
 // patchedObject is the object a scope reconciles: it has conditions, and
@@ -36,10 +38,15 @@ type objectScope struct {
 	// writeBack, when set, writes what the reconcile kept apart from the
 	// object (a scope's VM) into it before every patch.
 	writeBack func()
+	// kind labels the object's metrics (LibvirtMachine, LibvirtCluster).
+	kind string
+	// reached, when set, is told of each condition that turns True
+	// (capl_machine_provisioning_seconds).
+	reached func(condType string)
 }
 
 // newObjectScope snapshots obj for the patch; rec may be nil.
-func newObjectScope(c client.Client, obj patchedObject, rec record.EventRecorder, steps []string) (objectScope, error) {
+func newObjectScope(c client.Client, kind string, obj patchedObject, rec record.EventRecorder, steps []string) (objectScope, error) {
 	helper, err := patch.NewHelper(obj, c)
 	if err != nil {
 		return objectScope{}, fmt.Errorf("creating patch helper: %w", err)
@@ -48,15 +55,26 @@ func newObjectScope(c client.Client, obj patchedObject, rec record.EventRecorder
 		rec = &record.FakeRecorder{}
 	}
 	owned := append([]string{clusterv1.ReadyCondition, clusterv1.PausedCondition}, steps...)
-	return objectScope{obj: obj, recorder: rec, helper: helper, steps: steps, owned: owned}, nil
+	return objectScope{obj: obj, recorder: rec, helper: helper, steps: steps, owned: owned, kind: kind}, nil
 }
+
+// Kind is the kind of the scope's object; it labels the plan's metrics.
+func (o objectScope) Kind() string { return o.kind }
 
 // SetCondition sets a condition. A transition to True, or to a reason
 // that means something is wrong, is also recorded as an event (Normal or
 // Warning); moving between waiting reasons is not. Messages must never
-// contain bootstrap data.
+// contain bootstrap data. Each setting for something wrong counts in
+// capl_reconcile_errors_total.
 func (o objectScope) SetCondition(condType string, status metav1.ConditionStatus, reason, message string) {
+	wasTrue := conditions.IsTrue(o.obj, condType)
 	setCondition(o.recorder, o.obj, condType, status, reason, message)
+	switch {
+	case status == metav1.ConditionFalse && !isProgressReason(reason):
+		metrics.ReconcileErrors.WithLabelValues(o.kind, condType, reason).Inc()
+	case status == metav1.ConditionTrue && !wasTrue && o.reached != nil:
+		o.reached(condType)
+	}
 }
 
 // MarkTrue sets condType True with reason.

@@ -9,6 +9,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/metrics"
 )
 
 // Step is one entry of a Plan: a service and the condition its outcome
@@ -85,7 +86,9 @@ func (p Plan) Run(ctx context.Context, s Reporter, provisioned bool) error {
 		}
 		start := time.Now()
 		res, err := st.Service.Reconcile(ctx)
-		log.V(4).Info("Step", "step", st.Service.Name(), "took", time.Since(start).String(), "outcome", fmt.Sprint(err))
+		took := time.Since(start)
+		observeStep(s, st, "reconcile", took, err)
+		log.V(4).Info("Step", "step", st.Service.Name(), "took", took.String(), "outcome", fmt.Sprint(err))
 		st.report(s, res, err)
 		if err != nil {
 			return err
@@ -105,12 +108,31 @@ func (p Plan) Reconcile(ctx context.Context, s Reporter, provisioned bool) (ctrl
 func (p Plan) Delete(ctx context.Context, s Reporter) error {
 	for i := len(p) - 1; i >= 0; i-- {
 		st := p[i]
-		if err := st.Service.Delete(ctx); err != nil {
+		start := time.Now()
+		err := st.Service.Delete(ctx)
+		observeStep(s, st, "delete", time.Since(start), err)
+		if err != nil {
 			st.deleteFailed(s, err)
 			return err
 		}
 	}
 	return nil
+}
+
+// observeStep records one run of st in capl_step_duration_seconds, under
+// the kind of s's object when s tells it.
+func observeStep(s Reporter, st Step, operation string, took time.Duration, err error) {
+	kind := ""
+	if k, ok := s.(interface{ Kind() string }); ok {
+		kind = k.Kind()
+	}
+	outcome := metrics.OutcomeDone
+	if _, waiting := AsRequeue(err); waiting {
+		outcome = metrics.OutcomeWaiting
+	} else if err != nil {
+		outcome = metrics.OutcomeError
+	}
+	metrics.StepDuration.WithLabelValues(kind, st.Service.Name(), operation, outcome).Observe(took.Seconds())
 }
 
 // Report sets a step's condition from its service's outcome: True with a

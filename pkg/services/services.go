@@ -24,8 +24,9 @@ import (
 // Service reconciles and deletes one kind of libvirt resource or check.
 // Both are idempotent; Delete treats not-found as success.
 type Service interface {
-	// Name labels the service in logs and in the plan's errors; an
-	// implementation needs no comment of its own.
+	// Name labels the service in logs, in the plan's errors and in
+	// capl_step_duration_seconds, so it is a constant; an implementation
+	// needs no comment of its own.
 	Name() string
 	// Reconcile brings the resource closer to its desired state and
 	// reports how far it got.

@@ -157,7 +157,7 @@ func (svc *Service) waiter() imageimport.Waiter {
 
 // importFailureReason is DiskReady's reason for a failed import.
 func importFailureReason(err error) string {
-	if r := imageRefusalReason(err); r != "" {
+	if r := imageimport.RefusalReason(err); r != "" {
 		return r
 	}
 	switch {
@@ -172,33 +172,11 @@ func importFailureReason(err error) string {
 	}
 }
 
-// imageRefusalReason is the reason for an image refused for what it is or
-// where it comes from; "" for other errors.
-func imageRefusalReason(err error) string {
-	switch {
-	case errors.Is(err, virt.ErrImageHasBackingFile):
-		return infrav1.ImageHasBackingFileReason
-	case errors.Is(err, virt.ErrImageHasDataFile):
-		return infrav1.ImageHasDataFileReason
-	case errors.Is(err, virt.ErrImageFormatUnsupported):
-		return infrav1.ImageFormatUnsupportedReason
-	case errors.Is(err, virt.ErrImageTooLarge):
-		return infrav1.ImageTooLargeReason
-	case errors.Is(err, virt.ErrImageLargerThanDisk):
-		return infrav1.ImageLargerThanDiskReason
-	case errors.Is(err, virt.ErrDiskTooLarge):
-		return infrav1.MachineSizeNotAllowedReason
-	case errors.Is(err, virt.ErrImageSourceRefused):
-		return infrav1.ImageSourceNotAllowedReason
-	}
-	return ""
-}
-
 // fail reports err with the reason it calls for: problems a user must fix
 // are rechecked periodically, others are retried with the controller's
 // backoff.
 func fail(err error, format string, args ...any) error {
-	if r := imageRefusalReason(err); r != "" {
+	if r := imageimport.RefusalReason(err); r != "" {
 		return services.Fail(r, services.Requeue(recheckChecksum, "image refused"), format, args...)
 	}
 	switch {

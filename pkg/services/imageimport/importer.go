@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/metrics"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -199,7 +200,7 @@ func (im *Importer) run(ctx context.Context, j *job, a *attempt) {
 		DiskBytes: j.key.DiskBytes,
 		Fetch:     im.opts.Fetch,
 		Policy:    im.opts.Sources,
-		Progress:  func(read, total int64) { a.read.Store(read); a.total.Store(total) },
+		Progress:  a.progress,
 	})
 	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		err = fmt.Errorf("import did not finish within %s: %w", im.opts.Deadline, err)
@@ -207,10 +208,12 @@ func (im *Importer) run(ctx context.Context, j *job, a *attempt) {
 	im.mu.Lock()
 	if j.attempt != a {
 		im.mu.Unlock()
+		observeAttempt(metrics.ImportCancelled, im.now().Sub(a.started), nil)
 		log.Info("Image import cancelled: nothing waits for it", "err", fmt.Sprint(err))
 		return
 	}
 	j.attempt = nil
+	observeAttempt(result(err), im.now().Sub(a.started), err)
 	if err == nil {
 		j.failures = 0
 		j.status = Status{Phase: Done, Attempt: j.status.Attempt, Read: a.read.Load(), Total: a.total.Load(),
@@ -235,6 +238,18 @@ func (im *Importer) run(ctx context.Context, j *job, a *attempt) {
 	im.mu.Unlock()
 	for _, w := range waiters {
 		im.notify(w)
+	}
+}
+
+// result is an attempt's result for capl_image_import_duration_seconds.
+func result(err error) string {
+	switch {
+	case err == nil:
+		return metrics.ImportImported
+	case refused(err):
+		return metrics.ImportRefused
+	default:
+		return metrics.ImportFailed
 	}
 }
 
