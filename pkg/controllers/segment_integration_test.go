@@ -127,7 +127,9 @@ func TestPoolAddressesHeldOnTheSegment(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(h.ctx)
 	t.Cleanup(cancel)
-	r := func(a netip.Addr, bits int, gw netip.Addr) *testipam.Range { return &testipam.Range{Next: a, Bits: bits, Gateway: gw} }
+	r := func(a netip.Addr, bits int, gw netip.Addr) *testipam.Range {
+		return &testipam.Range{Next: a, Bits: bits, Gateway: gw}
+	}
 	go (&testipam.Controller{Client: h.c, Namespace: victims.ns, Pools: map[string]*testipam.Range{
 		"lan": r(hostAddr(lan.CIDR, 160), 24, lan.Gateway)}}).Run(ctx, t.Logf)
 	go (&testipam.Controller{Client: h.c, Namespace: h.ns, Pools: map[string]*testipam.Range{
