@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"libvirt.org/go/libvirt"
@@ -108,8 +109,8 @@ func networkSegment(conn *libvirt.Connect, name string, use *SegmentUse) (string
 				for _, r := range ip.DHCP.Ranges {
 					start, err1 := netip.ParseAddr(r.Start)
 					end, err2 := netip.ParseAddr(r.End)
-					if err1 == nil && err2 == nil {
-						use.DHCPRanges = append(use.DHCPRanges, AddressRange{Start: start, End: end})
+					if r := (AddressRange{Start: start, End: end}); err1 == nil && err2 == nil && !slices.Contains(use.DHCPRanges, r) {
+						use.DHCPRanges = append(use.DHCPRanges, r)
 					}
 				}
 				for _, h := range ip.DHCP.Hosts {
