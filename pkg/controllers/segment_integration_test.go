@@ -133,7 +133,7 @@ func TestPoolAddressesHeldOnTheSegment(t *testing.T) {
 	go (&testipam.Controller{Client: h.c, Namespace: victims.ns, Pools: map[string]*testipam.Range{
 		"lan": r(hostAddr(lan.CIDR, 160), 24, lan.Gateway)}}).Run(ctx, t.Logf)
 	go (&testipam.Controller{Client: h.c, Namespace: h.ns, Pools: map[string]*testipam.Range{
-		"gateway":  r(lan.Gateway, 24, lan.Gateway),
+		"gateway":  r(lan.Gateway, 24, hostAddr(lan.CIDR, 254)), // the pool names another router
 		"dhcp":     r(hostAddr(lan.CIDR, 50), 24, lan.Gateway),
 		"reserved": r(hostAddr(lan.CIDR, 150), 24, lan.Gateway),
 		"held":     r(hostAddr(lan.CIDR, 160), 24, lan.Gateway),
