@@ -44,7 +44,7 @@ func TestMachineAddressFromPool(t *testing.T) {
 	h := newHarness(t)
 	// The operator's network, whose DHCP server leaves .100 and up to
 	// the pools.
-	op := testlibvirt.OperatorNetwork(t, h.uri, h.host, virt.Owner{Kind: "LibvirtCluster", Namespace: h.ns, Cluster: "operator"})
+	op := testlibvirt.OperatorNetwork(t, h.uri, h.host, virt.Owner{Kind: "LibvirtCluster", Namespace: h.ns, Cluster: "operator"}, h.cleanupMachines)
 	lan := op.CIDR
 	address := hostAddr(lan, 250)
 	far := netip.MustParsePrefix("203.0.113.0/24")
@@ -163,7 +163,7 @@ func TestMachineAddressFromPool(t *testing.T) {
 // (neither allows any pool address by default).
 func TestLoadBalancerAddressFromPool(t *testing.T) {
 	h := newClusterHarness(t)
-	lan := testlibvirt.OperatorNetwork(t, h.uri, h.host, virt.Owner{Kind: "LibvirtCluster", Namespace: h.ns, Cluster: "operator"})
+	lan := testlibvirt.OperatorNetwork(t, h.uri, h.host, virt.Owner{Kind: "LibvirtCluster", Namespace: h.ns, Cluster: "operator"}, h.cleanup)
 	netName := lan.Name
 	h.options = func(o *manager.Options) {
 		o.TrafficFilter = virt.CleanTrafficFilter

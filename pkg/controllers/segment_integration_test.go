@@ -116,7 +116,7 @@ func (h *harness) assertNothingCreated(name string) {
 // one of these machines got AddressReserved True and a domain.
 func TestPoolAddressesHeldOnTheSegment(t *testing.T) {
 	h := newHarness(t)
-	lan := testlibvirt.OperatorNetwork(t, h.uri, h.host, virt.Owner{Kind: "LibvirtCluster", Namespace: h.ns, Cluster: "operator"})
+	lan := testlibvirt.OperatorNetwork(t, h.uri, h.host, virt.Owner{Kind: "LibvirtCluster", Namespace: h.ns, Cluster: "operator"}, h.cleanupMachines)
 	bridgeNet := netip.MustParsePrefix("198.51.100.1/24")
 	bridge := testlibvirt.HostBridge(t, bridgeNet)
 	h.options = func(o *manager.Options) { grantPools(o, lan.CIDR.String(), bridgeNet.Masked().String()) }
@@ -184,7 +184,7 @@ func TestPoolAddressesHeldOnTheSegment(t *testing.T) {
 // one and a domain.
 func TestClaimKeptWhileTheDomainExists(t *testing.T) {
 	h := newHarness(t)
-	lan := testlibvirt.OperatorNetwork(t, h.uri, h.host, virt.Owner{Kind: "LibvirtCluster", Namespace: h.ns, Cluster: "operator"})
+	lan := testlibvirt.OperatorNetwork(t, h.uri, h.host, virt.Owner{Kind: "LibvirtCluster", Namespace: h.ns, Cluster: "operator"}, h.cleanupMachines)
 	h.options = func(o *manager.Options) { grantPools(o, lan.CIDR.String()) }
 	h.startProvider(definedOnly)
 	other := h.tenant()
@@ -246,7 +246,7 @@ func TestClaimKeptWhileTheDomainExists(t *testing.T) {
 // the entry's owner check of the DHCP case never runs there.
 func testForgedMACOnSharedSegments(h *harness) {
 	t := h.t
-	lan := testlibvirt.OperatorNetwork(t, h.uri, h.host, virt.Owner{Kind: "LibvirtCluster", Namespace: h.ns, Cluster: "operator"})
+	lan := testlibvirt.OperatorNetwork(t, h.uri, h.host, virt.Owner{Kind: "LibvirtCluster", Namespace: h.ns, Cluster: "operator"}, h.cleanupMachines)
 	bridge := testlibvirt.HostBridge(t, netip.Prefix{})
 	victims := h.tenant()
 	victims.createCluster("victims", true)

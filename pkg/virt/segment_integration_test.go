@@ -18,7 +18,7 @@ import (
 func TestSegmentUse(t *testing.T) {
 	e := newStorageEnv(t)
 	ctx := testCtx(t)
-	lan := testlibvirt.OperatorNetwork(t, e.uri, e.c, virt.Owner{Kind: "LibvirtCluster", Namespace: "test", Cluster: "segment"})
+	lan := testlibvirt.OperatorNetwork(t, e.uri, e.c, virt.Owner{Kind: "LibvirtCluster", Namespace: "test", Cluster: "segment"}, nil)
 	bridgeAddr := netip.MustParsePrefix("198.51.100.1/24")
 	bridge := testlibvirt.HostBridge(t, bridgeAddr)
 	o := lan.CIDR.Addr().As4()

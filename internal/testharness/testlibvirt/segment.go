@@ -19,8 +19,8 @@ import (
 // addresses: its DHCP server hands out only .2 to .99 of its /24 (the
 // networks the provider makes hand out the whole subnet), so that the
 // rest of the range is free for IPAM pools. It is deleted when the test
-// ends.
-func OperatorNetwork(t testing.TB, uri string, h *virt.Client, owner virt.Owner) virt.NetworkInfo {
+// ends, after before (the removal of the machines on it; nil for none).
+func OperatorNetwork(t testing.TB, uri string, h *virt.Client, owner virt.Owner, before func()) virt.NetworkInfo {
 	t.Helper()
 	name := Name(t)
 	owner.Name = name
@@ -30,6 +30,9 @@ func OperatorNetwork(t testing.TB, uri string, h *virt.Client, owner virt.Owner)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		if before != nil {
+			before()
+		}
 		if err := h.DeleteNetwork(context.Background(), name); err != nil {
 			t.Errorf("deleting the operator's network %s: %v", name, err)
 		}
