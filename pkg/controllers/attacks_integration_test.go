@@ -122,8 +122,8 @@ func (h *harness) markAndDelete(name string) {
 // On the code before the entry check the thief shared the victim's entry
 // (AddressReserved True) and its deletion removed it; before the MAC
 // check, the DHCP thief was refused only by the entry's name
-// (AddressConflict), and the pool and bridge thieves got AddressReserved
-// True and a domain with the victim's MAC.
+// (AddressConflict), and the pool thief got AddressReserved True and a
+// domain with the victim's MAC.
 func TestForgedMACAnnotation(t *testing.T) {
 	h := newHarness(t)
 	h.options = func(o *manager.Options) { grantPools(o, "10.212.0.0/14") }

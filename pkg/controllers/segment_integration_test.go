@@ -112,8 +112,9 @@ func (h *harness) assertNothingCreated(name string) {
 //
 // The reservation stands in for a lease: the check reads both from the
 // same network listing (virt.SegmentUse's Reservations and Leases; the
-// lease branch is TestSegmentHolders'). On the code before this test every
-// one of these machines got AddressReserved True and a domain.
+// lease branch is TestSegmentHolders'). On the code before this test the
+// first of these machines (the gateway) got AddressReserved True and a
+// domain.
 func TestPoolAddressesHeldOnTheSegment(t *testing.T) {
 	h := newHarness(t)
 	lan := testlibvirt.OperatorNetwork(t, h.uri, h.host, virt.Owner{Kind: "LibvirtCluster", Namespace: h.ns, Cluster: "operator"}, h.cleanupMachines)
@@ -179,9 +180,8 @@ func TestPoolAddressesHeldOnTheSegment(t *testing.T) {
 // are counted from libvirt, not from claims. Domains are defined, never
 // started.
 //
-// On the code before this test the machine took the new address
-// (AddressReserved True) and the other namespace's machine got the old
-// one and a domain.
+// On the code before this test the domain recorded no address and the
+// machine took the new one (AddressReserved True).
 func TestClaimKeptWhileTheDomainExists(t *testing.T) {
 	h := newHarness(t)
 	lan := testlibvirt.OperatorNetwork(t, h.uri, h.host, virt.Owner{Kind: "LibvirtCluster", Namespace: h.ns, Cluster: "operator"}, h.cleanupMachines)
