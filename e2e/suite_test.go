@@ -21,6 +21,7 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testipam"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -244,8 +245,11 @@ func multiHostArgs() []string {
 	}
 	// pprof, for a goroutine dump should a host's connection hang. The
 	// test bed's LAN is trusted: the HAProxy VM holds the endpoint as a
-	// static address there, which the traffic filter would drop.
-	return []string{"--libvirt-uris=*", "--traffic-filter=none", "--profiler-address=127.0.0.1:16060"}
+	// static address there, which the traffic filter would drop. The
+	// worker's pool (testipam's) hands out addresses of the LAN above its
+	// router's DHCP range (.100-.199).
+	return []string{"--libvirt-uris=*", "--traffic-filter=none", "--profiler-address=127.0.0.1:16060",
+		"--pool-address-cidrs=10.231.0.208/28", "--ipam-pools=*=" + testipam.Kind + "." + testipam.Group + "/*"}
 }
 
 // inOrder returns a function that calls steps in the order given.

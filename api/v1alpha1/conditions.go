@@ -79,6 +79,25 @@ const (
 	// is not the claim's, does not parse, or lies outside the operator's
 	// --pool-address-cidrs).
 	IPAddressInvalidReason = "IPAddressInvalid"
+	// AddressInUseReason: the address a pool gave is not free on the
+	// segment: it is the libvirt host's own or the network's gateway, lies
+	// in a libvirt network's DHCP range, is reserved or leased there for
+	// another MAC, or another VM (of any namespace) holds it statically;
+	// nothing is created.
+	AddressInUseReason = "AddressInUse"
+	// IPAddressChangedReason: the IPAddress of a claim differs from the
+	// address the VM's domain was defined with (a deleted claim re-created
+	// and given another address): the guest keeps the one it holds.
+	IPAddressChangedReason = "IPAddressChanged"
+	// IPPoolNotAllowedReason: network.addressesFromPools (or
+	// loadBalancer.addressFromPool) names a pool the operator's
+	// --ipam-pools does not grant the namespace.
+	IPPoolNotAllowedReason = "IPPoolNotAllowed"
+	// MACNotOwnedReason: the MAC recorded on the object (its annotation)
+	// was not derived by the provider from the domain's UUID and no domain
+	// of this object uses it, or another domain on the segment uses it;
+	// nothing is created.
+	MACNotOwnedReason = "MACNotOwned"
 
 	// DiskReadyCondition tells whether the root overlay volume exists.
 	DiskReadyCondition = "DiskReady"

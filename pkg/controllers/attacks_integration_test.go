@@ -113,15 +113,22 @@ func (h *harness) markAndDelete(name string) {
 
 // TestForgedMACAnnotation: a machine created with another machine's MAC in
 // its MAC annotation (the victim's DHCP reservation on the shared
-// network) is refused its address (AddressReserved False, the entry being
-// another object's), gets no domain, and deleting it leaves the victim's
-// reservation in place.
+// network) is refused (AddressReserved MACNotOwned: the provider did not
+// derive that MAC and no domain of the thief uses it), gets no domain, and
+// deleting it leaves the victim's reservation in place. The same on the
+// segments where no DHCP entry is made (testForgedMACOnSharedSegments): a
+// pool address on an operator's libvirt network and a host bridge.
+// Domains are defined, never started.
 //
-// On the code before this test the thief shared the victim's entry
-// (AddressReserved True) and its deletion removed it.
+// On the code before the entry check the thief shared the victim's entry
+// (AddressReserved True) and its deletion removed it; before the MAC
+// check, the DHCP thief was refused only by the entry's name
+// (AddressConflict), and the pool thief got AddressReserved True and a
+// domain with the victim's MAC.
 func TestForgedMACAnnotation(t *testing.T) {
 	h := newHarness(t)
-	h.startProvider(nil)
+	h.options = func(o *manager.Options) { grantPools(o, "10.212.0.0/14") }
+	h.startProvider(definedOnly)
 	const cluster = "shared"
 	h.createCluster(cluster, true)
 	h.createMachine("victim", machineOpts{cluster: cluster, withData: true})
@@ -146,11 +153,11 @@ func TestForgedMACAnnotation(t *testing.T) {
 	}
 
 	h.createMachine("thief", machineOpts{cluster: cluster, withData: true, annotations: map[string]string{scope.MACAnnotation: mac}})
-	lm := h.waitCondition("thief", infrav1.AddressReservedCondition, metav1.ConditionFalse, infrav1.AddressConflictReason, 2*time.Minute)
+	lm := h.waitCondition("thief", infrav1.AddressReservedCondition, metav1.ConditionFalse, infrav1.MACNotOwnedReason, 2*time.Minute)
 	msg := conditions.Get(lm, infrav1.AddressReservedCondition).Message
 	t.Logf("thief: %s", msg)
-	if !strings.Contains(msg, string(virt.ConflictMACOwned)) {
-		t.Errorf("AddressReserved %q, want the entry named another object's", msg)
+	if !strings.Contains(msg, mac) {
+		t.Errorf("AddressReserved %q, want the MAC named", msg)
 	}
 	if _, err := h.host.DomainInfo(h.ctx, naming.DomainName(h.ns, "thief")); !virt.IsNotFound(err) {
 		t.Errorf("the thief has a domain (err %v)", err)
@@ -160,4 +167,6 @@ func TestForgedMACAnnotation(t *testing.T) {
 		t.Errorf("after the thief's deletion the victim's reservation is %q, was %s", got, ip)
 	}
 	h.assertClean("thief", "")
+
+	testForgedMACOnSharedSegments(h)
 }

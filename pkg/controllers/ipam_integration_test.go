@@ -42,17 +42,15 @@ import (
 // the in-cluster IPAM provider's module is not served on this machine.
 func TestMachineAddressFromPool(t *testing.T) {
 	h := newHarness(t)
-	lan := h.network.CIDR
-	if !lan.IsValid() || !lan.Addr().Is4() || lan.Bits() > 24 {
-		t.Fatalf("the harness network's range %v leaves no room for a pool at .250", lan)
-	}
-	octets := lan.Addr().As4()
-	octets[3] = 250
-	address := netip.AddrFrom4(octets)
+	// The operator's network, whose DHCP server leaves .100 and up to
+	// the pools.
+	op := testlibvirt.OperatorNetwork(t, h.uri, h.host, virt.Owner{Kind: "LibvirtCluster", Namespace: h.ns, Cluster: "operator"}, h.cleanupMachines)
+	lan := op.CIDR
+	address := hostAddr(lan, 250)
 	far := netip.MustParsePrefix("203.0.113.0/24")
 	h.options = func(o *manager.Options) {
 		o.TrafficFilter = virt.CleanTrafficFilter
-		o.PoolAddressCIDRs = []string{lan.String()}
+		grantPools(o, lan.String())
 	}
 	h.startProvider(nil)
 	const cluster = "ipam"
@@ -60,9 +58,9 @@ func TestMachineAddressFromPool(t *testing.T) {
 
 	lanPool := infrav1.IPPoolReference{APIGroup: testipam.Group, Kind: testipam.Kind, Name: "lan"}
 	farPool := infrav1.IPPoolReference{APIGroup: testipam.Group, Kind: testipam.Kind, Name: "far"}
-	nameserver := h.network.Gateway.String()
+	nameserver := op.Gateway.String()
 	h.createMachine("ipam-0", machineOpts{cluster: cluster, withData: true, userData: readyzUserData,
-		network: &infrav1.NetworkAttachment{AddressesFromPools: []infrav1.IPPoolReference{lanPool}, Nameservers: []string{nameserver}}})
+		network: &infrav1.NetworkAttachment{Name: op.Name, AddressesFromPools: []infrav1.IPPoolReference{lanPool}, Nameservers: []string{nameserver}}})
 
 	// No pool answers yet: the machine waits with its claim made, and
 	// libvirt holds nothing of it.
@@ -87,7 +85,7 @@ func TestMachineAddressFromPool(t *testing.T) {
 	ctx, cancel := context.WithCancel(h.ctx)
 	t.Cleanup(cancel)
 	pools := &testipam.Controller{Client: h.c, Namespace: h.ns, Pools: map[string]*testipam.Range{
-		"lan": {Next: address, Bits: lan.Bits(), Gateway: h.network.Gateway},
+		"lan": {Next: address, Bits: lan.Bits(), Gateway: op.Gateway},
 		"far": {Next: netip.MustParseAddr("203.0.113.10"), Bits: far.Bits(), Gateway: netip.MustParseAddr("203.0.113.1")},
 	}}
 	go pools.Run(ctx, t.Logf)
@@ -133,7 +131,7 @@ func TestMachineAddressFromPool(t *testing.T) {
 
 	// An address outside --pool-address-cidrs: refused, nothing created.
 	h.createMachine("ipam-far", machineOpts{cluster: cluster, withData: true,
-		network: &infrav1.NetworkAttachment{AddressesFromPools: []infrav1.IPPoolReference{farPool}}})
+		network: &infrav1.NetworkAttachment{Name: op.Name, AddressesFromPools: []infrav1.IPPoolReference{farPool}}})
 	lm = h.waitCondition("ipam-far", infrav1.AddressReservedCondition, metav1.ConditionFalse, infrav1.IPAddressInvalidReason, 2*time.Minute)
 	if msg := conditions.Get(lm, infrav1.AddressReservedCondition).Message; !strings.Contains(msg, "--pool-address-cidrs") {
 		t.Errorf("IPAddressInvalid message %q does not name the operator's flag", msg)
@@ -160,22 +158,19 @@ func TestMachineAddressFromPool(t *testing.T) {
 // then the endpoint is the pool's address, the VM holds it alone (no DHCP
 // reservation), the filter is pinned to it and HAProxy serves on it.
 // Deleting the cluster releases the claim and leaves nothing in libvirt.
+// The manager runs with --pool-address-cidrs naming the network's range
+// and --ipam-pools granting the test's pool kind, as an operator's would
+// (neither allows any pool address by default).
 func TestLoadBalancerAddressFromPool(t *testing.T) {
 	h := newClusterHarness(t)
-	h.options = func(o *manager.Options) { o.TrafficFilter = virt.CleanTrafficFilter }
+	lan := testlibvirt.OperatorNetwork(t, h.uri, h.host, virt.Owner{Kind: "LibvirtCluster", Namespace: h.ns, Cluster: "operator"}, h.cleanup)
+	netName := lan.Name
+	h.options = func(o *manager.Options) {
+		o.TrafficFilter = virt.CleanTrafficFilter
+		grantPools(o, lan.CIDR.String())
+	}
 	h.startProvider(nil)
-	netName := testlibvirt.Name(t)
-	lan, err := h.host.EnsureNetwork(h.ctx, virt.NetworkSpec{Name: netName,
-		Owner: virt.Owner{Kind: "LibvirtCluster", Namespace: h.ns, Name: netName, Cluster: netName}})
-	must(t, err)
-	t.Cleanup(func() {
-		if err := h.host.DeleteNetwork(context.Background(), netName); err != nil {
-			t.Errorf("deleting the test network: %v", err)
-		}
-	})
-	octets := lan.CIDR.Addr().As4()
-	octets[3] = 240
-	endpoint := netip.AddrFrom4(octets)
+	endpoint := hostAddr(lan.CIDR, 240)
 
 	const name = "lbpool"
 	lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: h.ns, Name: name,

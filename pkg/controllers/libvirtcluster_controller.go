@@ -159,7 +159,7 @@ func (r *LibvirtClusterReconciler) plan(s *scope.ClusterScope) services.Plan {
 		{Service: references.NewCluster(s, r.Tenancy, r.Quota)},
 		{Service: pool.New(s, s.Host), Condition: infrav1.StoragePoolReadyCondition},
 		{Service: network.New(s, s.Host, netalloc.CandidatesWithin(r.Tenancy.NetworkCIDRs)), Condition: infrav1.NetworkReadyCondition},
-		{Service: loadbalancer.New(s, r.Images, r.Tenancy).WithMaxDiskBytes(r.Tenancy.Machine.DiskBytes())},
+		{Service: loadbalancer.New(s, r.Images, r.Tenancy).WithMaxDiskBytes(r.Tenancy.Machine.DiskBytes()).WithOtherHosts(otherHosts(r.Hosts))},
 	}
 }
 

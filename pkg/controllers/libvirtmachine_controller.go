@@ -39,7 +39,9 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/ipaddress"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/references"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/segment"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // LoadBalancerDeregisterer takes a control-plane machine out of the
@@ -216,8 +218,10 @@ func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
 		{Service: references.NewMachine(s, vm, r.Tenancy, r.Quota), SkipOnceProvisioned: true},
 		{Service: identity.New(vm, s.Host)},
 		{Service: hostdevice.New(vm, s.Host, r.Tenancy), Condition: infrav1.DomainReadyCondition, SkipOnceProvisioned: true},
-		{Service: address.New(vm, s.Host), Condition: infrav1.AddressReservedCondition, SkipOnceProvisioned: true},
-		{Service: ipaddress.New(s, r.Tenancy), Condition: infrav1.AddressReservedCondition, SkipOnceProvisioned: true},
+		{Service: address.New(vm, s.Host).WithOtherHosts(otherHosts(r.Hosts)), Condition: infrav1.AddressReservedCondition, SkipOnceProvisioned: true},
+		// Not SkipOnceProvisioned: the claims are kept while the domain
+		// exists, and the address the guest holds is watched over.
+		{Service: ipaddress.New(s, s.Host, r.Tenancy).WithOtherHosts(otherHosts(r.Hosts)), Condition: infrav1.AddressReservedCondition},
 		{Service: disk.New(vm, s.Host, r.Images).WithMaxBytes(r.Tenancy.Machine.DiskBytes()), Condition: infrav1.DiskReadyCondition, SkipOnceProvisioned: true},
 		{Service: datadisk.New(vm, s.Host), Condition: infrav1.DiskReadyCondition, SkipOnceProvisioned: true},
 		{Service: seed.New(s, s.Host), Condition: infrav1.BootstrapDataReadyCondition, SkipOnceProvisioned: true},
@@ -227,6 +231,23 @@ func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
 		{Service: provisioned{s}},
 		{Service: guest.NewBootstrap(vm, s.Host, func(ctx context.Context) (bool, error) { return seed.Emptied(ctx, vm, s.Host) }), Condition: infrav1.BootstrapSucceededCondition},
 		{Service: seed.NewRemoval(vm, s.Host)},
+	}
+}
+
+// otherHosts are the libvirt hosts the manager reaches that answer now,
+// whose domains a VM's MAC and pool addresses must not collide with.
+func otherHosts(set *hosts.Set) segment.Hosts {
+	if set == nil {
+		return nil
+	}
+	return func() []virt.NetworkHost {
+		var out []virt.NetworkHost
+		for _, h := range set.Open() {
+			if hosts.Reachable(h) == nil {
+				out = append(out, h)
+			}
+		}
+		return out
 	}
 }
 

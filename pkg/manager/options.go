@@ -111,8 +111,13 @@ type Options struct {
 	// use (tenancy.Policy.NetworkCIDRs): CIDRs, * or none.
 	NetworkCIDRs []string
 	// PoolAddressCIDRs are the ranges machines' IPAM addresses may lie in
-	// (tenancy.Policy.PoolAddressCIDRs): CIDRs, * or none.
+	// (tenancy.Policy.PoolAddressCIDRs): CIDRs, * or none; nil or empty
+	// is none, the flag's default.
 	PoolAddressCIDRs []string
+	// IPAMPools grant namespaces IPAM pools (tenancy.ParseIPAMPools):
+	// NAMESPACE=KIND/NAME entries or none; nil is the flag's default,
+	// tenancy.DefaultIPAMPools.
+	IPAMPools []string
 	// HostDevices are the PCI devices machines may take, ALIAS=ADDRESS
 	// with an optional /RESOURCE (tenancy.ParseHostDevices).
 	HostDevices []string
@@ -171,10 +176,18 @@ func (o *Options) Tenancy() (tenancy.Policy, error) {
 	if p.NetworkCIDRs, err = tenancy.ParseNetworkCIDRs(cidrs); err != nil {
 		return p, fmt.Errorf("invalid --network-cidrs: %w", err)
 	}
-	if len(o.PoolAddressCIDRs) > 0 { // empty allows any
+	p.PoolAddressCIDRs = []netip.Prefix{} // none until the operator names ranges
+	if len(o.PoolAddressCIDRs) > 0 {
 		if p.PoolAddressCIDRs, err = tenancy.ParseNetworkCIDRs(o.PoolAddressCIDRs); err != nil {
 			return p, fmt.Errorf("invalid --pool-address-cidrs: %w", err)
 		}
+	}
+	grants := o.IPAMPools
+	if grants == nil { // Options made in code, not by AddFlags: the flag's default
+		grants = tenancy.DefaultIPAMPools
+	}
+	if p.IPAMPools, err = tenancy.ParseIPAMPools(grants); err != nil {
+		return p, fmt.Errorf("invalid --ipam-pools: %w", err)
 	}
 	if p.HostDevices, err = tenancy.ParseHostDevices(o.HostDevices); err != nil {
 		return p, fmt.Errorf("invalid --host-devices: %w", err)
@@ -294,8 +307,10 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 		"Existing libvirt networks clusters and machines may name (comma-separated); empty or * allows any network but those the provider made for other namespaces.")
 	fs.StringSliceVar(&o.NetworkCIDRs, "network-cidrs", slices.Clone(tenancy.DefaultNetworkCIDRs),
 		"Ranges the networks the provider creates for LibvirtClusters may use (comma-separated CIDRs), spec.network.cidr and the range chosen when it is empty; * allows any range outside the reserved blocks, none only existing networks and bridges. A network's range becomes a route on its host.")
-	fs.StringSliceVar(&o.PoolAddressCIDRs, "pool-address-cidrs", nil,
-		"Ranges the addresses Cluster API IPAM pools give machines (network.addressesFromPools) may lie in (comma-separated CIDRs); empty or * allows any, none refuses every pool address.")
+	fs.StringSliceVar(&o.PoolAddressCIDRs, "pool-address-cidrs", []string{tenancy.None},
+		"Ranges the addresses Cluster API IPAM pools give machines and HAProxy VMs (network.addressesFromPools, loadBalancer.addressFromPool) may lie in (comma-separated CIDRs); none (the default) or empty refuses every pool address, * allows any. Whatever the ranges, an address the libvirt host, a DHCP range, a DHCP entry or lease, or another VM on the segment holds is refused.")
+	fs.StringSliceVar(&o.IPAMPools, "ipam-pools", slices.Clone(tenancy.DefaultIPAMPools),
+		"IPAM pools each namespace's machines and HAProxy VMs may take addresses from (comma-separated NAMESPACE=KIND/NAME or NAMESPACE=KIND.GROUP/NAME; NAMESPACE and NAME may be *); a cluster-wide pool such as GlobalInClusterIPPool is shared by every namespace granted it. none grants no pool.")
 	fs.StringSliceVar(&o.HostDevices, "host-devices", nil,
 		"PCI devices of the libvirt hosts that machines may take whole through VFIO (spec.hostDevices names the alias), comma-separated ALIAS=ADDRESS or ALIAS=ADDRESS/RESOURCE, as gpu0=0000:65:00.0/nvidia.com/gpu; RESOURCE is the extended resource a LibvirtMachineTemplate reports in its capacity. Empty or none allows no device.")
 }

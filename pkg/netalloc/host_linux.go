@@ -134,3 +134,31 @@ func routeOwner(r netlink.Route, names interfaceNameByIndex) string {
 	}
 	return owner
 }
+
+// InterfaceAddresses are the addresses of the host's interface name (a
+// bridge the guests share with the host); none when it has none or does
+// not exist.
+func InterfaceAddresses(name string) ([]netip.Addr, error) {
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		var notFound netlink.LinkNotFoundError
+		if errors.As(err, &notFound) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("looking up interface %s: %w", name, err)
+	}
+	addrs, err := dumpConsistently(func() ([]netlink.Addr, error) { return netlink.AddrList(link, netlink.FAMILY_ALL) })
+	if err != nil {
+		return nil, fmt.Errorf("listing the addresses of %s: %w", name, err)
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if a.IPNet == nil {
+			continue
+		}
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out, nil
+}

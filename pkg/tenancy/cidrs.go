@@ -61,9 +61,10 @@ func (p Policy) CheckClusterNetworkCIDR(n infrav1.ClusterNetwork) error {
 }
 
 // CheckPoolAddress refuses an address an IPAM pool handed a machine that
-// lies outside every one of PoolAddressCIDRs (nil allows any): pools are
-// objects of the tenant's namespace or a provider's, and the operator
-// bounds what addresses their machines may hold on shared segments.
+// lies outside every one of PoolAddressCIDRs (none when empty; the Any
+// flag value makes it nil, which allows any): pools are objects of the
+// tenant's namespace or a provider's, and the operator bounds what
+// addresses their machines may hold on shared segments.
 func (p Policy) CheckPoolAddress(a netip.Addr) error {
 	if p.PoolAddressCIDRs == nil {
 		return nil

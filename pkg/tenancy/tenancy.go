@@ -120,6 +120,10 @@ type Policy struct {
 	// machines may lie in (the manager's --pool-address-cidrs); nil allows
 	// any, empty none.
 	PoolAddressCIDRs []netip.Prefix
+	// IPAMPools are the IPAM pools each namespace may take addresses
+	// from (the manager's --ipam-pools); nil grants DefaultIPAMPools,
+	// empty none.
+	IPAMPools []IPAMPoolGrant
 	// HostDevices are the PCI devices machines may take whole, by alias
 	// (the manager's --host-devices); none when empty.
 	HostDevices []HostDevice

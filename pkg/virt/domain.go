@@ -77,7 +77,9 @@ type DomainSpec struct {
 	TrafficFilter string
 	// StaticAddresses are the NIC's addresses when the guest holds them
 	// without DHCP (IPAM pools): the traffic filter lets the guest use
-	// those IPv4 addresses only, instead of learning one from DHCP.
+	// those IPv4 addresses only, instead of learning one from DHCP. They
+	// are recorded in the domain's ownership metadata too
+	// (DomainInfo.StaticAddresses).
 	StaticAddresses []netip.Addr
 	// ConsoleLogPath, when set, logs the serial console to this file on the
 	// libvirt host (through virtlogd).
@@ -109,6 +111,12 @@ type DomainInfo struct {
 	MemoryMiB uint64
 	MAC       netalloc.MAC
 	Owner     *Owner
+	// StaticAddresses are the addresses the domain was defined to hold
+	// statically (DomainSpec.StaticAddresses), as its ownership metadata
+	// records them, or else as its traffic filter's IP parameters do
+	// (domains defined before they were recorded); nil for a guest that
+	// takes DHCP.
+	StaticAddresses []netip.Addr
 }
 
 // withDomain looks up a domain by name and frees it after fn.
@@ -223,6 +231,7 @@ func describeDomain(dom *libvirt.Domain) (DomainInfo, error) {
 		}
 		info.Owner = o
 	}
+	info.StaticAddresses = staticAddressesOf(d)
 	return info, nil
 }
 

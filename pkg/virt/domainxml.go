@@ -127,7 +127,7 @@ func domainXML(s DomainSpec) (*libvirtxml.Domain, error) {
 	if err := validateDomainSpec(s); err != nil {
 		return nil, err
 	}
-	owner, err := s.Owner.MetadataXML()
+	owner, err := s.Owner.metadataXML(s.StaticAddresses)
 	if err != nil {
 		return nil, err
 	}

@@ -44,6 +44,12 @@ type NetworkHost interface {
 	// Reservations lists the network's host entries, e.g. to find those
 	// whose machine is gone.
 	Reservations(ctx context.Context, network string) ([]Reservation, error)
+	// SegmentUse describes who holds which address and MAC on a libvirt
+	// network (network set) or host bridge: the host's own addresses
+	// there, a network's DHCP ranges, host entries and leases, and the
+	// domains of any owner with a NIC on it. IsNotFound(err) when the
+	// network does not exist.
+	SegmentUse(ctx context.Context, network, bridge string) (SegmentUse, error)
 
 	// Addresses reports a machine's addresses: DHCP leases (and the
 	// reservation) on libvirt networks, the guest agent's view on bridges.

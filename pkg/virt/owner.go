@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
+	"strings"
 )
 
 const (
@@ -60,6 +62,11 @@ type ownerFields struct {
 	Name      string `xml:"name"`
 	UID       string `xml:"uid"`
 	Cluster   string `xml:"cluster"`
+	// Addresses are a domain's static addresses (IPAM pools), recorded
+	// where the tenant cannot write them: what the guest holds, which
+	// the provider compares its claims with and another VM's pool
+	// address with. Networks record none.
+	Addresses []string `xml:"address,omitempty"`
 }
 
 func (f ownerFields) owner() *Owner {
@@ -67,8 +74,16 @@ func (f ownerFields) owner() *Owner {
 }
 
 // MetadataXML renders the owner element that goes into <metadata>.
-func (o Owner) MetadataXML() (string, error) {
-	b, err := xml.Marshal(ownerXML{ownerFields: ownerFields{Kind: o.Kind, Namespace: o.Namespace, Name: o.Name, UID: o.UID, Cluster: o.Cluster}})
+func (o Owner) MetadataXML() (string, error) { return o.metadataXML(nil) }
+
+// metadataXML renders the owner element of a domain holding addresses
+// statically.
+func (o Owner) metadataXML(addresses []netip.Addr) (string, error) {
+	f := ownerFields{Kind: o.Kind, Namespace: o.Namespace, Name: o.Name, UID: o.UID, Cluster: o.Cluster}
+	for _, a := range addresses {
+		f.Addresses = append(f.Addresses, a.String())
+	}
+	b, err := xml.Marshal(ownerXML{ownerFields: f})
 	if err != nil {
 		return "", fmt.Errorf("marshalling owner: %w", err)
 	}
@@ -79,14 +94,36 @@ func (o Owner) MetadataXML() (string, error) {
 // document containing one) and decodes it. It returns ErrNotFound when
 // there is none, so objects created by others are recognisably not ours.
 func ParseOwner(metadata string) (*Owner, error) {
+	f, err := parseOwnerFields(metadata)
+	if err != nil {
+		return nil, err
+	}
+	return f.owner(), nil
+}
+
+// recordedAddresses are the static addresses a domain's owner element
+// records; nil when it records none or does not parse.
+func (f ownerFields) recordedAddresses() []netip.Addr {
+	var out []netip.Addr
+	for _, s := range f.Addresses {
+		if a, err := netip.ParseAddr(strings.TrimSpace(s)); err == nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// parseOwnerFields finds our owner element in a <metadata> body and
+// decodes it whole; ErrNotFound when there is none.
+func parseOwnerFields(metadata string) (ownerFields, error) {
 	dec := xml.NewDecoder(bytes.NewReader([]byte(metadata)))
 	for {
 		tok, err := dec.Token()
 		if errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("owner metadata: %w", ErrNotFound)
+			return ownerFields{}, fmt.Errorf("owner metadata: %w", ErrNotFound)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("parsing owner metadata: %w", err)
+			return ownerFields{}, fmt.Errorf("parsing owner metadata: %w", err)
 		}
 		se, ok := tok.(xml.StartElement)
 		if !ok || se.Name.Space != OwnerNamespace || se.Name.Local != "owner" {
@@ -94,9 +131,9 @@ func ParseOwner(metadata string) (*Owner, error) {
 		}
 		var ox ownerXML
 		if err := dec.DecodeElement(&ox, &se); err != nil {
-			return nil, fmt.Errorf("parsing owner metadata: %w", err)
+			return ownerFields{}, fmt.Errorf("parsing owner metadata: %w", err)
 		}
-		return ox.owner(), nil
+		return ox.ownerFields, nil
 	}
 }
 

@@ -54,6 +54,11 @@ func (r references) cluster(namespace string, spec *infrav1.LibvirtClusterSpec, 
 	}
 	errs = append(errs, r.hosts(spec, path)...)
 	errs = append(errs, r.sizes(tenancy.LoadBalancerUsage(spec), path.Child("loadBalancer"))...)
+	if pool := spec.LoadBalancer.AddressFromPool; pool != nil {
+		if err := p.CheckIPPool(namespace, *pool); err != nil {
+			errs = append(errs, field.Forbidden(path.Child("loadBalancer", "addressFromPool"), err.Error()))
+		}
+	}
 	// An address from a pool is the VM's only one, which the traffic
 	// filter is pinned to; a typed one would be a second, unfiltered.
 	if spec.LoadBalancer.Type == infrav1.LoadBalancerHAProxy && spec.Network.Bridge != "" && spec.LoadBalancer.AddressFromPool == nil {
@@ -112,6 +117,11 @@ func (r references) machine(namespace string, spec *infrav1.LibvirtMachineSpec, 
 	}
 	if n := spec.Network; n != nil {
 		errs = append(errs, r.network(namespace, n.Name, n.Bridge, path.Child("network"))...)
+		for i, pool := range n.AddressesFromPools {
+			if err := r.policy.CheckIPPool(namespace, pool); err != nil {
+				errs = append(errs, field.Forbidden(path.Child("network", "addressesFromPools").Index(i), err.Error()))
+			}
+		}
 	}
 	return append(errs, r.annotations(namespace, annotations, annPath)...)
 }

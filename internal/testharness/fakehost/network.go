@@ -6,6 +6,7 @@ import (
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt/leases"
 )
 
 // The fake of virt.NetworkHost: reservations, leases and addresses.
@@ -125,4 +126,37 @@ func (h *Host) WatchLease(_ context.Context, network string, mac netalloc.MAC) e
 	defer h.mu.Unlock()
 	h.Watches = append(h.Watches, network+"/"+mac.Canonical().String())
 	return nil
+}
+
+// SegmentUse reports the network's entries and leases, and the domains
+// EnsureDomain defined on network or bridge with their MAC, owner and
+// static addresses; the fake network's gateway is 192.168.100.1 and its
+// DHCP range .2–.254.
+func (h *Host) SegmentUse(_ context.Context, network, bridge string) (virt.SegmentUse, error) {
+	if err := h.call("SegmentUse"); err != nil {
+		return virt.SegmentUse{}, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var use virt.SegmentUse
+	if network != "" {
+		entries, ok := h.Entries[network]
+		if !ok {
+			return use, notFound("network " + network)
+		}
+		use.Own = []netip.Addr{netip.MustParseAddr("192.168.100.1")}
+		use.DHCPRanges = []virt.AddressRange{{Start: netip.MustParseAddr("192.168.100.2"), End: netip.MustParseAddr("192.168.100.254")}}
+		use.Reservations = append(use.Reservations, entries...)
+		for mac, ip := range h.Leases[network] {
+			use.Leases = append(use.Leases, leases.Lease{MAC: netalloc.CanonicalMAC(mac), IP: ip})
+		}
+	}
+	for name, spec := range h.Specs {
+		if (network != "" && spec.Network == network) || (bridge != "" && spec.Bridge == bridge) {
+			owner := spec.Owner
+			use.Domains = append(use.Domains, virt.SegmentDomain{Name: name, Owner: &owner,
+				MACs: []netalloc.MAC{spec.MAC.Canonical()}, Addresses: spec.StaticAddresses})
+		}
+	}
+	return use, nil
 }

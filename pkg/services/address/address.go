@@ -14,11 +14,12 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/segment"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // macCandidates bounds how many derived MACs are tried before giving up.
-const macCandidates = 8
+const macCandidates = segment.MACCandidates
 
 // waitForNetwork is how often a machine whose network is not there yet
 // looks again (no watch covers the LibvirtCluster's status.network).
@@ -28,6 +29,9 @@ const waitForNetwork = 30 * time.Second
 type Service struct {
 	vm   *scope.VM
 	host virt.NetworkHost
+	// others are the other libvirt hosts whose domains on the segment
+	// the MAC must not collide with.
+	others segment.Hosts
 	// reserved is the address Reconcile reserved; invalid when the
 	// network has none to give (a bridge, no libvirt DHCP).
 	reserved netip.Addr
@@ -37,6 +41,13 @@ var _ services.Service = (*Service)(nil)
 
 // New returns the address reservation service of vm.
 func New(vm *scope.VM, host virt.NetworkHost) *Service { return &Service{vm: vm, host: host} }
+
+// WithOtherHosts has the MAC checked against the domains of the other
+// libvirt hosts the manager reaches too.
+func (svc *Service) WithOtherHosts(others segment.Hosts) *Service {
+	svc.others = others
+	return svc
+}
 
 func (*Service) Name() string { return "address" }
 
@@ -54,6 +65,12 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 			"The LibvirtCluster has not reported its network yet")
 	}
 	if err := svc.ensureMAC(ctx, network); err != nil {
+		return services.Result{}, err
+	}
+	// The MAC is the object's to write: before it reaches a DHCP entry
+	// or a domain, it must be one the provider derived, or one this VM's
+	// own domain already uses, and no other domain's on the segment.
+	if err := segment.New(vm, svc.host, svc.others).CheckMAC(ctx); err != nil {
 		return services.Result{}, err
 	}
 	if len(vm.AddressPools) > 0 {

@@ -44,6 +44,7 @@ func TestAddressPersistsMACBeforeReserving(t *testing.T) {
 	servicetest.WantCondition(t, f.LM, infrav1.AddressReservedCondition, metav1.ConditionTrue, infrav1.ReadyReason)
 	// Idempotent: a second run keeps the MAC and the one entry.
 	fs := f.Scope()
+	fs.VM.UUID = s.VM.UUID // the identity step's, from spec.providerID
 	if err := servicetest.Reconcile(fs, infrav1.AddressReservedCondition, address.New(fs.VM, fs.Host)); err != nil {
 		t.Fatal(err)
 	}
@@ -89,4 +90,51 @@ func TestAddressConflict(t *testing.T) {
 		t.Fatalf("err = %v, want a requeue until the lease expires", err)
 	}
 	servicetest.WantCondition(t, f.LM, infrav1.AddressReservedCondition, metav1.ConditionFalse, infrav1.AddressConflictReason)
+}
+
+// TestAddressRefusesMACsNotItsOwn: a MAC in the annotation that the
+// provider did not derive from the domain UUID is refused unless the VM's
+// own domain uses it; a derived one another owner's domain on the segment
+// uses is refused too; nothing is reserved for either.
+func TestAddressRefusesMACsNotItsOwn(t *testing.T) {
+	const uuid = "0b9d6c86-1111-4e2e-9c55-3b6f1b0d7a11"
+	forged := netalloc.MAC("02:11:22:33:44:55")
+	for _, tc := range []struct {
+		name   string
+		mac    netalloc.MAC
+		domain func(f *servicetest.Fixture, vm *scope.VM) // defines a domain on the segment
+		ok     bool
+	}{
+		{name: "forged, no domain", mac: forged},
+		{name: "forged, another object's domain uses it", mac: forged, domain: func(f *servicetest.Fixture, vm *scope.VM) {
+			f.Host.Specs["victim"] = virt.DomainSpec{Name: "victim", Network: "net", MAC: forged, Owner: virt.Owner{Kind: "LibvirtMachine", Namespace: "other", Name: "victim"}}
+		}},
+		{name: "forged, the VM's own domain uses it", mac: forged, ok: true, domain: func(f *servicetest.Fixture, vm *scope.VM) {
+			f.Host.Specs[vm.Domain] = virt.DomainSpec{Name: vm.Domain, Network: "net", MAC: forged, Owner: vm.Owner}
+		}},
+		{name: "derived, another object's domain uses it", mac: naming.MACCandidates(uuid, 1)[0], domain: func(f *servicetest.Fixture, vm *scope.VM) {
+			f.Host.Specs["victim"] = virt.DomainSpec{Name: "victim", Network: "net", MAC: naming.MACCandidates(uuid, 1)[0], Owner: virt.Owner{Kind: "LibvirtCluster", Namespace: "other", Name: "victim"}}
+		}},
+		{name: "derived", mac: naming.MACCandidates(uuid, 1)[0], ok: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := servicetest.NewFixture(t)
+			s := f.Scope()
+			s.VM.UUID, s.VM.MAC = uuid, tc.mac
+			if tc.domain != nil {
+				tc.domain(f, s.VM)
+			}
+			err := servicetest.Reconcile(s, infrav1.AddressReservedCondition, address.New(s.VM, s.Host))
+			if tc.ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			servicetest.WantCondition(t, f.LM, infrav1.AddressReservedCondition, metav1.ConditionFalse, infrav1.MACNotOwnedReason)
+			if f.Host.Called("ReserveAddress") {
+				t.Error("reserved an address for a MAC not the VM's")
+			}
+		})
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -30,12 +31,21 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/segment"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // recheckClaim is how often a machine whose claim has no address yet looks
 // again; the controller also wakes when a claim it owns changes.
 const recheckClaim = time.Minute
+
+// Host is what the service asks the VM's libvirt host: its domain, and
+// who holds what on its segment.
+type Host interface {
+	virt.NetworkHost
+	virt.DomainHost
+}
 
 // Service claims the addresses; its outcome is the condition of the
 // step it runs in (AddressReserved for a machine, after the address
@@ -43,6 +53,8 @@ const recheckClaim = time.Minute
 type Service struct {
 	c      client.Client
 	vm     *scope.VM
+	host   Host
+	others segment.Hosts
 	policy tenancy.Policy
 	// owner is the object the claims belong to, kind its kind.
 	owner client.Object
@@ -56,27 +68,39 @@ type Service struct {
 
 var _ services.Service = (*Service)(nil)
 
-// New returns the IPAM service of the machine of s under the operator's
-// policy.
-func New(s *scope.MachineScope, policy tenancy.Policy) *Service {
+// New returns the IPAM service of the machine of s, placed on host, under
+// the operator's policy.
+func New(s *scope.MachineScope, host Host, policy tenancy.Policy) *Service {
 	lm := s.LibvirtMachine
-	return &Service{c: s.Client, vm: s.VM, policy: policy, owner: lm, kind: "LibvirtMachine", cluster: s.ClusterName(),
+	return &Service{c: s.Client, vm: s.VM, host: host, policy: policy, owner: lm, kind: "LibvirtMachine", cluster: s.ClusterName(),
 		claimName: func(i int) string { return naming.IPAddressClaimName(lm.Name, i) }, event: s.Event}
 }
 
 // NewLoadBalancer returns the IPAM service of the HAProxy VM vm of the
-// cluster of s.
-func NewLoadBalancer(s *scope.ClusterScope, vm *scope.VM, policy tenancy.Policy) *Service {
+// cluster of s, placed on host.
+func NewLoadBalancer(s *scope.ClusterScope, vm *scope.VM, host Host, policy tenancy.Policy) *Service {
 	lc := s.LibvirtCluster
-	return &Service{c: s.Client, vm: vm, policy: policy, owner: lc, kind: "LibvirtCluster", cluster: s.ClusterName(),
+	return &Service{c: s.Client, vm: vm, host: host, policy: policy, owner: lc, kind: "LibvirtCluster", cluster: s.ClusterName(),
 		claimName: func(int) string { return naming.LoadBalancerIPAddressClaimName(lc.Name) }, event: s.Event}
+}
+
+// WithOtherHosts has the addresses checked against the domains of the
+// other libvirt hosts the manager reaches too.
+func (svc *Service) WithOtherHosts(others segment.Hosts) *Service {
+	svc.others = others
+	return svc
 }
 
 func (*Service) Name() string { return "IP address claims" }
 
 // Reconcile claims an address from every pool and hands them to the seed
 // and domain steps of the same reconcile; a VM without pools takes DHCP
-// and is left alone.
+// and is left alone. Before the VM's domain exists, an address anyone
+// else holds on the segment is refused (segment.CheckAddresses). Once it
+// exists, the claims are kept (a deleted one is made again, so that the
+// pool does not hand the guest's address to another VM) and an address
+// that differs from the one the domain was defined with is refused: the
+// guest keeps what it holds.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	vm := svc.vm
 	if len(vm.AddressPools) == 0 {
@@ -86,6 +110,10 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		return services.Result{}, services.Fail(infrav1.UnsupportedNetworkReason, services.Requeue(0, "pools on a cluster network"),
 			"network.addressesFromPools needs a host bridge or an existing libvirt network: network %s is the one the provider made for a cluster of namespace %s, whose DHCP server reserves the machines' addresses", vm.Network.Name, ns)
 	}
+	held, defined, err := svc.held(ctx)
+	if err != nil {
+		return services.Result{}, err
+	}
 	addresses := make([]cloudinit.StaticAddress, 0, len(vm.AddressPools))
 	described := make([]string, 0, len(vm.AddressPools))
 	for i, pool := range vm.AddressPools {
@@ -94,14 +122,67 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 			return services.Result{}, err
 		}
 		a, err := svc.address(ctx, claim)
-		if err != nil {
+		switch {
+		case defined && vm.Provisioned && isWaiting(err):
+			// The guest runs with its address; the pool answers later.
+			described = append(described, fmt.Sprintf("the guest holds %s (IPAddressClaim %s waits for %s %s)", joinAddrs(held), claim.Name, pool.Kind, pool.Name))
+			continue
+		case err != nil:
 			return services.Result{}, err
+		case defined && len(held) > 0 && !slices.Contains(held, a.Prefix.Addr()):
+			return services.Result{}, services.Fail(infrav1.IPAddressChangedReason, services.Requeue(recheckClaim, "address changed"),
+				"IPAddressClaim %s got %s from %s %s, but domain %s was defined with %s, which its guest holds: the claim was deleted and made again; the guest keeps its address, and the pool must give the claim that one back",
+				claim.Name, a.Prefix.Addr(), pool.Kind, pool.Name, vm.Domain, joinAddrs(held))
 		}
 		addresses = append(addresses, a)
 		described = append(described, fmt.Sprintf("%s from %s %s", a.Prefix, pool.Kind, pool.Name))
 	}
-	vm.StaticAddresses = addresses
+	if !defined {
+		ips := make([]netip.Addr, len(addresses))
+		for i, a := range addresses {
+			ips[i] = a.Prefix.Addr()
+		}
+		if err := segment.New(vm, svc.host, svc.others).CheckAddresses(ctx, ips); err != nil {
+			return services.Result{}, err
+		}
+	}
+	if len(addresses) == len(vm.AddressPools) {
+		vm.StaticAddresses = addresses
+	}
 	return services.Done(infrav1.ReadyReason, strings.Join(described, ", ")), nil
+}
+
+// held are the static addresses the VM's domain was defined with, as
+// libvirt records them, and whether the domain exists (as this VM's).
+func (svc *Service) held(ctx context.Context) ([]netip.Addr, bool, error) {
+	vm := svc.vm
+	if !vm.DomainDefined() {
+		return nil, false, nil
+	}
+	info, err := svc.host.DomainInfo(ctx, vm.Domain)
+	switch {
+	case virt.IsNotFound(err):
+		return nil, false, nil
+	case err != nil:
+		return nil, false, services.Fail(infrav1.LibvirtErrorReason, err, "Looking up domain %s: %v", vm.Domain, err)
+	case !info.Owner.IsObject(vm.Owner):
+		return nil, false, nil // not this VM's: the domain step says so
+	}
+	return info.StaticAddresses, true, nil
+}
+
+func joinAddrs(addrs []netip.Addr) string {
+	s := make([]string, len(addrs))
+	for i, a := range addrs {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ", ")
+}
+
+// isWaiting tells whether err is a claim's wait for its IPAddress.
+func isWaiting(err error) bool {
+	var ce *services.ConditionError
+	return errors.As(err, &ce) && ce.Reason == infrav1.WaitingForIPAddressReason
 }
 
 // ensureClaim returns the machine's claim on the i-th pool, creating it

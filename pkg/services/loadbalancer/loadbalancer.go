@@ -22,6 +22,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/identity"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/ipaddress"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/segment"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -63,6 +64,9 @@ type Service struct {
 	policy tenancy.Policy
 	// maxDiskBytes bounds the VM's root disk, which takes the image's size.
 	maxDiskBytes uint64
+	// others are the other libvirt hosts whose domains the VM's MAC and
+	// pool address must not collide with.
+	others segment.Hosts
 }
 
 var _ services.Service = (*Service)(nil)
@@ -78,6 +82,13 @@ func New(s *scope.ClusterScope, images disk.Importer, policy tenancy.Policy) *Se
 // image is the tenant's choice.
 func (svc *Service) WithMaxDiskBytes(n uint64) *Service {
 	svc.maxDiskBytes = n
+	return svc
+}
+
+// WithOtherHosts has the HAProxy VM's MAC and pool address checked
+// against the domains of the other libvirt hosts the manager reaches too.
+func (svc *Service) WithOtherHosts(others segment.Hosts) *Service {
+	svc.others = others
 	return svc
 }
 
@@ -103,12 +114,13 @@ func (svc *Service) plan(haproxy bool) services.Plan {
 	}
 	host := svc.scope.Host
 	svc.vm = svc.scope.LoadBalancerVM()
-	svc.address = address.New(svc.vm, host)
+	svc.address = address.New(svc.vm, host).WithOtherHosts(svc.others)
 	vm := "HAProxy VM " + svc.vm.Domain
 	return services.Plan{
 		{Service: identity.New(svc.vm, host), Condition: ready, PartOf: vm},
 		{Service: svc.address, Condition: ready, PartOf: vm, SkipOnceProvisioned: true},
-		{Service: ipaddress.NewLoadBalancer(svc.scope, svc.vm, svc.policy), Condition: ready, PartOf: vm, SkipOnceProvisioned: true},
+		// Not SkipOnceProvisioned: the claim is kept while the VM exists.
+		{Service: ipaddress.NewLoadBalancer(svc.scope, svc.vm, host, svc.policy).WithOtherHosts(svc.others), Condition: ready, PartOf: vm},
 		{Service: endpoint{svc}, Condition: ready, SkipOnceProvisioned: true},
 		{Service: disk.New(svc.vm, host, svc.images).WithMaxBytes(svc.maxDiskBytes), Condition: ready, PartOf: vm, SkipOnceProvisioned: true},
 		{Service: seed.NewWithUserData(svc.vm, host, []byte(userData)).WithNetworkConfig(svc.networkConfig), Condition: ready, PartOf: vm, SkipOnceProvisioned: true},

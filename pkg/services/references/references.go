@@ -84,6 +84,12 @@ func (m *Machine) Reconcile(ctx context.Context) (services.Result, error) {
 		return services.Result{}, refused("network", infrav1.AddressReservedCondition, infrav1.NetworkNotAllowedReason,
 			"%s %v", describe(vm.Network), err)
 	}
+	for i, ref := range vm.AddressPools {
+		if err := p.CheckIPPool(s.Namespace(), ref); err != nil {
+			return services.Result{}, refused("IPAM pool", infrav1.AddressReservedCondition, infrav1.IPPoolNotAllowedReason,
+				"spec.network.addressesFromPools[%d] %v", i, err)
+		}
+	}
 	if v := vm.Image.Volume; v != nil {
 		if f, err := p.CheckImageVolume(*v, pool.Name); err != nil {
 			return services.Result{}, refused("image", infrav1.DiskReadyCondition, infrav1.ImageNotAllowedReason,
@@ -210,6 +216,12 @@ func (c *Cluster) Reconcile(ctx context.Context) (services.Result, error) {
 		if uerr := p.CheckImageURL(u); uerr != nil {
 			refusals = append(refusals, refused("load balancer image", infrav1.LoadBalancerReadyCondition, infrav1.ImageNotAllowedReason,
 				"spec.loadBalancer.image.url %q %v", virt.RedactURL(u), uerr))
+		}
+		if ref := s.Object().Spec.LoadBalancer.AddressFromPool; ref != nil {
+			if perr := p.CheckIPPool(s.Namespace(), *ref); perr != nil {
+				refusals = append(refusals, refused("IPAM pool", infrav1.LoadBalancerReadyCondition, infrav1.IPPoolNotAllowedReason,
+					"spec.loadBalancer.addressFromPool %v", perr))
+			}
 		}
 		if exceeded := p.Machine.Exceeded(tenancy.LoadBalancerUsage(&s.Object().Spec), "--max-machine-"); len(exceeded) > 0 {
 			refusals = append(refusals, refused("load balancer size", infrav1.LoadBalancerReadyCondition, infrav1.MachineSizeNotAllowedReason,

@@ -76,6 +76,12 @@ func TestMachine(t *testing.T) {
 		{"the cluster's pool in /etc", func(c *infrav1.LibvirtCluster, _ *infrav1.LibvirtMachine) {
 			c.Spec.StoragePool.Path = "/etc/pool"
 		}, want{infrav1.DiskReadyCondition, infrav1.StoragePoolNotAllowedReason}},
+		{"a cluster-wide IPAM pool not granted", func(_ *infrav1.LibvirtCluster, m *infrav1.LibvirtMachine) {
+			m.Spec.Network = &infrav1.NetworkAttachment{Bridge: "br0", AddressesFromPools: []infrav1.IPPoolReference{{APIGroup: "ipam.cluster.x-k8s.io", Kind: "GlobalInClusterIPPool", Name: "lan"}}}
+		}, want{infrav1.AddressReservedCondition, infrav1.IPPoolNotAllowedReason}},
+		{"the namespace's own IPAM pool", func(_ *infrav1.LibvirtCluster, m *infrav1.LibvirtMachine) {
+			m.Spec.Network = &infrav1.NetworkAttachment{Bridge: "br0", AddressesFromPools: []infrav1.IPPoolReference{{APIGroup: "ipam.cluster.x-k8s.io", Kind: "InClusterIPPool", Name: "lan"}}}
+		}, want{}},
 		{"another namespace's network in the cluster's status", func(c *infrav1.LibvirtCluster, _ *infrav1.LibvirtMachine) {
 			c.Status.Network.Name = networkA
 		}, want{infrav1.AddressReservedCondition, infrav1.NetworkNotAllowedReason}},
