@@ -214,9 +214,6 @@ func TestRejections(t *testing.T) {
 		{name: "pools on a network the provider made", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
 			s.Network = &infrav1.NetworkAttachment{Name: "capl-other.web", AddressesFromPools: []infrav1.IPPoolReference{lanPool}}
 		}), field: "spec.network.addressesFromPools"},
-		{name: "a cluster-wide pool the operator did not grant", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
-			s.Network = &infrav1.NetworkAttachment{Bridge: "br0", AddressesFromPools: []infrav1.IPPoolReference{{APIGroup: "ipam.cluster.x-k8s.io", Kind: "GlobalInClusterIPPool", Name: "lan"}}}
-		}), field: "spec.network.addressesFromPools[0]", detail: "--ipam-pools"},
 		{name: "nameservers without pools", obj: machine(func(s *infrav1.LibvirtMachineSpec) {
 			s.Network = &infrav1.NetworkAttachment{Bridge: "br0", Nameservers: []string{"10.231.0.2"}}
 		}), field: "spec.network", detail: "nameservers go with addressesFromPools"},

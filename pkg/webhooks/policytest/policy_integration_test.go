@@ -85,8 +85,9 @@ func onTwoHosts(s *infrav1.LibvirtClusterSpec, uri, secret string) {
 // TestPolicyRejections: under the flags' defaults with --libvirt-uris=*,
 // the API server refuses a public network range, a failure domain that
 // would connect with the manager's own credentials or to a denied
-// address, and an HAProxy VM larger than one machine may be, naming the
-// field; private ranges and hosts with credentials pass.
+// address, an HAProxy VM larger than one machine may be, and an endpoint
+// from a cluster-wide IPAM pool not granted, naming the field; private
+// ranges, hosts with credentials and namespaced pools pass.
 func TestPolicyRejections(t *testing.T) {
 	if testing.Short() && !testprereq.InCI() {
 		t.Skip("integration test: not run with -short outside CI")
@@ -114,6 +115,14 @@ func TestPolicyRejections(t *testing.T) {
 			"spec.loadBalancer.cpus", "--max-machine-vcpus"},
 		{"an HAProxy VM with more memory than a machine may have", func(s *infrav1.LibvirtClusterSpec) { s.LoadBalancer.MemoryMiB = 200 << 10 },
 			"spec.loadBalancer.memoryMiB", "--max-machine-memory"},
+		{"an endpoint from a cluster-wide pool the operator did not grant", func(s *infrav1.LibvirtClusterSpec) {
+			s.Network = infrav1.ClusterNetwork{Name: "lan"}
+			s.LoadBalancer.AddressFromPool = &infrav1.IPPoolReference{APIGroup: "ipam.cluster.x-k8s.io", Kind: "GlobalInClusterIPPool", Name: "lan"}
+		}, "spec.loadBalancer.addressFromPool", "--ipam-pools"},
+		{"an endpoint from a namespaced pool, granted by default", func(s *infrav1.LibvirtClusterSpec) {
+			s.Network = infrav1.ClusterNetwork{Name: "lan"}
+			s.LoadBalancer.AddressFromPool = &infrav1.IPPoolReference{APIGroup: "ipam.cluster.x-k8s.io", Kind: "InClusterIPPool", Name: "lan"}
+		}, "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
