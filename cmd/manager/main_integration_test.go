@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testenv"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testprereq"
 )
 
 // runMainEnv makes the test binary run main instead of the tests, so that
@@ -30,8 +31,8 @@ func TestMain(m *testing.M) {
 // driver, and expects every log line to be a JSON object with a msg, up to
 // "Starting manager", logged once the manager is built.
 func TestJSONLogs(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test: needs envtest")
+	if testing.Short() && !testprereq.InCI() {
+		t.Skip("integration test: not run with -short outside CI")
 	}
 	env, err := testenv.Start()
 	if err != nil {

@@ -27,6 +27,7 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testenv"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testlibvirt"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testprereq"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 )
@@ -47,8 +48,8 @@ const rbacDir = "../../config/rbac"
 // SubjectAccessReviews as the manager's ServiceAccount, which the release
 // RBAC must grant.
 func TestMetricsServedToServiceAccounts(t *testing.T) {
-	if testing.Short() {
-		t.Skip("integration test")
+	if testing.Short() && !testprereq.InCI() {
+		t.Skip("integration test: not run with -short outside CI")
 	}
 	uri := testlibvirt.URI(t)
 	env, err := testenv.Start()
