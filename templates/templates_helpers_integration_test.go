@@ -28,7 +28,8 @@ const kubeadmRetry = "/usr/local/sbin/capl-kubeadm-retry"
 // planes also run it first to keep the CA and keys Cluster API wrote,
 // which the retry restores after `kubeadm reset` (and after removing a
 // failed join's etcd member). A control-plane join that got to its etcd
-// step resumes there, but for the last attempt.
+// step resumes there, and an init that got to its wait for the API server
+// resumes there, but for the last attempt.
 func checkKubeadmRetry(t *testing.T, byKind map[string][]*unstructured.Unstructured) {
 	t.Helper()
 	specs := map[string][]string{
@@ -44,7 +45,8 @@ func checkKubeadmRetry(t *testing.T, byKind map[string][]*unstructured.Unstructu
 			for _, want := range []string{"for attempt in $(seq 5); do", "retry $attempt of 5", `rm -rf "$kept" && cp -a /etc/kubernetes/pki "$kept"`,
 				`cp -a "$kept" /etc/kubernetes/pki`, `if [ "$phase" = join ] && ! leave_etcd; then`, "/v3/cluster/member/remove",
 				"phase=init config=/run/kubeadm/kubeadm.yaml", `kubeadm "$phase" --config "$config"`,
-				`[ "$1" -lt 5 ]`, "--skip-phases preflight,control-plane-prepare,check-etcd,kubelet-start"} {
+				`[ "$1" -lt 5 ]`, "--skip-phases preflight,control-plane-prepare,check-etcd,kubelet-start",
+				"--skip-phases preflight,certs,kubeconfig,etcd,control-plane,kubelet-start"} {
 				if !strings.Contains(script, want) {
 					t.Errorf("%s %s: the kubeadm retry script lacks %q (the shell's variables must stay intact)", kind, u.GetName(), want)
 				}

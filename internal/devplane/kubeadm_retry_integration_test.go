@@ -14,11 +14,13 @@ import (
 // retrySandbox runs the retry script as a machine's cloud-init would, in a
 // mount namespace of its own: tmpfs over /run and /var/lib and a copy of
 // /etc, so that the paths the script reads and writes are the real ones.
-// kubeadm, kubectl, python3 and sleep are recorders on PATH; kubeadm's
-// joins answer from $T/results, one line each, and leave the files a join
-// leaves (the kubelet's configuration; a worker's CA certificate from
-// discovery; a control plane's static pod manifests, which need the CA
-// Cluster API wrote), and its reset deletes what kubeadm reset deletes.
+// The role is worker or control-plane (a join) or init (the first control
+// plane). kubeadm, kubectl, python3 and sleep are recorders on PATH;
+// kubeadm's inits and joins answer from $T/results, one line each, and
+// leave the files they leave (the kubelet's configuration; a worker's CA
+// certificate from discovery; a control plane's static pod manifests,
+// which need the CA Cluster API wrote), and its reset deletes what kubeadm
+// reset deletes.
 const retrySandbox = `set -eu
 T=$1 role=$2
 mount --make-rprivate /
@@ -26,7 +28,12 @@ mount -t tmpfs none "$T/etc" && cp -a /etc/. "$T/etc/" && mount --bind "$T/etc" 
 mount -t tmpfs none /var/lib && mount -t tmpfs none /run
 mkdir -p /etc/kubernetes/manifests /etc/kubernetes/pki /var/lib/kubelet /run/kubeadm /run/cluster-api "$T/bin"
 echo ca > /etc/kubernetes/pki/ca.crt
-echo 'nodeRegistration: {name: n}' > /run/kubeadm/kubeadm-join-config.yaml
+if [ $role = init ]; then
+  phase=init config=/run/kubeadm/kubeadm.yaml
+else
+  phase=join config=/run/kubeadm/kubeadm-join-config.yaml
+fi
+echo 'nodeRegistration: {name: n}' > $config
 for tool in kubectl python3 sleep; do
   cat > "$T/bin/$tool" <<EOF
 #!/bin/sh
@@ -53,9 +60,9 @@ result=\$(head -n 1 $T/results); sed -i 1d $T/results
 EOF
 chmod +x "$T/bin/"*
 export PATH="$T/bin:$PATH"
-[ $role = control-plane ] && sh "$T/retry.sh" keep
-# Cluster API's own join, then the script as a postKubeadmCommand.
-kubeadm join --config /run/kubeadm/kubeadm-join-config.yaml && echo success > /run/cluster-api/bootstrap-success.complete || true
+[ $role != worker ] && sh "$T/retry.sh" keep
+# Cluster API's own init or join, then the script as a postKubeadmCommand.
+kubeadm $phase --config $config && echo success > /run/cluster-api/bootstrap-success.complete || true
 status=0
 sh "$T/retry.sh" > "$T/out" 2>&1 || status=$?
 echo "exit $status" >> "$T/log"
@@ -65,11 +72,12 @@ true
 `
 
 // TestKubeadmRetryScript runs the template's capl-kubeadm-retry after a
-// failed first join: a worker retries from a clean slate, a control plane
-// past kubelet-start resumes at etcd-join but for the last attempt, which
-// removes its etcd member, resets and restores the CA, and a control plane
-// that gives up removes its etcd member once more. It needs root for the
-// mount namespace.
+// failed first init or join: a worker retries from a clean slate, a
+// control plane past kubelet-start resumes at etcd-join but for the last
+// attempt, which removes its etcd member, resets and restores the CA, a
+// control plane that gives up removes its etcd member once more, and a
+// failed init resumes at wait-control-plane, keeping its API server and
+// etcd, but for the last attempt. It needs root for the mount namespace.
 func TestKubeadmRetryScript(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("runs the retry script in a mount namespace: needs root (make test runs as root in CI)")
@@ -81,6 +89,9 @@ func TestKubeadmRetryScript(t *testing.T) {
 	join := "kubeadm join --config /run/kubeadm/kubeadm-join-config.yaml"
 	resume := join + " --skip-phases preflight,control-plane-prepare,check-etcd,kubelet-start"
 	leaveEtcd := "python3 - https://10.0.0.9:2380"
+	initCmd := "kubeadm init --config /run/kubeadm/kubeadm.yaml"
+	initResume := initCmd + " --skip-phases preflight,certs,kubeconfig,etcd,control-plane,kubelet-start"
+	reset := "kubeadm reset --force"
 	for _, tc := range []struct {
 		name, role string
 		results    []string
@@ -104,6 +115,15 @@ func TestKubeadmRetryScript(t *testing.T) {
 		results: []string{"fail", "fail", "fail", "fail", "fail", "fail"},
 		want:    []string{resume, resume, resume, resume, leaveEtcd, "kubeadm reset --force", join, leaveEtcd, "exit 1", "ca.crt kept"},
 		never:   []string{"bootstrapped"},
+	}, {
+		name: "init: resumed at wait-control-plane, nothing reset", role: "init", results: []string{"fail", "ok"},
+		want:  []string{initCmd, "sleep 30", initResume, "exit 0", "bootstrapped", "ca.crt kept"},
+		never: []string{reset},
+	}, {
+		name: "init: the last attempt from a clean slate", role: "init",
+		results: []string{"fail", "fail", "fail", "fail", "fail", "ok"},
+		want:    []string{initCmd, initResume, initResume, initResume, initResume, reset, initCmd, "exit 0", "bootstrapped", "ca.crt kept"},
+		never:   []string{leaveEtcd},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -125,7 +145,7 @@ func TestKubeadmRetryScript(t *testing.T) {
 			}
 			for _, line := range strings.Split(strings.TrimSpace(string(log)), "\n") {
 				if slices.Contains(tc.never, line) {
-					t.Errorf("the log shows %q (the success file was written):\n%s\nthe script said:\n%s", line, log, out)
+					t.Errorf("the log shows %q, which this case must not:\n%s\nthe script said:\n%s", line, log, out)
 				}
 			}
 		})
