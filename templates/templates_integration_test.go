@@ -132,6 +132,9 @@ func TestRenderedTemplatesAreAccepted(t *testing.T) {
 		"LIBVIRT_COREDNS_REPLICAS":                    "1",
 		"LIBVIRT_WORKER_MAX_SURGE":                    "0",
 		"LIBVIRT_WORKER_MAX_UNAVAILABLE":              "1",
+		"LIBVIRT_API_SERVER_CPU_REQUEST":              "1",
+		"LIBVIRT_ETCD_CPU_REQUEST":                    "300m",
+		"LIBVIRT_CONTROL_PLANE_SYSTEM_CPU_WEIGHT":     "25",
 	}
 	cases := []struct {
 		name, flavor string

@@ -87,6 +87,12 @@ type ClusterOptions struct {
 	EtcdProgressNotifyInterval, EtcdHeartbeatIntervalMS, EtcdElectionTimeoutMS string
 	// CoreDNSReplicas overrides kubeadm's 2 CoreDNS replicas when set.
 	CoreDNSReplicas int32
+	// APIServerCPURequest and EtcdCPURequest are the control plane's
+	// static pods' CPU requests, which set their CPU weights inside the
+	// guest; ControlPlaneSystemCPUWeight is the control-plane node's
+	// system.slice weight (the kubelet, containerd and its shims). Empty
+	// keeps the template's (kubeadm's 250m and 100m, systemd's 100).
+	APIServerCPURequest, EtcdCPURequest, ControlPlaneSystemCPUWeight string
 	// WorkerMaxSurge and WorkerMaxUnavailable are the MachineDeployment's
 	// rolling update; empty keeps Cluster API's (1 and 0).
 	WorkerMaxSurge, WorkerMaxUnavailable string
@@ -166,6 +172,9 @@ func ClusterVariables(o ClusterOptions, imgs ClusterImages) map[string]string {
 		"LIBVIRT_ETCD_ELECTION_TIMEOUT_MS":            o.EtcdElectionTimeoutMS,
 		"LIBVIRT_WORKER_MAX_SURGE":                    o.WorkerMaxSurge,
 		"LIBVIRT_WORKER_MAX_UNAVAILABLE":              o.WorkerMaxUnavailable,
+		"LIBVIRT_API_SERVER_CPU_REQUEST":              o.APIServerCPURequest,
+		"LIBVIRT_ETCD_CPU_REQUEST":                    o.EtcdCPURequest,
+		"LIBVIRT_CONTROL_PLANE_SYSTEM_CPU_WEIGHT":     o.ControlPlaneSystemCPUWeight,
 	} {
 		if value != "" {
 			vars[name] = value
@@ -260,9 +269,10 @@ func decodeObjects(data []byte) ([]*unstructured.Unstructured, error) {
 // leader election (none for one control-plane machine) and static pod
 // probes that survive an API server answering in tens of seconds and
 // probe it less often, node heartbeats allowed to come late, and an etcd
-// that does not wait for the disk. Set ControlPlane first. CPU weights
-// stay the host's: weighted 4:1 the control plane kept more CPU
-// while a worker joined, but `make up` took 24m43s instead of 14m34s.
+// that does not wait for the disk, CPU for the control plane first: on
+// the host (its VM weighted 4:1 over workers) and inside it (the API
+// server and etcd over the node agent and runtime). Set ControlPlane
+// first.
 func (o ClusterOptions) TCGTuning() ClusterOptions {
 	o.TCGCacheMiB = NodeTCGCacheMiB
 	o.WorkerCPUs = 1
@@ -290,6 +300,17 @@ func (o ClusterOptions) TCGTuning() ClusterOptions {
 	// the old worker: on a 2-core host it starved the control plane until
 	// its node went Unknown (docs/upgrades.md). Replace, do not double.
 	o.WorkerMaxSurge, o.WorkerMaxUnavailable = "0", "1"
+	// On a slow host the control plane's new API server never finished
+	// starting: its start-up hooks' TLS handshakes with itself waited on a
+	// guest CPU that the kubelet, containerd, its shims and the scheduler
+	// took first, the hooks gave up and the server exited, again and
+	// again; weighted, it started within a minute (docs/tcg.md). On the
+	// host, a worker booting beside a loaded control plane starved it
+	// until its API server stopped answering (CI, 2026-11-29): weighted
+	// 4:1 the control plane keeps most of the host while a worker joins,
+	// which then takes longer (docs/tcg.md).
+	o.APIServerCPURequest, o.EtcdCPURequest, o.ControlPlaneSystemCPUWeight = "1", "300m", "25"
+	o.ControlPlaneCPUShares, o.WorkerCPUShares = 4096, 1024
 	return o
 }
 

@@ -162,21 +162,26 @@ func TestRenderCluster(t *testing.T) {
 		}
 	}
 
-	// CPU weights are not TCG tuning; set, they reach both machine templates.
-	weighted := o
-	weighted.ControlPlaneCPUShares, weighted.WorkerCPUShares = 4096, 1024
-	objs, err = RenderCluster(weighted, ClusterVariables(weighted, imgs))
-	if err != nil {
-		t.Fatal(err)
-	}
+	// CPU for the control plane first: on the host, its VM weighted 4:1
+	// over the workers'; inside it, the API server and etcd over
+	// system.slice.
 	wantShares := map[string]int64{"k8s-control-plane": 4096, "k8s-md-0": 1024}
-	for _, u := range objs {
-		if u.GetKind() != "LibvirtMachineTemplate" {
-			continue
+	for name, want := range wantShares {
+		if shares, _, _ := unstructured.NestedInt64(kinds["LibvirtMachineTemplate/"+name].Object, "spec", "template", "spec", "cpuShares"); shares != want {
+			t.Errorf("TCG %s: cpuShares %d, want %d", name, shares, want)
 		}
-		if shares, _, _ := unstructured.NestedInt64(u.Object, "spec", "template", "spec", "cpuShares"); shares != wantShares[u.GetName()] {
-			t.Errorf("%s: cpuShares %d, want %d", u.GetName(), shares, wantShares[u.GetName()])
+	}
+	for patch, want := range map[string]string{
+		"/etc/kubernetes/patches/kube-apiserver0+strategic.yaml": "resources:\n      requests:\n        cpu: \"1\"\n",
+		"/etc/kubernetes/patches/etcd0+strategic.yaml":           "resources:\n      requests:\n        cpu: \"300m\"\n",
+	} {
+		if got := renderedFile(t, kinds["KubeadmControlPlane/k8s-control-plane"], []string{"spec", "kubeadmConfigSpec", "files"}, patch); !strings.Contains(got, want) {
+			t.Errorf("TCG %s %q, want %q", patch, got, want)
 		}
+	}
+	pre, _, _ := unstructured.NestedStringSlice(kinds["KubeadmControlPlane/k8s-control-plane"].Object, "spec", "kubeadmConfigSpec", "preKubeadmCommands")
+	if len(pre) == 0 || pre[0] != "systemctl set-property --runtime system.slice CPUWeight=25" {
+		t.Errorf("TCG control plane's preKubeadmCommands %q, want system.slice weighted 25 first", pre)
 	}
 
 	o.ImageDir = t.TempDir()

@@ -34,12 +34,12 @@ func TestRenderTopologyCluster(t *testing.T) {
 	upstream := `{"etcd": {"unsafeNoFsync": false, "progressNotifyInterval": "5s", "heartbeatIntervalMS": 100, "electionTimeoutMS": 1000},
 		"leaderElection": {"enabled": true, "leaseDuration": "15s", "renewDeadline": "10s"}, "nodeMonitorGracePeriod": "50s",
 		"probes": {"timeoutSeconds": 15, "livenessFailureThreshold": 8, "startupFailureThreshold": 24, "apiServerReadinessPeriodSeconds": 1},
-		"coreDNSReplicas": 2}`
+		"coreDNSReplicas": 2, "cpu": {"apiServerRequest": "250m", "etcdRequest": "100m", "systemWeight": 100}}`
 	tcgTuning := func(leaderElect bool) string {
 		return fmt.Sprintf(`{"etcd": {"unsafeNoFsync": true, "progressNotifyInterval": "60s", "heartbeatIntervalMS": 500, "electionTimeoutMS": 5000},
 		"leaderElection": {"enabled": %v, "leaseDuration": "180s", "renewDeadline": "150s"}, "nodeMonitorGracePeriod": "2m",
 		"probes": {"timeoutSeconds": 60, "livenessFailureThreshold": 60, "startupFailureThreshold": 120, "apiServerReadinessPeriodSeconds": 10},
-		"coreDNSReplicas": 1}`, leaderElect)
+		"coreDNSReplicas": 1, "cpu": {"apiServerRequest": "1", "etcdRequest": "300m", "systemWeight": 25}}`, leaderElect)
 	}
 	tests := []struct {
 		name         string
@@ -59,6 +59,7 @@ func TestRenderTopologyCluster(t *testing.T) {
 		name: "TCG, one control-plane machine", o: tcg, controlPlane: 1, workers: 0,
 		variables: map[string]string{
 			"domainType": `"qemu"`, "tcgTranslationCacheMiB": "1024", "workerCPUs": "1", "controlPlaneTuning": tcgTuning(false),
+			"controlPlaneCPUShares": "4096", "workerCPUShares": "1024",
 		},
 	}, {
 		name: "TCG, three control-plane machines", o: tcg3, controlPlane: 3, workers: 0,

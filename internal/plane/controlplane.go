@@ -60,12 +60,14 @@ type controlPlaneSpec struct {
 
 // startControlPlane runs etcd, then kube-apiserver, each started once
 // the previous answers, and returns when the API server is ready.
-func startControlPlane(ctx context.Context, spec controlPlaneSpec) (cp *controlPlane, err error) {
+func startControlPlane(ctx context.Context, spec controlPlaneSpec) (_ *controlPlane, err error) {
 	workDir, err := os.MkdirTemp("", "capl-control-plane-")
 	if err != nil {
 		return nil, err
 	}
-	cp = &controlPlane{workDir: workDir}
+	// Not the named result: a failed start returns nil, and the deferred
+	// stop must still see what it started.
+	cp := &controlPlane{workDir: workDir}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, cp.stop())
