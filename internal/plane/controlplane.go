@@ -65,10 +65,12 @@ func startControlPlane(ctx context.Context, spec controlPlaneSpec) (cp *controlP
 	if err != nil {
 		return nil, err
 	}
-	cp = &controlPlane{workDir: workDir}
+	// Stopped through its own variable: a failed start returns a nil cp.
+	started := &controlPlane{workDir: workDir}
+	cp = started
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, cp.stop())
+			err = errors.Join(err, started.stop())
 		}
 	}()
 	etcd, err := cp.startEtcd(ctx, spec)
