@@ -89,9 +89,11 @@ func verbOf(r *http.Request) string {
 		if q.Get("watch") == "true" || q.Get("watch") == "1" {
 			return "WATCH"
 		}
-		// A collection's path ends in its resource: /api/v1/namespaces/ns/secrets.
+		// A collection's path ends in its resource: api/v1/secrets,
+		// api/v1/namespaces/ns/secrets (odd), apis/g/v/machines,
+		// apis/g/v/namespaces/ns/machines (even).
 		parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
-		if len(parts)%2 == 0 && parts[0] == "api" || len(parts)%2 == 1 && parts[0] == "apis" {
+		if len(parts) >= 3 && (len(parts)%2 == 1 && parts[0] == "api" || len(parts)%2 == 0 && parts[0] == "apis") {
 			return "LIST"
 		}
 		return "GET"

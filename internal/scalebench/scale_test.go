@@ -265,6 +265,19 @@ func runSize(t *testing.T, n int, dir string) (Result, error) {
 		return len(r.provisioned) >= n, fmt.Sprintf("%d of %d provisioned", len(r.provisioned), n)
 	})
 	if err != nil {
+		// What was done until then, for the record.
+		if partial, serr := r.snapshot(); serr == nil {
+			p := phase(before, partial, maxRSS)
+			r.mu.Lock()
+			done := len(r.provisioned)
+			r.mu.Unlock()
+			data, _ := json.MarshalIndent(struct {
+				Provisioned int   `json:"provisioned"`
+				Phase       Phase `json:"phase"`
+			}{done, p}, "", "  ")
+			_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("partial-create-%d.json", n)), data, 0o644)
+			r.t.Logf("N=%d: unfinished creation: %s", n, data)
+		}
 		return res, err
 	}
 	created, err := r.snapshot()
