@@ -181,6 +181,18 @@ fuzz: ## Fuzz the image header inspection (FuzzInspect) for FUZZTIME (60s): noth
 bench: envtest images ## Benchmarks of the libvirt engine; prints figures.
 	$(TEST_ENV) go test -run '^$$' -bench . -benchtime=5x ./pkg/...
 
+# Machines of make bench-scale: it measures 100, 300 and N machines (those
+# of 100 and 300 below N); SCALE_ARGS adds flags of the benchmark
+# (-scale.sizes=, -scale.boot=, -scale.rest=, ...: internal/scalebench).
+N ?= 1000
+SCALE_ARGS ?=
+
+.PHONY: bench-scale
+bench-scale: envtest ## Outside CI: the manager at 100, 300 and N (1000) machines on a simulated libvirt host, with a real kube-apiserver, etcd and Cluster API's core controllers: creation rate and latency, CPU and memory at rest, API requests, libvirt calls, deletion; table and SVG plots in $(ARTIFACTS)/scale (docs/performance.md).
+	@mkdir -p $(ARTIFACTS)/scale
+	KUBEBUILDER_ASSETS="$$(hack/envtest.sh)" CAPL_SCALE_ARTIFACTS=$(ARTIFACTS)/scale \
+		go test -tags scale -count=1 -timeout=6h -v -run '^TestScale$$' ./internal/scalebench/ -args -scale.n=$(N) $(SCALE_ARGS)
+
 .PHONY: bench-tcg
 bench-tcg: envtest images ## Guest CPU models under TCG: boot time and in-guest throughput per model (docs/tcg.md).
 	$(TEST_ENV) CAPL_BENCH_TCG=1 go test -count=1 -timeout=60m -run '^$$' -bench BenchmarkTCGGuestCPU -benchtime=1x ./pkg/virt/
@@ -227,6 +239,7 @@ verify: generate $(KUSTOMIZE) ## Fail when generated files are stale, code is no
 	@out=$$(gofmt -l $$(git ls-files '*.go')); test -z "$$out" || { echo "not gofmt'ed: $$out" >&2; exit 1; }
 	go vet ./...
 	go vet -tags e2e ./e2e/...
+	go vet -tags scale ./internal/scalebench/
 	go vet -tags image ./images/manager/
 	go vet -tags release ./config/
 	cd images/oci && go vet ./...
