@@ -71,23 +71,6 @@ func WithListTimeout(d time.Duration) Option {
 	return func(l *Ledger) { l.listTimeout = d }
 }
 
-// DefaultListMaxAge is how old a host's listing may be for an admission
-// to count against it instead of listing the host again. Listing a host
-// reads every domain, network and volume on it, so a listing per
-// admission made creating N machines cost O(N²) libvirt work (docs/
-// performance.md); within this age the admissions share one listing.
-// What the manager admitted since counts from its admission (pending),
-// so a listing that predates an admitted object's domain under-counts
-// nothing of it.
-const DefaultListMaxAge = 30 * time.Second
-
-// WithListMaxAge sets how old a host's listing an admission takes
-// without listing the host again (DefaultListMaxAge without it); 0 lists
-// the host on every admission.
-func WithListMaxAge(d time.Duration) Option {
-	return func(l *Ledger) { l.listMaxAge = d }
-}
-
 // hostListing is what the ledger knows of one host's listing.
 type hostListing struct {
 	mu sync.Mutex
@@ -99,8 +82,6 @@ type hostListing struct {
 	// runs. One listing per host runs at a time, however many
 	// admissions wait for it.
 	running chan struct{}
-	// listedAt is when the listing of last began.
-	listedAt time.Time
 }
 
 // Ledger admits machines and clusters within a namespace's totals. It
@@ -131,7 +112,6 @@ type Ledger struct {
 
 	shared      func(uri string) bool
 	listTimeout time.Duration
-	listMaxAge  time.Duration
 }
 
 // NewLedger returns a ledger for limits; api should read the API server
@@ -139,8 +119,7 @@ type Ledger struct {
 func NewLedger(limits tenancy.Limits, api client.Reader, hosts Hosts, opts ...Option) *Ledger {
 	l := &Ledger{limits: limits, api: api, hosts: hosts,
 		locks: map[string]*sync.Mutex{}, admitted: map[string]map[string]bool{},
-		listings: map[string]*hostListing{}, namedBy: map[string]map[string]bool{},
-		listTimeout: DefaultListTimeout, listMaxAge: DefaultListMaxAge}
+		listings: map[string]*hostListing{}, namedBy: map[string]map[string]bool{}, listTimeout: DefaultListTimeout}
 	for _, o := range opts {
 		o(l)
 	}
@@ -336,15 +315,9 @@ func (l *Ledger) countsFor(uri, ns string) bool {
 }
 
 // listOne returns the listing of the host at uri (h; nil for a host the
-// manager closed): its last one while it is younger than the list max
-// age, else a new one, waited for at most the list timeout; its last
+// manager closed), waiting at most the list timeout for it; its last
 // listing when it does not answer in time or fails.
 func (l *Ledger) listOne(ctx context.Context, uri string, h Lister) (listing, error) {
-	return l.listOneWithin(ctx, uri, h, l.listMaxAge)
-}
-
-// listOneWithin is listOne taking a listing younger than maxAge.
-func (l *Ledger) listOneWithin(ctx context.Context, uri string, h Lister, maxAge time.Duration) (listing, error) {
 	hl := l.hostListing(uri)
 	hl.mu.Lock()
 	if h == nil {
@@ -352,10 +325,6 @@ func (l *Ledger) listOneWithin(ctx context.Context, uri string, h Lister, maxAge
 		if hl.last == nil {
 			return listing{}, errors.New("the host was closed before it was ever listed")
 		}
-		return *hl.last, nil
-	}
-	if hl.last != nil && hl.err == nil && maxAge > 0 && time.Since(hl.listedAt) < maxAge {
-		defer hl.mu.Unlock()
 		return *hl.last, nil
 	}
 	done := hl.running
@@ -392,13 +361,12 @@ func (l *Ledger) listOneWithin(ctx context.Context, uri string, h Lister, maxAge
 // list lists h in the background, bounded by listBound, keeps the
 // result, and closes done.
 func (hl *hostListing) list(h Lister, done chan struct{}) {
-	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), listBound)
 	got, err := listHost(ctx, h)
 	cancel()
 	hl.mu.Lock()
 	if hl.err = err; err == nil {
-		hl.last, hl.listedAt = &got, began
+		hl.last = &got
 	}
 	hl.running = nil
 	hl.mu.Unlock()
@@ -424,7 +392,7 @@ func (l *Ledger) Retire(ctx context.Context, uri string, h Lister) {
 	if !l.Enabled() {
 		return
 	}
-	if _, err := l.listOneWithin(ctx, uri, h, 0); err != nil {
+	if _, err := l.listOne(ctx, uri, h); err != nil {
 		ctrl.LoggerFrom(ctx).Info("A closed libvirt host's last listing is missing: what is left there is not counted", "host", uri, "reason", err.Error())
 	}
 }
