@@ -93,19 +93,16 @@ func newReport() *report { return &report{Started: time.Now()} }
 
 // phase starts a named phase of the timeline; calling the result ends it.
 func (r *report) phase(name string) func() {
-	start := time.Now()
-	return func() {
-		d := time.Since(start)
-		r.mu.Lock()
-		r.Phases = append(r.Phases, phaseTiming{Name: name, Start: start, Duration: d, Seconds: d.Seconds()})
-		r.mu.Unlock()
-	}
+	return r.phaseSince(name, time.Now())
 }
 
-// phaseSince is phase for a phase that began at start.
+// phaseSince is phase for a phase that began at start. Each phase is also
+// printed as it ends, with the time of day, so that a run cut short by
+// its timeout still tells where its time went.
 func (r *report) phaseSince(name string, start time.Time) func() {
 	return func() {
 		d := time.Since(start)
+		fmt.Printf("%s e2e phase %q took %s\n", time.Now().Format(time.TimeOnly), name, d.Round(time.Second))
 		r.mu.Lock()
 		r.Phases = append(r.Phases, phaseTiming{Name: name, Start: start, Duration: d, Seconds: d.Seconds()})
 		r.mu.Unlock()

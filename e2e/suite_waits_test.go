@@ -75,7 +75,7 @@ func (s *suite) pollEvery(t *testing.T, what string, timeout, interval time.Dura
 			return nil
 		}
 		if status != last && status != "" {
-			t.Logf("waiting for %s: %s", what, status)
+			t.Logf("%s waiting for %s: %s", time.Now().Format(time.TimeOnly), what, status)
 			last = status
 		}
 		if time.Now().After(deadline) || s.ctx.Err() != nil {

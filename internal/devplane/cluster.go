@@ -58,6 +58,10 @@ type ClusterOptions struct {
 	// cache (ignored for kvm).
 	DomainType  string
 	TCGCacheMiB int32
+	// CPUModel, when set, gives every VM of the cluster (its machines and
+	// its HAProxy VM) cpuMode custom with this model instead of the domain
+	// type's default CPU mode; empty keeps the default.
+	CPUModel string
 	// WorkerCPUs overrides the template's worker vCPUs when set.
 	WorkerCPUs int32
 	// ControlPlaneCPUShares and WorkerCPUShares are the machines' CPU
@@ -113,6 +117,17 @@ type ClusterOptions struct {
 // plane's cache filled and was flushed every two minutes, costing a tenth
 // more CPU at rest (docs/tcg.md); 2048 MiB measured no better.
 const NodeTCGCacheMiB = 1024
+
+// TCGCPUModel is the guest CPU model of the TCG profile. Under maximum, Go's
+// crypto and runtime take the code paths of every feature TCG emulates
+// (SHA-NI, BMI2, ADX, AVX2), which on some hosts cost several times what
+// Westmere's plainer paths do: on the 2-core host of 2026-11-29 a guest did
+// 56 TLS handshakes a second under Westmere and 17 under maximum, and 6 471
+// JSON round trips against 4 550; on the host of 2026-11-25 the two were
+// even but for Go's SHA-256 (docs/tcg.md). Westmere (x86-64-v2 with AES-NI)
+// boots the node and HAProxy images; distributions built for x86-64-v3 need
+// maximum.
+const TCGCPUModel = "Westmere"
 
 // NodeImageFileFor is the file name of `make node-image` for a Kubernetes
 // version.
@@ -211,7 +226,39 @@ func RenderCluster(o ClusterOptions, vars map[string]string) ([]*unstructured.Un
 	if err != nil {
 		return nil, err
 	}
-	return append(objs, cluster...), nil
+	objs = append(objs, cluster...)
+	if o.CPUModel != "" {
+		if err := setCPUModel(objs, o.CPUModel); err != nil {
+			return nil, err
+		}
+	}
+	return objs, nil
+}
+
+// hardwarePaths are where each kind of objs holds a VM's hardware
+// (infrav1.VirtualHardware, inlined).
+var hardwarePaths = map[string][]string{
+	"LibvirtMachineTemplate": {"spec", "template", "spec"},
+	"LibvirtCluster":         {"spec", "loadBalancer"},
+	"LibvirtClusterTemplate": {"spec", "template", "spec", "loadBalancer"},
+}
+
+// setCPUModel gives every VM hardware of objs cpuMode custom with model. It
+// is not a template variable because the default it replaces depends on the
+// domain type, which a template variable's default cannot.
+func setCPUModel(objs []*unstructured.Unstructured, model string) error {
+	for _, u := range objs {
+		path, ok := hardwarePaths[u.GetKind()]
+		if !ok || u.GetAPIVersion() != infrav1.GroupVersion.String() {
+			continue
+		}
+		for field, value := range map[string]string{"cpuMode": string(infrav1.CPUModeCustom), "cpuModel": model} {
+			if err := unstructured.SetNestedField(u.Object, value, append(slices.Clone(path), field)...); err != nil {
+				return fmt.Errorf("%s %s: %w", u.GetKind(), u.GetName(), err)
+			}
+		}
+	}
+	return nil
 }
 
 // renderFile renders the YAML file at path with vars (RenderCluster).
@@ -264,7 +311,7 @@ func decodeObjects(data []byte) ([]*unstructured.Unstructured, error) {
 }
 
 // TCGTuning is what ClusterOptions change for a host without usable KVM:
-// a large translation cache, 1-vCPU workers (a 2-core host keeps a core
+// a large translation cache, a plainer guest CPU model (TCGCPUModel), 1-vCPU workers (a 2-core host keeps a core
 // for the control plane), workers staged after the control plane, a
 // leader election (none for one control-plane machine) and static pod
 // probes that survive an API server answering in tens of seconds and
@@ -275,6 +322,7 @@ func decodeObjects(data []byte) ([]*unstructured.Unstructured, error) {
 // first.
 func (o ClusterOptions) TCGTuning() ClusterOptions {
 	o.TCGCacheMiB = NodeTCGCacheMiB
+	o.CPUModel = TCGCPUModel
 	o.WorkerCPUs = 1
 	o.StagedWorkers = true
 	o.LeaderElectLease, o.LeaderElectRenew = "180s", "150s"

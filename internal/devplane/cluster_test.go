@@ -89,6 +89,17 @@ func TestRenderCluster(t *testing.T) {
 			t.Errorf("%s: image volume %q, domainType %q, tcg cache %d; want %v", name, vol, dt, tcg, want)
 		}
 	}
+	for name, path := range map[string][]string{
+		"LibvirtMachineTemplate/k8s-control-plane": {"spec", "template", "spec"},
+		"LibvirtMachineTemplate/k8s-md-0":          {"spec", "template", "spec"},
+		"LibvirtCluster/k8s":                       {"spec", "loadBalancer"},
+	} {
+		mode, _, _ := unstructured.NestedString(kinds[name].Object, append(path, "cpuMode")...)
+		model, _, _ := unstructured.NestedString(kinds[name].Object, append(path, "cpuModel")...)
+		if mode != "custom" || model != TCGCPUModel {
+			t.Errorf("%s: cpuMode %q, cpuModel %q; want TCG's custom %s", name, mode, model, TCGCPUModel)
+		}
+	}
 	lb, _, _ := unstructured.NestedString(kinds["LibvirtCluster/k8s"].Object, "spec", "loadBalancer", "image", "volume", "name")
 	pool, _, _ := unstructured.NestedString(kinds["LibvirtCluster/k8s"].Object, "spec", "storagePool", "path")
 	if lb != imgs.LoadBalancer.Volume || pool != "/var/lib/libvirt/capl-team-a" {

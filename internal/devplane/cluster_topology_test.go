@@ -48,6 +48,8 @@ func TestRenderTopologyCluster(t *testing.T) {
 		workers      int64
 		// variables are the topology variables expected, as JSON.
 		variables map[string]string
+		// cpuModel is the class's VMs' custom CPU model; empty: none set.
+		cpuModel string
 	}{{
 		name: "defaults", o: base, controlPlane: 1, workers: 1,
 		variables: map[string]string{
@@ -61,9 +63,11 @@ func TestRenderTopologyCluster(t *testing.T) {
 			"domainType": `"qemu"`, "tcgTranslationCacheMiB": "1024", "workerCPUs": "1", "controlPlaneTuning": tcgTuning(false),
 			"controlPlaneCPUShares": "4096", "workerCPUShares": "1024",
 		},
+		cpuModel: TCGCPUModel,
 	}, {
 		name: "TCG, three control-plane machines", o: tcg3, controlPlane: 3, workers: 0,
 		variables: map[string]string{"controlPlaneTuning": tcgTuning(true)},
+		cpuModel:  TCGCPUModel,
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -110,6 +114,17 @@ func TestRenderTopologyCluster(t *testing.T) {
 				}
 				if !reflect.DeepEqual(vars[name], want) {
 					t.Errorf("variable %s = %v, want %v", name, vars[name], want)
+				}
+			}
+			for _, u := range objs {
+				path, ok := hardwarePaths[u.GetKind()]
+				if !ok {
+					continue
+				}
+				model, _, _ := unstructured.NestedString(u.Object, append(path, "cpuModel")...)
+				mode, _, _ := unstructured.NestedString(u.Object, append(path, "cpuMode")...)
+				if model != tt.cpuModel || (model != "") != (mode == "custom") {
+					t.Errorf("%s %s: cpuMode %q, cpuModel %q; want model %q", u.GetKind(), u.GetName(), mode, model, tt.cpuModel)
 				}
 			}
 			// The class is rendered with the same variables: its kubeadm retry
