@@ -166,44 +166,76 @@ func stopLibvirtd(t *testing.T) (pid int, startAgain func()) {
 	}
 }
 
-// deleteClusterWhileCreating scales the workers up and deletes the whole
-// Cluster while the new machines are being created; every object and
-// every libvirt object of the cluster must go.
+// deleteClusterWhileCreating deletes the whole Cluster while two new
+// machines are being created; every object and libvirt object must go.
 func (s *suite) deleteClusterWhileCreating(t *testing.T) {
 	phase, deletion := "delete the cluster while machines are being created", "cluster deleted → every object and libvirt object gone"
 	if !*standIn {
-		phase, deletion = kubeadmPhasePrefix+"scale workers to 3 and delete the cluster while 2 are being created", kubeadmPhasePrefix+deletion
+		phase, deletion = kubeadmPhasePrefix+"create 2 machines and delete the cluster while they are being created", kubeadmPhasePrefix+deletion
 	}
 	defer s.rep.phase(phase)()
+	creating := s.startCreatingMachines(t)
+	// Mid-creation: as soon as libvirt holds something of a new machine
+	// (its DHCP reservation, then its root disk), well before its guest
+	// could have booted.
+	const startTimeout = 5 * time.Minute
+	deadline := time.Now().Add(startTimeout)
+	for started := false; !started; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no new machine got an address reservation or a root disk in %s: %s", startTimeout, strings.Join(creationStates(creating()), "; "))
+		}
+		for _, lm := range creating() {
+			if isTrue(lm, infrav1.AddressReservedCondition) || isTrue(lm, infrav1.DiskReadyCondition) {
+				started = true
+			}
+		}
+	}
+	for _, st := range creationStates(creating()) {
+		t.Logf("deleting the cluster while %s", st)
+	}
+	defer s.rep.phase(deletion)()
+	s.deleteCluster(t)
+}
+
+// startCreatingMachines starts two new machines of the cluster under test
+// and returns what reads their LibvirtMachines. The stand-in's workers are
+// scaled up. Under kubeadm a scaled-up worker would wait for its bootstrap
+// data, which needs a join token from the workload cluster's API server: a
+// saturated TCG control plane gave none in 5 minutes (2026-11-27), and the
+// wait held CI's run past its limit. Extra machines carry their bootstrap
+// data already and are created at once; Cluster API deletes them with the
+// cluster as it deletes its MachineDeployments' machines.
+func (s *suite) startCreatingMachines(t *testing.T) func() map[string]*infrav1.LibvirtMachine {
+	if !*standIn {
+		names := []string{extraPrefix + "creating-1", extraPrefix + "creating-2"}
+		for _, name := range names {
+			s.createExtraMachine(t, name, nil)
+		}
+		return func() map[string]*infrav1.LibvirtMachine {
+			out := map[string]*infrav1.LibvirtMachine{}
+			for _, name := range names {
+				if lm := s.lm(name); lm != nil {
+					out[name] = lm
+				}
+			}
+			return out
+		}
+	}
 	before := s.workerMachines(t)
 	s.setWorkers(t, 3)
 	s.waitFor(t, "new worker machines to be created", 5*time.Minute, func() (bool, string) {
 		n := len(s.workerMachines(t))
 		return n >= 3, fmt.Sprintf("%d worker LibvirtMachines", n)
 	})
-	// Mid-creation: as soon as libvirt holds something of a new machine
-	// (its DHCP reservation, then its root disk), well before its guest
-	// could have booted.
-	// Under kubeadm a machine waits for its bootstrap data, which needs the
-	// workload cluster's API server for a join token: a saturated TCG
-	// control plane gave none in 5 minutes (2026-11-27).
-	const startTimeout = 12 * time.Minute
-	deadline := time.Now().Add(startTimeout)
-	for started := false; !started; time.Sleep(100 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no new worker got an address reservation or a root disk in %s: %s", startTimeout, strings.Join(s.newWorkerStates(t, before), "; "))
-		}
+	return func() map[string]*infrav1.LibvirtMachine {
+		out := map[string]*infrav1.LibvirtMachine{}
 		for name, lm := range s.workerMachines(t) {
-			if before[name] == nil && (isTrue(lm, infrav1.AddressReservedCondition) || isTrue(lm, infrav1.DiskReadyCondition)) {
-				started = true
+			if before[name] == nil {
+				out[name] = lm
 			}
 		}
+		return out
 	}
-	for _, st := range s.newWorkerStates(t, before) {
-		t.Logf("deleting the cluster while %s", st)
-	}
-	defer s.rep.phase(deletion)()
-	s.deleteCluster(t)
 }
 
 // deleteCluster deletes the cluster under test and waits until it is gone
@@ -216,17 +248,14 @@ func (s *suite) deleteCluster(t *testing.T) {
 	s.waitClusterGone(t)
 }
 
-// newWorkerStates tells where the creation of each worker not in before
-// stands.
-func (s *suite) newWorkerStates(t *testing.T, before map[string]*infrav1.LibvirtMachine) []string {
+// creationStates tells where the creation of each machine stands.
+func creationStates(machines map[string]*infrav1.LibvirtMachine) []string {
 	var out []string
-	for name, lm := range s.workerMachines(t) {
-		if before[name] == nil {
-			st, reason, _ := condition(lm, infrav1.DomainReadyCondition)
-			ast, areason, _ := condition(lm, infrav1.AddressReservedCondition)
-			dst, dreason, _ := condition(lm, infrav1.DiskReadyCondition)
-			out = append(out, fmt.Sprintf("%s is at AddressReserved %s/%s, DiskReady %s/%s, DomainReady %s/%s", name, ast, areason, dst, dreason, st, reason))
-		}
+	for name, lm := range machines {
+		st, reason, _ := condition(lm, infrav1.DomainReadyCondition)
+		ast, areason, _ := condition(lm, infrav1.AddressReservedCondition)
+		dst, dreason, _ := condition(lm, infrav1.DiskReadyCondition)
+		out = append(out, fmt.Sprintf("%s is at AddressReserved %s/%s, DiskReady %s/%s, DomainReady %s/%s", name, ast, areason, dst, dreason, st, reason))
 	}
 	slices.Sort(out)
 	return out
