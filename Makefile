@@ -125,12 +125,12 @@ E2E_TIMEOUT ?= 60m
 TEST_E2E_ENV ?=
 
 .PHONY: test-e2e
-test-e2e: envtest images node-image build clusterctl image-current ## End-to-end on real VMs: a kubeadm cluster from the template (nodes Ready with our providerIDs, CNI, a Service by DNS, the manager image of make image pulled through the plane's registry, contract, guests, bad input, manager kills, a libvirtd restart, deletion while creating, leak checks); report in $(ARTIFACTS).
+test-e2e: envtest images node-image build clusterctl image-current ## End-to-end on real VMs: a kubeadm cluster from the template (nodes Ready with our providerIDs, CNI, a Service by DNS, contract, guests, bad input, manager kills, a libvirtd restart, deletion while creating, leak checks); report in $(ARTIFACTS).
 	$(TEST_ENV) CAPL_E2E_ARTIFACTS=$(ARTIFACTS) CAPL_E2E_BIN=$(BIN) CAPL_TEST_MANAGER_IMAGE_DIR=$(MANAGER_IMAGE_DIR)/oci $(TEST_E2E_ENV) \
 		go test -tags e2e -count=1 -timeout=$(E2E_TIMEOUT) -v ./e2e/ -args $(E2E_ARGS)
 
 .PHONY: test-e2e-kubeadm
-test-e2e-kubeadm: ## test-e2e plus MachineHealthCheck remediation and worker scaling 1 → 2 → 1 (outside CI: a third TCG guest next to two starves a 2-core host).
+test-e2e-kubeadm: ## test-e2e plus the manager image of make image pulled through the plane's registry, MachineHealthCheck remediation and worker scaling 1 → 2 → 1 (outside CI: a third TCG guest next to two starves a 2-core host).
 	$(MAKE) test-e2e E2E_TIMEOUT=150m E2E_ARGS="-e2e.lifecycle $(E2E_ARGS)"
 
 .PHONY: test-e2e-multihost

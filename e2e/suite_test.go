@@ -28,7 +28,7 @@ import (
 var (
 	killRounds = flag.Int("e2e.kill-rounds", 3, "rounds of killing the manager during a machine's creation and deletion")
 	standIn    = flag.Bool("e2e.stand-in", false, "run the checks and faults against the stand-in cluster of devplane.Demo, whose guests run no Kubernetes (`make test-soak`), instead of a kubeadm cluster from the template (CI: `make test-e2e`)")
-	lifecycle  = flag.Bool("e2e.lifecycle", false, "add MachineHealthCheck remediation and worker scaling 1 → 2 → 1 to the kubeadm scenario (`make test-e2e-kubeadm`)")
+	lifecycle  = flag.Bool("e2e.lifecycle", false, "add the manager image pulled through the plane's registry, MachineHealthCheck remediation and worker scaling 1 → 2 → 1 to the kubeadm scenario (`make test-e2e-kubeadm`)")
 	soak       = flag.Bool("e2e.soak", false, "size the stand-in cluster 3 + 2 and add worker scaling with batch figures (`make test-soak`)")
 	multiHost  = flag.Bool("e2e.multihost", false, "a kubeadm cluster over two libvirt hosts of hack/testbed-hosts.sh instead: placement, a Service across hosts, a host's libvirtd stopped and back, deletion (`make test-e2e-multihost`)")
 	moveFlag   = flag.Bool("e2e.move", false, "bootstrap and pivot instead: a kubeadm cluster moved by the real clusterctl to a second plane, the first plane taken down, workers scaled from the second, a host power cut (`make test-e2e-move`)")

@@ -79,7 +79,9 @@ func (f *clusterFlags) demoOptions(c devplane.DomainChoice) devplane.DemoOptions
 }
 
 // clusterOptions are the Kubernetes cluster's options. The template sets
-// no CPU mode: the provider's default per domain type applies.
+// no CPU mode: the provider's default per domain type applies, but for the
+// TCG profile's plainer model (devplane.TCGCPUModel); --cpu-mode shapes the
+// stand-in cluster only.
 //
 // A relative --node-image is made absolute here, the one place up,
 // create cluster, doctor and render take it from: libvirt imports the

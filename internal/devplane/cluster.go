@@ -317,7 +317,7 @@ func decodeObjects(data []byte) ([]*unstructured.Unstructured, error) {
 // probes that survive an API server answering in tens of seconds and
 // probe it less often, node heartbeats allowed to come late, and an etcd
 // that does not wait for the disk, CPU for the control plane first: on
-// the host (its VM weighted 4:1 over workers) and inside it (the API
+// the host (its VM weighted 2:1 over workers) and inside it (the API
 // server and etcd over the node agent and runtime). Set ControlPlane
 // first.
 func (o ClusterOptions) TCGTuning() ClusterOptions {
@@ -355,10 +355,11 @@ func (o ClusterOptions) TCGTuning() ClusterOptions {
 	// again; weighted, it started within a minute (docs/tcg.md). On the
 	// host, a worker booting beside a loaded control plane starved it
 	// until its API server stopped answering (CI, 2026-11-29): weighted
-	// 4:1 the control plane keeps most of the host while a worker joins,
-	// which then takes longer (docs/tcg.md).
+	// 2:1 the control plane keeps most of the host while a worker joins;
+	// 4:1 held the worker to a fifth of the host and its join to 22
+	// minutes on a slow host (docs/tcg.md).
 	o.APIServerCPURequest, o.EtcdCPURequest, o.ControlPlaneSystemCPUWeight = "1", "300m", "25"
-	o.ControlPlaneCPUShares, o.WorkerCPUShares = 4096, 1024
+	o.ControlPlaneCPUShares, o.WorkerCPUShares = 2048, 1024
 	return o
 }
 

@@ -125,8 +125,7 @@ func (h *harness) createMachine(name string, o machineOpts) {
 	if o.image != nil {
 		lm.Spec.Image = *o.image
 	}
-	lm.Spec.VirtualHardware = infrav1.VirtualHardware{CPUs: 1, MemoryMiB: 512, DomainType: infrav1.DomainTypeQEMU,
-		CPUMode: infrav1.CPUModeMaximum, TCGTranslationCacheMiB: 128}
+	lm.Spec.VirtualHardware = tcgHardware()
 	if o.memoryMiB != 0 {
 		lm.Spec.MemoryMiB = o.memoryMiB
 	}
