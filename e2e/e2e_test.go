@@ -87,8 +87,9 @@ func (s *suite) kubeadmScenario(t *testing.T) {
 	t.Run("kubeadm service across nodes", s.kubeadmService)
 	if *lifecycle {
 		// A 55 MB image pulled, unpacked and run on a worker that a slow
-		// TCG host gives a third of a core took more than 9 minutes of
-		// CI's 90 (2026-11-29): make test-e2e-kubeadm runs it.
+		// TCG host gives less than half a core took more than 10 minutes
+		// of CI's 90 (2026-11-29, docs/tcg.md): make test-e2e-kubeadm
+		// runs it.
 		t.Run("manager image through the plane's registry", s.managerImageFromRegistry)
 	}
 	t.Run("idle cost", s.measureIdleCost)

@@ -311,13 +311,14 @@ func decodeObjects(data []byte) ([]*unstructured.Unstructured, error) {
 }
 
 // TCGTuning is what ClusterOptions change for a host without usable KVM:
-// a large translation cache, a plainer guest CPU model (TCGCPUModel), 1-vCPU workers (a 2-core host keeps a core
-// for the control plane), workers staged after the control plane, a
+// a large translation cache, a plainer guest CPU model (TCGCPUModel),
+// 1-vCPU workers (a 2-core host keeps a core for the control plane),
+// workers staged after the control plane, a
 // leader election (none for one control-plane machine) and static pod
 // probes that survive an API server answering in tens of seconds and
 // probe it less often, node heartbeats allowed to come late, and an etcd
 // that does not wait for the disk, CPU for the control plane first: on
-// the host (its VM weighted 2:1 over workers) and inside it (the API
+// the host (its VM weighted 4:1 over workers) and inside it (the API
 // server and etcd over the node agent and runtime). Set ControlPlane
 // first.
 func (o ClusterOptions) TCGTuning() ClusterOptions {
@@ -355,11 +356,12 @@ func (o ClusterOptions) TCGTuning() ClusterOptions {
 	// again; weighted, it started within a minute (docs/tcg.md). On the
 	// host, a worker booting beside a loaded control plane starved it
 	// until its API server stopped answering (CI, 2026-11-29): weighted
-	// 2:1 the control plane keeps most of the host while a worker joins;
-	// 4:1 held the worker to a fifth of the host and its join to 22
-	// minutes on a slow host (docs/tcg.md).
+	// 4:1 the control plane keeps most of the host while a worker joins,
+	// which then takes longer; at 2:1 the join took 966 s instead of
+	// 1 334 s but CoreDNS on the starved control plane stopped answering
+	// the worker's pods (docs/tcg.md).
 	o.APIServerCPURequest, o.EtcdCPURequest, o.ControlPlaneSystemCPUWeight = "1", "300m", "25"
-	o.ControlPlaneCPUShares, o.WorkerCPUShares = 2048, 1024
+	o.ControlPlaneCPUShares, o.WorkerCPUShares = 4096, 1024
 	return o
 }
 

@@ -173,10 +173,10 @@ func TestRenderCluster(t *testing.T) {
 		}
 	}
 
-	// CPU for the control plane first: on the host, its VM weighted 2:1
+	// CPU for the control plane first: on the host, its VM weighted 4:1
 	// over the workers'; inside it, the API server and etcd over
 	// system.slice.
-	wantShares := map[string]int64{"k8s-control-plane": 2048, "k8s-md-0": 1024}
+	wantShares := map[string]int64{"k8s-control-plane": 4096, "k8s-md-0": 1024}
 	for name, want := range wantShares {
 		if shares, _, _ := unstructured.NestedInt64(kinds["LibvirtMachineTemplate/"+name].Object, "spec", "template", "spec", "cpuShares"); shares != want {
 			t.Errorf("TCG %s: cpuShares %d, want %d", name, shares, want)

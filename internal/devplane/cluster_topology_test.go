@@ -61,7 +61,7 @@ func TestRenderTopologyCluster(t *testing.T) {
 		name: "TCG, one control-plane machine", o: tcg, controlPlane: 1, workers: 0,
 		variables: map[string]string{
 			"domainType": `"qemu"`, "tcgTranslationCacheMiB": "1024", "workerCPUs": "1", "controlPlaneTuning": tcgTuning(false),
-			"controlPlaneCPUShares": "2048", "workerCPUShares": "1024",
+			"controlPlaneCPUShares": "4096", "workerCPUShares": "1024",
 		},
 		cpuModel: TCGCPUModel,
 	}, {
