@@ -48,7 +48,8 @@ func TestRenderTopologyCluster(t *testing.T) {
 		workers      int64
 		// variables are the topology variables expected, as JSON.
 		variables map[string]string
-		// cpuModel is the class's VMs' custom CPU model; empty: none set.
+		// cpuModel is the class's VMs' custom CPU model; empty: none set
+		// (RenderCluster leaves a ClusterClass's templates alone).
 		cpuModel string
 	}{{
 		name: "defaults", o: base, controlPlane: 1, workers: 1,
@@ -63,11 +64,9 @@ func TestRenderTopologyCluster(t *testing.T) {
 			"domainType": `"qemu"`, "tcgTranslationCacheMiB": "1024", "workerCPUs": "1", "controlPlaneTuning": tcgTuning(false),
 			"controlPlaneCPUShares": "4096", "workerCPUShares": "1024",
 		},
-		cpuModel: TCGCPUModel,
 	}, {
 		name: "TCG, three control-plane machines", o: tcg3, controlPlane: 3, workers: 0,
 		variables: map[string]string{"controlPlaneTuning": tcgTuning(true)},
-		cpuModel:  TCGCPUModel,
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
