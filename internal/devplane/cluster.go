@@ -58,9 +58,10 @@ type ClusterOptions struct {
 	// cache (ignored for kvm).
 	DomainType  string
 	TCGCacheMiB int32
-	// CPUModel, when set, gives every VM of the cluster (its machines and
-	// its HAProxy VM) cpuMode custom with this model instead of the domain
-	// type's default CPU mode; empty keeps the default.
+	// CPUModel, when set, gives every VM of a plain template's cluster (its
+	// machines and its HAProxy VM) cpuMode custom with this model instead
+	// of the domain type's default CPU mode; empty keeps the default, and
+	// so does a ClusterClass's cluster (RenderCluster).
 	CPUModel string
 	// WorkerCPUs overrides the template's worker vCPUs when set.
 	WorkerCPUs int32
@@ -239,12 +240,11 @@ func RenderCluster(o ClusterOptions, vars map[string]string) ([]*unstructured.Un
 	return objs, nil
 }
 
-// hardwarePaths are where each kind of objs holds a VM's hardware
-// (infrav1.VirtualHardware, inlined).
+// hardwarePaths are where each kind of a plain template's objects holds
+// a VM's hardware (infrav1.VirtualHardware, inlined).
 var hardwarePaths = map[string][]string{
 	"LibvirtMachineTemplate": {"spec", "template", "spec"},
 	"LibvirtCluster":         {"spec", "loadBalancer"},
-	"LibvirtClusterTemplate": {"spec", "template", "spec", "loadBalancer"},
 }
 
 // setCPUModel gives every VM hardware of objs cpuMode custom with model. It
