@@ -40,22 +40,31 @@ while (my $c = $s->accept) {
 // kubeadmService runs a pod on the worker and reaches it through a Service
 // from the control-plane node: kube-proxy and the CNI carry traffic across
 // nodes, and the pod resolves the kubernetes Service through cluster DNS.
+// When no worker joined (workersFit) the pod runs on the control-plane
+// node, which then reaches it through the Service on its own node.
 func (s *suite) kubeadmService(t *testing.T) {
 	s.needReady(t)
-	defer s.rep.phase("kubeadm: pod on the worker reached through a Service from the control plane")()
+	phase := "kubeadm: pod on the worker reached through a Service from the control plane"
+	if s.k8s.noWorkers {
+		phase = "kubeadm: pod on the control-plane node (no worker) reached through a Service from it"
+	}
+	defer s.rep.phase(phase)()
 	wc := s.k8s.wc
-	workers := &corev1.NodeList{}
-	s.workloadCall(t, "listing the workload cluster's nodes", func() error { return wc.List(s.ctx, workers) })
+	nodes := &corev1.NodeList{}
+	s.workloadCall(t, "listing the workload cluster's nodes", func() error { return wc.List(s.ctx, nodes) })
 	var worker, cpNode string
-	for _, n := range workers.Items {
-		if _, cp := n.Labels["node-role.kubernetes.io/control-plane"]; cp {
+	for _, n := range nodes.Items {
+		if _, cp := n.Labels[controlPlaneRole]; cp {
 			cpNode = n.Name
 		} else {
 			worker = n.Name
 		}
 	}
+	if worker == "" && s.k8s.noWorkers {
+		worker = cpNode
+	}
 	if worker == "" || cpNode == "" {
-		t.Fatalf("want a control-plane node and a worker, nodes are %v", nodeNames(workers))
+		t.Fatalf("want a control-plane node and a worker, nodes are %v", nodeNames(nodes))
 	}
 	labels := map[string]string{"app": "capl-echo"}
 	image := "registry.k8s.io/kube-proxy:" + s.k8s.opts.KubernetesVersion
@@ -87,7 +96,7 @@ func (s *suite) kubeadmService(t *testing.T) {
 		s.workloadCall(t, "creating "+obj.GetName(), func() error { return client.IgnoreAlreadyExists(wc.Create(s.ctx, obj)) })
 	}
 	var pod corev1.Pod
-	s.waitWorkload(t, "echo pod Running on the worker", 10*time.Minute, func() (bool, string) {
+	s.waitWorkload(t, "echo pod Running on "+worker, 10*time.Minute, func() (bool, string) {
 		pods := &corev1.PodList{}
 		if err := wc.List(s.ctx, pods, client.InNamespace("default"), client.MatchingLabels(labels)); err != nil {
 			return false, err.Error()

@@ -54,6 +54,12 @@ type kubeadmState struct {
 	// guestHost runs the control-plane node's domain when that is not the
 	// suite's own host (the multi-host scenario).
 	guestHost virt.GuestHost
+	// workerWithin, when set, is how soon after apply the control-plane
+	// node must be Ready for the staged workers to join (workersFit).
+	workerWithin time.Duration
+	// noWorkers is set when they did not: the control plane schedules
+	// pods instead.
+	noWorkers bool
 }
 
 // createKubeadm renders the template and the CNI's ClusterResourceSet as
@@ -107,7 +113,7 @@ func templateCut(o devplane.ClusterOptions) clusterUnderTest {
 // it names into its pool and renders it as `make up` does.
 func (s *suite) renderCluster(t *testing.T, o devplane.ClusterOptions) []*unstructured.Unstructured {
 	t.Helper()
-	s.k8s.opts, s.k8s.wc, s.k8s.ready = o, nil, false
+	s.k8s.opts, s.k8s.wc, s.k8s.ready, s.k8s.noWorkers = o, nil, false, false
 	if filepath.Dir(s.image) != o.ImageDir {
 		t.Fatalf("the node image (in %s) and the HAProxy image must share a directory (%s)", o.ImageDir, filepath.Dir(s.image))
 	}
@@ -174,7 +180,9 @@ func extraBootstrap() *corev1.Secret {
 // and checks that Nodes and Machines agree.
 func (s *suite) kubeadmReady(t *testing.T) {
 	joining := s.clusterReady(t, "kubeadm cluster", kubeadmPhasePrefix)
-	s.recordJoinCost(t, joining)
+	if !s.k8s.noWorkers {
+		s.recordJoinCost(t, joining)
+	}
 	s.k8s.ready = true
 	s.checkKubeadmMachines(t)
 	s.waitWorkloadSettled(t)
@@ -250,16 +258,68 @@ func (s *suite) clusterReady(t *testing.T, what, phasePrefix string) cpuSnapshot
 	s.waitControlPlaneNode(t, what)
 	s.rep.phaseSince(phasePrefix+"apply → first control-plane node Ready", k.applied)()
 	joining := s.snapshotCPU(t)
-	if k.opts.StagedWorkers {
+	if k.opts.StagedWorkers && s.workersFit(t, time.Since(k.applied)) {
 		must(t, devplane.ScaleWorkers(s.ctx, s.c, k.opts, k.opts.Workers))
 	}
 	s.waitNodes(t, kubeadmReadyTimeout)
-	s.rep.phaseSince(fmt.Sprintf("%sapply → all nodes Ready (1 control plane + %d workers)", phasePrefix, k.opts.Workers), k.applied)()
+	s.rep.phaseSince(fmt.Sprintf("%sapply → all nodes Ready (1 control plane + %d workers)", phasePrefix, s.cut.workerMachines), k.applied)()
 	md, err := devplane.WorkerMachineDeployment(s.ctx, s.c, k.opts)
 	must(t, err)
 	s.cut.workers = md.Name
 	return joining
 }
+
+// workersFit tells whether the staged workers join, given how long after
+// apply the control-plane node was Ready. A host whose control plane took
+// longer than workerWithin is too slow under TCG for a worker's join to
+// fit CI's time (on 2026-11-29: control-plane node Ready 16 minutes after
+// apply, the worker's join 16 to 22 more, docs/tcg.md): the workers stay
+// at zero and the control plane schedules pods, as issue 26 allows, and
+// the report says so with the figure.
+func (s *suite) workersFit(t *testing.T, controlPlaneReady time.Duration) bool {
+	t.Helper()
+	within := s.k8s.workerWithin
+	if within == 0 || controlPlaneReady <= within {
+		return true
+	}
+	s.k8s.noWorkers, s.cut.workerMachines = true, 0
+	s.untaintControlPlane(t)
+	s.rep.note("no worker joined: the control-plane node was Ready %s after apply, past -e2e.worker-within %s, so this host's TCG is too slow for a worker's join to fit the run; "+
+		"the control plane schedules pods (its NoSchedule taint removed) and the Service check's pod runs on it", controlPlaneReady.Round(time.Second), within)
+	t.Logf("control-plane node Ready %s after apply, past %s: no worker joins, the control plane schedules pods", controlPlaneReady.Round(time.Second), within)
+	return false
+}
+
+// untaintControlPlane removes kubeadm's NoSchedule taint from the
+// workload cluster's control-plane nodes, as a single-node cluster has it.
+func (s *suite) untaintControlPlane(t *testing.T) {
+	t.Helper()
+	s.workloadCall(t, "removing the control plane's NoSchedule taint", func() error {
+		nodes := &corev1.NodeList{}
+		if err := s.k8s.wc.List(s.ctx, nodes); err != nil {
+			return err
+		}
+		for i := range nodes.Items {
+			n := &nodes.Items[i]
+			kept := slices.DeleteFunc(slices.Clone(n.Spec.Taints), func(taint corev1.Taint) bool {
+				return taint.Key == controlPlaneRole && taint.Effect == corev1.TaintEffectNoSchedule
+			})
+			if len(kept) == len(n.Spec.Taints) {
+				continue
+			}
+			patch := client.MergeFrom(n.DeepCopy())
+			n.Spec.Taints = kept
+			if err := s.k8s.wc.Patch(s.ctx, n, patch); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// controlPlaneRole is the label and the taint kubeadm puts on
+// control-plane nodes.
+const controlPlaneRole = "node-role.kubernetes.io/control-plane"
 
 // readClusterRefs reads the LibvirtCluster and KubeadmControlPlane names
 // of the cluster under test from its Cluster into s.cut (the topology

@@ -35,6 +35,9 @@ var (
 	rollout    = flag.Bool("e2e.rollout", false, "add a control-plane rollout (rollout.after, the new machine's first join stopped on purpose) to the kubeadm scenario")
 	upgrade    = flag.Bool("e2e.upgrade", false, "day two instead: the kubeadm cluster upgraded (control plane, then workers), rollout.after on both (the control plane's first join stopped on purpose), then a ClusterClass cluster in its place upgraded by its topology version (`make test-e2e-upgrade`)")
 	seedFlag   = flag.Uint64("e2e.seed", 0, "seed of the random fault timings; 0 picks one from the clock (the log prints it)")
+	// workerWithin sizes CI's cluster to its host (docs/tcg.md, "A worker
+	// only where it fits").
+	workerWithin = flag.Duration("e2e.worker-within", 8*time.Minute, "the kubeadm scenario joins its worker only when its control-plane node was Ready within this long of apply; otherwise the control plane also schedules pods and the report says so (0: always; -e2e.lifecycle always joins)")
 )
 
 // Environment of the suite; `make test-e2e` sets all of them.
