@@ -208,7 +208,7 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 			out[uri] = h
 		}
 		return out
-	}, quota.WithSharedHosts(shared))
+	}, quota.WithSharedHosts(shared), quota.WithListingReuse(quota.DefaultListingReuse))
 	libvirtHosts.OnPrune(func(uri string, h virt.Host) { ledger.Retire(context.Background(), uri, h) })
 	if ledger.Enabled() {
 		var listed []hosts.Ref

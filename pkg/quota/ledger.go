@@ -71,11 +71,33 @@ func WithListTimeout(d time.Duration) Option {
 	return func(l *Ledger) { l.listTimeout = d }
 }
 
+// WithListingReuse lets an admission that passes count from a host's
+// listing begun at most d ago instead of listing the host again: a
+// listing reads every domain's XML and every volume's info, so listing
+// per admission made creating N machines read N × N objects (at 1000
+// machines, 2.1 s of listing per admission; docs/performance.md). Reuse
+// is safe because what a namespace's objects made since the listing
+// began they made once admitted, and counts as their ask until they
+// hold it; a listing is taken afresh when that no longer holds (one of
+// the namespace's objects is being deleted, or one it admitted left the
+// API server without being forgotten, as clusterctl move's objects do)
+// and before any refusal, so that room freed since is seen. Without it
+// every admission lists.
+func WithListingReuse(d time.Duration) Option {
+	return func(l *Ledger) { l.reuse = d }
+}
+
+// DefaultListingReuse is the manager's WithListingReuse: VMs made or
+// deleted on a host by hand are seen at most this late.
+const DefaultListingReuse = 30 * time.Second
+
 // hostListing is what the ledger knows of one host's listing.
 type hostListing struct {
 	mu sync.Mutex
 	// last is the host's last complete listing; nil before the first.
 	last *listing
+	// began is when last's listing began.
+	began time.Time
 	// err is why the latest listing failed; nil when it succeeded.
 	err error
 	// running is closed when the listing under way ends; nil when none
@@ -112,6 +134,7 @@ type Ledger struct {
 
 	shared      func(uri string) bool
 	listTimeout time.Duration
+	reuse       time.Duration
 }
 
 // NewLedger returns a ledger for limits; api should read the API server
@@ -171,17 +194,21 @@ func (l *Ledger) Admit(ctx context.Context, r Request) error {
 	if err != nil {
 		return err
 	}
-	all, err := l.listHosts(ctx, ns, objs.clusters.Items)
+	reuse := l.reuse
+	if l.holdingsUncounted(ns, objs) {
+		reuse = 0
+	}
+	exceeded, err := l.exceeded(ctx, r, objs, reuse)
+	if err == nil && exceeded != nil && reuse > 0 {
+		// A refusal stands on a listing of now: room may have been freed
+		// since the reused one.
+		exceeded, err = l.exceeded(ctx, r, objs, 0)
+	}
 	if err != nil {
 		return err
 	}
-	held := Hold(ns, all.objs, all.uses, r.Own)
-	if ask := r.Ask(held); ask != (tenancy.Usage{}) {
-		pending := l.pending(r, objs, held)
-		total := held.Usage.Add(pending).Add(ask)
-		if exceeded := l.limits.Exceeded(total, "--namespace-max-"); len(exceeded) > 0 {
-			return &ExceededError{Namespace: ns, Exceeded: exceeded}
-		}
+	if exceeded != nil {
+		return exceeded
 	}
 	l.mu.Lock()
 	if l.admitted[ns] == nil {
@@ -190,6 +217,56 @@ func (l *Ledger) Admit(ctx context.Context, r Request) error {
 	l.admitted[ns][keyOf(r.Object)] = true
 	l.mu.Unlock()
 	return nil
+}
+
+// exceeded counts what namespace ns holds on its hosts (from listings
+// begun at most reuse ago), what its other objects ask and r's ask; an
+// *ExceededError when that passes a total.
+func (l *Ledger) exceeded(ctx context.Context, r Request, objs namespaceObjects, reuse time.Duration) (*ExceededError, error) {
+	ns := r.Object.GetNamespace()
+	all, err := l.listHosts(ctx, ns, objs.clusters.Items, reuse)
+	if err != nil {
+		return nil, err
+	}
+	held := Hold(ns, all.objs, all.uses, r.Own)
+	ask := r.Ask(held)
+	if ask == (tenancy.Usage{}) {
+		return nil, nil
+	}
+	total := held.Usage.Add(l.pending(r, objs, held)).Add(ask)
+	if exceeded := l.limits.Exceeded(total, "--namespace-max-"); len(exceeded) > 0 {
+		return &ExceededError{Namespace: ns, Exceeded: exceeded}, nil
+	}
+	return nil, nil
+}
+
+// holdingsUncounted tells whether something namespace ns made on a host
+// may count neither as its object's ask nor in an earlier listing: an
+// object being deleted (pending leaves it out, so what it still holds
+// counts from libvirt alone), or one the ledger admitted that left the API
+// server without Forget (clusterctl move removes finalizers itself, and
+// the VM stays). A gone object's key is dropped once seen, as Forget
+// would: the fresh listing counts what it left.
+func (l *Ledger) holdingsUncounted(ns string, objs namespaceObjects) bool {
+	present := map[string]bool{}
+	uncounted := false
+	for i := range objs.machines.Items {
+		present[keyOf(&objs.machines.Items[i])] = true
+		uncounted = uncounted || !objs.machines.Items[i].DeletionTimestamp.IsZero()
+	}
+	for i := range objs.clusters.Items {
+		present[keyOf(&objs.clusters.Items[i])] = true
+		uncounted = uncounted || !objs.clusters.Items[i].DeletionTimestamp.IsZero()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for key := range l.admitted[ns] {
+		if !present[key] {
+			delete(l.admitted[ns], key)
+			uncounted = true
+		}
+	}
+	return uncounted
 }
 
 // Forget drops a deleted object from what the ledger admitted.
@@ -227,14 +304,15 @@ func (l *Ledger) lock(ns string) func() {
 
 // listHosts lists the owned objects of every host that counts for
 // namespace ns (whose LibvirtClusters are clusters), each host at once
-// and each for at most the list timeout. A host that does not answer in
+// and each for at most the list timeout; a host whose last listing began
+// at most reuse ago is not listed again. A host that does not answer in
 // time, or that the manager closed since (no cluster names it any more),
 // contributes its last listing, so that taking a host off the network, or
 // deleting the cluster that named it, frees nothing its orphans hold. A
 // host that never answered fails the admission (nothing is known of what
 // it holds), unless it is a tenant's host that no cluster of ns names
 // now.
-func (l *Ledger) listHosts(ctx context.Context, ns string, clusters []infrav1.LibvirtCluster) (listing, error) {
+func (l *Ledger) listHosts(ctx context.Context, ns string, clusters []infrav1.LibvirtCluster, reuse time.Duration) (listing, error) {
 	open := l.hosts()
 	named := l.recordNames(ns, clusters)
 	l.mu.Lock()
@@ -258,7 +336,7 @@ func (l *Ledger) listHosts(ctx context.Context, ns string, clusters []infrav1.Li
 		}
 		n++
 		go func() {
-			got, err := l.listOne(ctx, uri, open[uri])
+			got, err := l.listOne(ctx, uri, open[uri], reuse)
 			results <- result{uri, got, err}
 		}()
 	}
@@ -316,11 +394,12 @@ func (l *Ledger) countsFor(uri, ns string) bool {
 
 // listOne returns the listing of the host at uri (h; nil for a host the
 // manager closed), waiting at most the list timeout for it; its last
-// listing when it does not answer in time or fails.
-func (l *Ledger) listOne(ctx context.Context, uri string, h Lister) (listing, error) {
+// listing when it began at most reuse ago, or when the host does not
+// answer in time or fails.
+func (l *Ledger) listOne(ctx context.Context, uri string, h Lister, reuse time.Duration) (listing, error) {
 	hl := l.hostListing(uri)
 	hl.mu.Lock()
-	if h == nil {
+	if h == nil || (hl.last != nil && reuse > 0 && time.Since(hl.began) <= reuse) {
 		defer hl.mu.Unlock()
 		if hl.last == nil {
 			return listing{}, errors.New("the host was closed before it was ever listed")
@@ -361,12 +440,13 @@ func (l *Ledger) listOne(ctx context.Context, uri string, h Lister) (listing, er
 // list lists h in the background, bounded by listBound, keeps the
 // result, and closes done.
 func (hl *hostListing) list(h Lister, done chan struct{}) {
+	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), listBound)
 	got, err := listHost(ctx, h)
 	cancel()
 	hl.mu.Lock()
 	if hl.err = err; err == nil {
-		hl.last = &got
+		hl.last, hl.began = &got, began
 	}
 	hl.running = nil
 	hl.mu.Unlock()
@@ -392,7 +472,7 @@ func (l *Ledger) Retire(ctx context.Context, uri string, h Lister) {
 	if !l.Enabled() {
 		return
 	}
-	if _, err := l.listOne(ctx, uri, h); err != nil {
+	if _, err := l.listOne(ctx, uri, h, 0); err != nil {
 		ctrl.LoggerFrom(ctx).Info("A closed libvirt host's last listing is missing: what is left there is not counted", "host", uri, "reason", err.Error())
 	}
 }

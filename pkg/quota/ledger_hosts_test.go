@@ -2,7 +2,9 @@ package quota_test
 
 import (
 	"context"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -206,5 +208,116 @@ func TestNamespaceHostDevices(t *testing.T) {
 				t.Fatalf("got %v, want a refusal naming %s", err, tc.want)
 			}
 		})
+	}
+}
+
+// changing is a host whose objects a test changes, counting its listings.
+type changing struct {
+	mu       sync.Mutex
+	objs     []virt.OwnedObject
+	listings int
+}
+
+func (c *changing) ListOwned(context.Context) ([]virt.OwnedObject, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.listings++
+	return slices.Clone(c.objs), nil
+}
+
+func (c *changing) set(objs ...virt.OwnedObject) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.objs = objs
+}
+
+func (c *changing) add(obj virt.OwnedObject) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.objs = append(c.objs, obj)
+}
+
+func (c *changing) listed() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.listings
+}
+
+// TestListingReuse: with WithListingReuse an admission that passes counts
+// from the host's last listing, without listing it again, and stays
+// exact: what the namespace made since counts as its objects' asks; a
+// machine released by clusterctl move (gone from the API server, its VM
+// left) or one being deleted has the host listed again, so its VM counts;
+// a refusal is confirmed on a new listing, which sees room freed since.
+func TestListingReuse(t *testing.T) {
+	const ns = "team-a"
+	for _, tc := range []struct {
+		name string
+		// between runs after a is admitted and its VM made: it changes
+		// the API server (c) or the host.
+		between func(t *testing.T, c client.Client, h *changing, a *infrav1.LibvirtMachine)
+		// orphan starts the host with a VM of the namespace that no
+		// object of the API server owns.
+		orphan       bool
+		limits       tenancy.Limits
+		wantRefusal  string
+		wantListings int // of the host, a's admission included
+	}{
+		{"a's VM made since the listing counts as a's ask", nil, false, tenancy.Limits{Machines: 1}, "--namespace-max-machines", 2},
+		{"room for both: b admitted on a's admission's listing", nil, false, tenancy.Limits{Machines: 2}, "", 1},
+		{"an orphan deleted by hand since: the refusal is checked again, and b admitted", func(t *testing.T, _ client.Client, h *changing, _ *infrav1.LibvirtMachine) {
+			h.set(domain("LibvirtMachine", ns, "a", 1, 512))
+		}, true, tenancy.Limits{Machines: 2}, "", 2},
+		{"a released by clusterctl move: its VM counts from a new listing", func(t *testing.T, c client.Client, _ *changing, a *infrav1.LibvirtMachine) {
+			must(t, c.Delete(context.Background(), a))
+		}, false, tenancy.Limits{Machines: 1}, "--namespace-max-machines", 2},
+		{"a being deleted: its VM counts from a new listing", func(t *testing.T, c client.Client, _ *changing, a *infrav1.LibvirtMachine) {
+			patch := client.MergeFrom(a.DeepCopy())
+			a.Finalizers = []string{"test/hold"}
+			must(t, c.Patch(context.Background(), a, patch))
+			must(t, c.Delete(context.Background(), a))
+		}, false, tenancy.Limits{Machines: 1}, "--namespace-max-machines", 2},
+		{"a released and its VM deleted by hand since: the refusal is checked again, and b admitted", func(t *testing.T, c client.Client, h *changing, a *infrav1.LibvirtMachine) {
+			must(t, c.Delete(context.Background(), a))
+			h.set()
+		}, false, tenancy.Limits{Machines: 1}, "", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := machine(ns, "a", 0, 1, 512, 4)
+			b := machine(ns, "b", time.Second, 1, 512, 4)
+			host := &changing{}
+			if tc.orphan {
+				host.set(domain("LibvirtMachine", ns, "x", 1, 512))
+			}
+			hs := &hostSet{m: map[string]quota.Lister{managerURI: host}}
+			scheme, err := manager.NewScheme()
+			must(t, err)
+			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(a, b).Build()
+			l := quota.NewLedger(tc.limits, c, hs.hosts, quota.WithSharedHosts(shared), quota.WithListingReuse(time.Hour))
+			if err := admitWithin(t, l, a); err != nil {
+				t.Fatalf("a, the namespace's first machine: %v", err)
+			}
+			host.add(domain("LibvirtMachine", ns, "a", 1, 512))
+			if tc.between != nil {
+				tc.between(t, c, host, a)
+			}
+			err = admitWithin(t, l, b)
+			switch {
+			case tc.wantRefusal == "" && err != nil:
+				t.Errorf("b refused: %v", err)
+			case tc.wantRefusal != "" && (err == nil || !strings.Contains(err.Error(), tc.wantRefusal)):
+				t.Errorf("b: %v, want a refusal naming %s", err, tc.wantRefusal)
+			}
+			if got := host.listed(); got != tc.wantListings {
+				t.Errorf("the host was listed %d times, want %d", got, tc.wantListings)
+			}
+		})
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }
