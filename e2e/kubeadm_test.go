@@ -87,12 +87,12 @@ func (s *suite) createKubeadm(t *testing.T, workers int32) {
 	s.applyCluster(t, objs)
 	t.Logf("kubeadm cluster %s applied (%d objects from the template, Kubernetes %s)", kubeadmName, len(objs), version)
 	s.rep.mu.Lock()
-	s.rep.KubeadmCluster = fmt.Sprintf("Kubernetes %s, domain type %s (TCG) with CPU mode maximum and a %d MiB translation cache, on %d host cores; "+
+	s.rep.KubeadmCluster = fmt.Sprintf("Kubernetes %s, domain type %s (TCG) with CPU %s and a %d MiB translation cache, on %d host cores; "+
 		"control plane 2 vCPU / 4096 MiB, workers %d vCPU / 2048 MiB created once the control-plane node is Ready, "+
 		"leader election %s (lease %s, renew %s), etcd unsafe-no-fsync %s, static pod probes timeout %ss, liveness %s and startup %s failures, "+
 		"API server readiness every %ss, node monitor grace period %s, etcd progress notifications every %s, heartbeat %s ms, election timeout %s ms, "+
 		"%d CoreDNS replicas (devplane.ClusterOptions.TCGTuning, as make up does under TCG).",
-		version, s.k8s.opts.DomainType, s.k8s.opts.TCGCacheMiB, s.cores, s.k8s.opts.WorkerCPUs,
+		version, s.k8s.opts.DomainType, cmp.Or(s.k8s.opts.CPUModel, "mode maximum"), s.k8s.opts.TCGCacheMiB, s.cores, s.k8s.opts.WorkerCPUs,
 		cmp.Or(s.k8s.opts.LeaderElect, "true"), s.k8s.opts.LeaderElectLease, s.k8s.opts.LeaderElectRenew, cmp.Or(s.k8s.opts.EtcdUnsafeNoFsync, "false"),
 		s.k8s.opts.ProbeTimeout, s.k8s.opts.LivenessFailures, s.k8s.opts.StartupFailures,
 		cmp.Or(s.k8s.opts.APIServerReadinessPeriod, "1"), cmp.Or(s.k8s.opts.NodeMonitorGracePeriod, "50s"),

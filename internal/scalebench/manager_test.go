@@ -169,7 +169,12 @@ func runManager() int {
 		log.Error(err, "Invalid boot delay")
 		return 2
 	}
-	host := newSimHost(measuredDelays(boot))
+	host, err := newSimHost(measuredDelays(boot))
+	if err != nil {
+		log.Error(err, "Unable to make the simulated host")
+		return 1
+	}
+	defer host.close()
 	cfg := ctrl.GetConfigOrDie()
 	counter := &requestCounter{n: map[string]int64{}}
 	cfg.Wrap(counter.wrap)

@@ -30,11 +30,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -97,6 +99,10 @@ func artifactsDir() string {
 // TestScale measures each size in turn, each on a fresh API server, etcd,
 // Cluster API and manager, and writes the report.
 func TestScale(t *testing.T) {
+	// Cluster API's controllers run in this process; their logs are not
+	// what the benchmark reads (without a logger, controller-runtime
+	// prints a stack trace instead).
+	ctrl.SetLogger(logr.Discard())
 	ns, err := sizes()
 	if err != nil {
 		t.Fatal(err)

@@ -4,9 +4,14 @@ package scalebench
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"net/netip"
+	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -76,6 +81,12 @@ type simHost struct {
 	subs     []chan virt.Event
 	// running are the domains that are started, with the timer of their boot.
 	booting map[string]*time.Timer
+	// volumes is the directory of uploaded volumes' bytes (the seeds): a
+	// libvirt host keeps them on its disk, not in the memory of the
+	// manager, whose RSS the benchmark reports and in whose process the
+	// simulated host runs (fakehost would hold 44 MB of seeds at 1000
+	// machines).
+	volumes string
 
 	calls sync.Map // method → *atomic.Int64
 }
@@ -94,13 +105,25 @@ const (
 	imageVolume = "scale-base.qcow2"
 )
 
-func newSimHost(d Delays) *simHost {
+func newSimHost(d Delays) (*simHost, error) {
+	dir, err := os.MkdirTemp("", "capl-scale-volumes-")
+	if err != nil {
+		return nil, err
+	}
 	f := fakehost.New()
 	f.MemoryBytes = 1 << 50
 	f.Volumes[imagePool+"/"+imageVolume] = virt.VolumeInfo{Pool: imagePool, Name: imageVolume,
 		Path: "/var/lib/libvirt/images/" + imageVolume, CapacityBytes: 2 << 30, AllocationBytes: 600 << 20, Format: "qcow2"}
 	// fakehost records every call; the simulation counts them instead.
-	return &simHost{fake: f, delays: d, networks: map[string]*simNetwork{}, booting: map[string]*time.Timer{}}
+	return &simHost{fake: f, delays: d, networks: map[string]*simNetwork{}, booting: map[string]*time.Timer{}, volumes: dir}, nil
+}
+
+// close removes the uploaded volumes' bytes.
+func (s *simHost) close() { _ = os.RemoveAll(s.volumes) }
+
+// volumeFile is where the bytes of pool's volume name are kept.
+func (s *simHost) volumeFile(pool, name string) string {
+	return filepath.Join(s.volumes, url.PathEscape(pool+"/"+name))
 }
 
 // begin counts and delays one call of method; the caller then takes the lock.
@@ -187,11 +210,23 @@ func (s *simHost) EnsureOverlay(ctx context.Context, spec virt.OverlaySpec) (vir
 }
 
 func (s *simHost) UploadVolume(ctx context.Context, pool, name string, data []byte) (virt.VolumeInfo, error) {
-	return locked(s, "UploadVolume", func() (virt.VolumeInfo, error) { return s.fake.UploadVolume(ctx, pool, name, data) })
+	return locked(s, "UploadVolume", func() (virt.VolumeInfo, error) {
+		info, err := s.fake.UploadVolume(ctx, pool, name, data)
+		if err != nil {
+			return info, err
+		}
+		delete(s.fake.Data, pool+"/"+name)
+		return info, os.WriteFile(s.volumeFile(pool, name), data, 0o600)
+	})
 }
 
 func (s *simHost) DeleteVolume(ctx context.Context, pool, name string) error {
-	return lockedErr(s, "DeleteVolume", func() error { return s.fake.DeleteVolume(ctx, pool, name) })
+	return lockedErr(s, "DeleteVolume", func() error {
+		if err := os.Remove(s.volumeFile(pool, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return s.fake.DeleteVolume(ctx, pool, name)
+	})
 }
 
 func (s *simHost) VolumeInfo(ctx context.Context, pool, name string) (virt.VolumeInfo, error) {
@@ -199,7 +234,20 @@ func (s *simHost) VolumeInfo(ctx context.Context, pool, name string) (virt.Volum
 }
 
 func (s *simHost) ReadVolume(ctx context.Context, pool, name string, limit int64) ([]byte, error) {
-	return locked(s, "ReadVolume", func() ([]byte, error) { return s.fake.ReadVolume(ctx, pool, name, limit) })
+	return locked(s, "ReadVolume", func() ([]byte, error) {
+		if _, err := s.fake.VolumeInfo(ctx, pool, name); err != nil {
+			return nil, err
+		}
+		f, err := os.Open(s.volumeFile(pool, name))
+		if errors.Is(err, fs.ErrNotExist) {
+			return s.fake.ReadVolume(ctx, pool, name, limit) // never uploaded: fakehost's answer
+		}
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		return io.ReadAll(io.LimitReader(f, limit))
+	})
 }
 
 func (s *simHost) EnsureDataVolume(ctx context.Context, pool, name string, capacity uint64) (virt.VolumeInfo, error) {

@@ -162,6 +162,9 @@ func NewWithWiring(restConfig *rest.Config, opts Options, w Wiring) (ctrl.Manage
 		Cache: cache.Options{
 			DefaultNamespaces: namespaces,
 			SyncPeriod:        &opts.SyncPeriod,
+			// Nothing the manager does reads managedFields: the cache
+			// keeps every object without them (docs/performance.md).
+			DefaultTransform: cache.TransformStripManagedFields(),
 		},
 		Client: client.Options{
 			// Bootstrap Secrets are read when needed, not cached: caching
