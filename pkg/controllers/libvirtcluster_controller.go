@@ -242,7 +242,7 @@ func (r *LibvirtClusterReconciler) SetupWithManager(ctx context.Context, mgr ctr
 // machineToLibvirtCluster maps a control-plane Machine to its cluster's
 // LibvirtCluster: its address and deletion change the backends.
 func (r *LibvirtClusterReconciler) machineToLibvirtCluster(ctx context.Context, o client.Object) []reconcile.Request {
-	if _, ok := o.GetLabels()[clusterv1.MachineControlPlaneLabel]; !ok {
+	if !scope.IsControlPlane(nil, o) {
 		return nil
 	}
 	return r.clusterToLibvirtCluster(ctx, o.GetNamespace(), o.GetLabels()[clusterv1.ClusterNameLabel])
@@ -259,10 +259,11 @@ func (r *LibvirtClusterReconciler) libvirtMachineToLibvirtCluster(ctx context.Co
 	return r.clusterToLibvirtCluster(ctx, o.GetNamespace(), o.GetLabels()[clusterv1.ClusterNameLabel])
 }
 
-// isControlPlane tells whether a LibvirtMachine or its owning Machine
-// carries the control-plane label.
+// isControlPlane tells whether a LibvirtMachine is a control-plane
+// machine (scope.IsControlPlane), reading its owning Machine when its own
+// labels do not say so yet.
 func (r *LibvirtClusterReconciler) isControlPlane(ctx context.Context, o client.Object) bool {
-	if _, ok := o.GetLabels()[clusterv1.MachineControlPlaneLabel]; ok {
+	if scope.IsControlPlane(nil, o) {
 		return true
 	}
 	ref := metav1.GetControllerOf(o)
@@ -273,8 +274,7 @@ func (r *LibvirtClusterReconciler) isControlPlane(ctx context.Context, o client.
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: o.GetNamespace(), Name: ref.Name}, m); err != nil {
 		return false
 	}
-	_, ok := m.Labels[clusterv1.MachineControlPlaneLabel]
-	return ok
+	return scope.IsControlPlane(m, o)
 }
 
 // clusterToLibvirtCluster is the LibvirtCluster the named Cluster refers to.

@@ -28,18 +28,14 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/quota"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/address"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/datadisk"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/disk"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/hostdevice"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/identity"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/ipaddress"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/references"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/segment"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/vmplan"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -183,19 +179,21 @@ func (r *LibvirtMachineReconciler) reconcileNormal(ctx context.Context, s *scope
 		return ctrl.Result{}, nil
 	}
 	s.ClearWaiting(infrav1.WaitingForClusterInfrastructureReason, infrav1.WaitingForBootstrapDataReason)
+	vm, steps := r.plan(s)
 	// From here until the domain is defined, the machine's creation is in
 	// flight: a move now would leave half of it behind.
 	defer func() {
-		setMoveBlocked(s.LibvirtMachine, !s.IsProvisioned() && !s.VM.DomainDefined())
+		setMoveBlocked(s.LibvirtMachine, !s.IsProvisioned() && !vm.DomainDefined())
 	}()
-	return r.plan(s).Reconcile(ctx, s, s.IsProvisioned())
+	return services.Outcome(s, vm.Run(ctx, s, steps))
 }
 
 // reconcileDelete removes everything in reverse order of creation (the
 // plan backward).
 func (r *LibvirtMachineReconciler) reconcileDelete(ctx context.Context, s *scope.MachineScope) (ctrl.Result, error) {
 	s.MarkFalse(infrav1.DomainReadyCondition, infrav1.DeletingReason, "Deleting the machine")
-	if err := r.plan(s).Delete(ctx, s); err != nil {
+	_, steps := r.plan(s)
+	if err := steps.Delete(ctx, s); err != nil {
 		return services.Outcome(s, err)
 	}
 	machineFinalizer.removeFrom(s.LibvirtMachine)
@@ -203,35 +201,40 @@ func (r *LibvirtMachineReconciler) reconcileDelete(ctx context.Context, s *scope
 	return ctrl.Result{}, nil
 }
 
-// plan is the machine's services in the order they create things, each
-// with the condition its outcome sets; reconcile runs it forward, delete
-// backward. Once the machine is provisioned, the reservation, root disk
-// and seed (the SkipOnceProvisioned steps) belong to the running domain:
-// ensuring them again would cost libvirt calls on every reconcile and
-// recreate a vanished root disk as a blank one, so only the domain step
-// and those after it watch over the machine from then on.
-func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) services.Plan {
+// plan is the machine's VM plan (vmplan, which the HAProxy VM shares)
+// with the machine's own steps: the reference check before anything
+// exists, the guest's addresses once the domain runs, and the bootstrap
+// check and the bootstrap data's removal once provisioned. Reconcile runs
+// it forward, delete backward.
+func (r *LibvirtMachineReconciler) plan(s *scope.MachineScope) (*vmplan.Plan, services.Plan) {
 	vm := s.VM
-	return services.Plan{
+	opts := domain.Options{ShutdownTimeout: r.ShutdownTimeout}
+	if r.LoadBalancer != nil && s.IsControlPlane() {
+		// The load balancer stops sending it connections before its
+		// domain is shut down.
+		opts.Drain = func(ctx context.Context) error { return r.LoadBalancer.DeregisterMachine(ctx, s) }
+	}
+	p := vmplan.New(vmplan.Spec{
+		VM: vm, Host: s.Host, Owner: s,
+		Conditions: vmplan.Conditions{
+			Address: infrav1.AddressReservedCondition, Disk: infrav1.DiskReadyCondition,
+			Seed: infrav1.BootstrapDataReadyCondition, Domain: infrav1.DomainReadyCondition,
+		},
+		Claims: ipaddress.New(s, s.Host, r.Tenancy), Seed: seed.New(s, s.Host),
+		Images: r.Images, Policy: r.Tenancy, MaxDiskBytes: r.Tenancy.Machine.DiskBytes(),
+		OtherHosts: otherHosts(r.Hosts), Domain: opts,
+	})
+	bootstrap := guest.NewBootstrap(vm, s.Host, func(ctx context.Context) (bool, error) { return seed.Emptied(ctx, vm, s.Host) })
+	return p, p.Steps(vmplan.Extra{
 		// The reference check names the condition of the step a refused
 		// reference belongs to.
-		{Service: references.NewMachine(s, vm, r.Tenancy, r.Quota), SkipOnceProvisioned: true},
-		{Service: identity.New(vm, s.Host)},
-		{Service: hostdevice.New(vm, s.Host, r.Tenancy), Condition: infrav1.DomainReadyCondition, SkipOnceProvisioned: true},
-		{Service: address.New(vm, s.Host).WithOtherHosts(otherHosts(r.Hosts)), Condition: infrav1.AddressReservedCondition, SkipOnceProvisioned: true},
-		// Not SkipOnceProvisioned: the claims are kept while the domain
-		// exists, and the address the guest holds is watched over.
-		{Service: ipaddress.New(s, s.Host, r.Tenancy).WithOtherHosts(otherHosts(r.Hosts)), Condition: infrav1.AddressReservedCondition},
-		{Service: disk.New(vm, s.Host, r.Images).WithMaxBytes(r.Tenancy.Machine.DiskBytes()), Condition: infrav1.DiskReadyCondition, SkipOnceProvisioned: true},
-		{Service: datadisk.New(vm, s.Host), Condition: infrav1.DiskReadyCondition, SkipOnceProvisioned: true},
-		{Service: seed.New(s, s.Host), Condition: infrav1.BootstrapDataReadyCondition, SkipOnceProvisioned: true},
-		{Service: domain.New(vm, s.Host, domain.Options{ShutdownTimeout: r.ShutdownTimeout, TrafficFilter: r.Tenancy.TrafficFilter}), Condition: infrav1.DomainReadyCondition},
-		{Service: guest.NewAddresses(vm, s.Host, r.events), Condition: infrav1.AddressAssignedCondition},
-		{Service: loadBalancerMembership{s: s, lb: r.LoadBalancer}, Condition: infrav1.DomainReadyCondition},
-		{Service: provisioned{s}},
-		{Service: guest.NewBootstrap(vm, s.Host, func(ctx context.Context) (bool, error) { return seed.Emptied(ctx, vm, s.Host) }), Condition: infrav1.BootstrapSucceededCondition},
-		{Service: seed.NewRemoval(vm, s.Host)},
-	}
+		Checks:  []services.Step{{Service: references.NewMachine(s, vm, r.Tenancy, r.Quota)}},
+		Running: []services.Step{{Service: guest.NewAddresses(vm, s.Host, r.events), Condition: infrav1.AddressAssignedCondition}},
+		Provisioned: []services.Step{
+			{Service: bootstrap, Condition: infrav1.BootstrapSucceededCondition},
+			{Service: seed.NewRemoval(vm, s.Host, bootstrap.Succeeded)},
+		},
+	})
 }
 
 // otherHosts are the libvirt hosts the manager reaches that answer now,
@@ -249,46 +252,6 @@ func otherHosts(set *hosts.Set) segment.Hosts {
 		}
 		return out
 	}
-}
-
-// provisioned reports the machine provisioned once its domain runs and
-// its guest holds an address; it is never reset.
-type provisioned struct{ s *scope.MachineScope }
-
-func (provisioned) Name() string { return "provisioned" }
-
-// Reconcile reports the machine provisioned.
-func (p provisioned) Reconcile(context.Context) (services.Result, error) {
-	p.s.SetProvisioned()
-	return services.Result{}, nil
-}
-
-// Delete does nothing: being provisioned is never reset.
-func (provisioned) Delete(context.Context) error { return nil }
-
-// loadBalancerMembership is a control-plane machine's place among the
-// cluster's load balancer's backends. The LibvirtCluster controller adds
-// it once the machine has an address; on delete the machine waits, before
-// its domain is shut down, until the load balancer sends it no new
-// connections.
-type loadBalancerMembership struct {
-	s  *scope.MachineScope
-	lb LoadBalancerDeregisterer
-}
-
-func (loadBalancerMembership) Name() string { return "load balancer" }
-
-// Reconcile does nothing: the LibvirtCluster controller adds the backend.
-func (loadBalancerMembership) Reconcile(context.Context) (services.Result, error) {
-	return services.Result{}, nil
-}
-
-// Delete waits for the load balancer to drain a control-plane machine.
-func (m loadBalancerMembership) Delete(ctx context.Context) error {
-	if m.lb == nil || !m.s.IsControlPlane() {
-		return nil
-	}
-	return m.lb.DeregisterMachine(ctx, m.s)
 }
 
 // cluster finds the machine's Cluster from the Machine, or from the

@@ -14,6 +14,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/hosts"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/hostdevice"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -143,7 +144,7 @@ func (r *LibvirtMachineReconciler) findOwnDomain(ctx context.Context, lm *infrav
 // failureDomainMissing explains why no failure domain fits.
 func failureDomainMissing(lc *infrav1.LibvirtCluster, fd string, m *clusterv1.Machine) string {
 	if fd == "" {
-		if isControlPlaneMachine(m) {
+		if scope.IsControlPlane(m, nil) {
 			return "No failure domain of the LibvirtCluster has controlPlane true: a control-plane machine cannot be placed"
 		}
 		return "The LibvirtCluster lists no failure domain"
@@ -172,7 +173,7 @@ func (r *LibvirtMachineReconciler) leastUsedFailureDomain(ctx context.Context, l
 	var withoutDevices []string
 	reason := "" // the reason every host gave; WaitingForHostDevice when they differ
 	for _, fd := range lc.Spec.FailureDomains {
-		if isControlPlaneMachine(m) && (fd.ControlPlane == nil || !*fd.ControlPlane) {
+		if scope.IsControlPlane(m, nil) && (fd.ControlPlane == nil || !*fd.ControlPlane) {
 			continue
 		}
 		if why, whyReason := r.hostDevicesMissing(ctx, lm, lc, fd.Name); why != "" {
@@ -223,15 +224,6 @@ func (r *LibvirtMachineReconciler) hostDevicesMissing(ctx context.Context, lm *i
 		}
 	}
 	return "", ""
-}
-
-// isControlPlaneMachine tells whether m is a control-plane Machine.
-func isControlPlaneMachine(m *clusterv1.Machine) bool {
-	if m == nil {
-		return false
-	}
-	_, ok := m.Labels[clusterv1.MachineControlPlaneLabel]
-	return ok
 }
 
 // placeCluster finds the host of lc's cluster-wide objects (its network

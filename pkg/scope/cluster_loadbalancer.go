@@ -48,8 +48,10 @@ func (s *ClusterScope) LoadBalancerVM() *VM {
 		// The root disk takes the image's size.
 		DiskSizeBytes: 0,
 		State:         recordedState(st),
+		Disposable:    true,
 		object:        vmObject{persist: func(ctx context.Context) error { return s.PatchObject(ctx) }, event: s.Event},
 	}
+	s.loadBalancer.Addressing = AddressingOf(s.loadBalancer.Network, s.loadBalancer.AddressPools)
 	s.writeBack = s.writeLoadBalancerVM
 	return s.loadBalancer
 }

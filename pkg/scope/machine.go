@@ -162,6 +162,7 @@ func (s *MachineScope) machineVM(hostName string) *VM {
 		BootstrapDataRemoved: lm.Status.BootstrapDataRemoved,
 		object:               vmObject{persist: func(ctx context.Context) error { return s.PatchObject(ctx) }, event: s.Event},
 	}
+	vm.Addressing = AddressingOf(vm.Network, vm.AddressPools)
 	if s.Machine != nil {
 		vm.Hostname = s.Machine.Name
 	}
@@ -240,11 +241,22 @@ func (s *MachineScope) BootstrapDataSecretName() *string {
 }
 
 // IsControlPlane tells whether the machine is a control-plane machine.
-func (s *MachineScope) IsControlPlane() bool {
-	_, ok := s.LibvirtMachine.Labels[clusterv1.MachineControlPlaneLabel]
-	if s.Machine != nil {
-		_, ok = s.Machine.Labels[clusterv1.MachineControlPlaneLabel]
+func (s *MachineScope) IsControlPlane() bool { return IsControlPlane(s.Machine, s.LibvirtMachine) }
+
+// IsControlPlane tells whether a machine is a control-plane machine: its
+// Machine m or its infrastructure object infra (Cluster API copies the
+// Machine's labels to it, and it outlives a deleted Machine) carries
+// Cluster API's control-plane label. Either may be nil.
+func IsControlPlane(m *clusterv1.Machine, infra metav1.Object) bool {
+	if m != nil {
+		if _, ok := m.Labels[clusterv1.MachineControlPlaneLabel]; ok {
+			return true
+		}
 	}
+	if infra == nil {
+		return false
+	}
+	_, ok := infra.GetLabels()[clusterv1.MachineControlPlaneLabel]
 	return ok
 }
 

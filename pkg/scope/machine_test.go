@@ -12,11 +12,12 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/servicetest"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 )
 
 func TestCloseSummarisesAndPatches(t *testing.T) {
 	f := servicetest.NewFixture(t)
-	s := servicetest.Provision(t, f)
+	s, _ := servicetest.Provision(t, f)
 	s.MarkFalse(infrav1.DomainReadyCondition, infrav1.ProvisioningReason, "Defining")
 	if err := s.Close(context.Background()); err != nil {
 		t.Fatal(err)
@@ -55,5 +56,38 @@ func TestConditionTransitionsRecordEvents(t *testing.T) {
 	s.MarkFalse(infrav1.DiskReadyCondition, infrav1.PoolFullReason, "still full")
 	if evs := drain(); len(evs) != 1 || !strings.HasPrefix(evs[0], "Warning PoolFull") {
 		t.Errorf("events %v, want one Warning", evs)
+	}
+}
+
+// TestIsControlPlane: the Machine's label or its infrastructure object's
+// says so, whichever is known.
+func TestIsControlPlane(t *testing.T) {
+	labelled := map[string]string{clusterv1.MachineControlPlaneLabel: ""}
+	for _, tc := range []struct {
+		name            string
+		machine, infra  map[string]string
+		noMachine, noLM bool
+		want            bool
+	}{
+		{name: "worker"},
+		{name: "the Machine says so", machine: labelled, want: true},
+		{name: "the LibvirtMachine says so", infra: labelled, want: true},
+		{name: "the Machine is gone, the LibvirtMachine says so", noMachine: true, infra: labelled, want: true},
+		{name: "the Machine alone, a worker", noLM: true},
+		{name: "neither known", noMachine: true, noLM: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var m *clusterv1.Machine
+			if !tc.noMachine {
+				m = &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Labels: tc.machine}}
+			}
+			var infra metav1.Object
+			if !tc.noLM {
+				infra = &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Labels: tc.infra}}
+			}
+			if got := scope.IsControlPlane(m, infra); got != tc.want {
+				t.Errorf("IsControlPlane = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }

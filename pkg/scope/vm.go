@@ -10,7 +10,6 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/cloudinit"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/pci"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -42,6 +41,9 @@ type VM struct {
 	Pool virt.PoolSpec
 	// Network is the network the NIC joins; zero until known.
 	Network NetworkRef
+	// Addressing is how the NIC gets its addresses, decided once from
+	// Network and AddressPools (AddressingOf); every step reads it.
+	Addressing Addressing
 	// AddressPools are the IPAM pools the NIC's addresses come from
 	// instead of DHCP; Nameservers its DNS servers then (unparsed, as
 	// the spec has them).
@@ -67,40 +69,19 @@ type VM struct {
 	// Provisioned is set once the VM was reported provisioned: from then
 	// on a vanished or dead domain is a terminal failure, and a guest that
 	// stops answering keeps the addresses it last reported. Never set for
-	// the HAProxy VM, which holds no state and is recreated.
+	// a Disposable VM.
 	Provisioned bool
+	// Disposable marks a VM that holds no state (the HAProxy VM): its
+	// domain is looked up on every reconcile, and made again with its
+	// volumes when it vanished.
+	Disposable bool
 	// BootstrapDataRemoved is set once the seed was rewritten without the
 	// bootstrap data (kept in status).
 	BootstrapDataRemoved bool
 	// Addresses are the guest's IPs as the address check of this
-	// reconcile read them; nil when it did not read them.
+	// reconcile read them, for the write-back; nil when it did not read
+	// them.
 	Addresses []string
-
-	// StaticAddresses are the addresses the IPAM step read from the
-	// pools' IPAddresses in this reconcile, which the seed gives the
-	// guest and the domain step pins the traffic filter to; nil when it
-	// did not run or the VM takes DHCP.
-	StaticAddresses []cloudinit.StaticAddress
-
-	// Found is set when this reconcile found the VM's domain in libvirt:
-	// the volumes it was defined on are complete.
-	Found bool
-	// BootstrapSucceeded is set when this reconcile's bootstrap check
-	// found the bootstrap done (in the guest, or in the emptied seed).
-	BootstrapSucceeded bool
-	// RootDisk and Seed are the volumes the disk and seed steps ensured in
-	// this reconcile, which the domain step attaches; nil when they did
-	// not run (a provisioned VM skips them).
-	RootDisk, Seed *virt.VolumeInfo
-	// DataVolumes are the data disks' volumes, in DataDisks' order, which
-	// the data disk step ensured in this reconcile; nil when it did not
-	// run.
-	DataVolumes []virt.VolumeInfo
-
-	// PCIDevices are the addresses of HostDevices on the VM's host, in
-	// order, which the host device step found free in this reconcile and
-	// the domain step passes through; nil when it did not run.
-	PCIDevices []pci.Address
 
 	// placementRecorded is set by RecordPlacement.
 	placementRecorded bool
@@ -142,10 +123,6 @@ func (vm *VM) SeedVolume() string { return naming.SeedVolumeName(vm.Domain) }
 
 // ConsoleLogVolume is the name of the serial console log's volume.
 func (vm *VM) ConsoleLogVolume() string { return naming.ConsoleLogVolumeName(vm.Domain) }
-
-// DomainDefined tells whether the VM's domain exists in libvirt: this
-// reconcile found it, or the status holds the state libvirt reported.
-func (vm *VM) DomainDefined() bool { return vm.Found || vm.State != "" }
 
 // RecordPlacement has the write-back record the pool and network (once),
 // before anything is created there, so that deletion finds them after the
@@ -249,15 +226,50 @@ func recordedPool(spec virt.PoolSpec, annotations map[string]string) virt.PoolSp
 	return spec
 }
 
+// Addressing is how a VM's NIC gets its addresses.
+type Addressing string
+
+// The addressing modes.
+const (
+	// AddressingUnknown: the network is not known yet.
+	AddressingUnknown Addressing = ""
+	// AddressingReserved: a libvirt network, whose DHCP server the address
+	// step reserves the NIC's address in; the guest's lease reports it
+	// (the guest agent where libvirt serves no DHCP there).
+	AddressingReserved Addressing = "Reserved"
+	// AddressingLAN: a host bridge, whose LAN's DHCP server gives the
+	// address; the guest agent reports it.
+	AddressingLAN Addressing = "LAN"
+	// AddressingPool: static addresses claimed from IPAM pools, given to
+	// the guest in its seed; the guest agent reports them.
+	AddressingPool Addressing = "Pool"
+)
+
+// AddressingOf is the addressing of a NIC on network with addresses from
+// pools (none: DHCP).
+func AddressingOf(network NetworkRef, pools []infrav1.IPPoolReference) Addressing {
+	switch {
+	case network.IsZero():
+		return AddressingUnknown
+	case len(pools) > 0:
+		return AddressingPool
+	case network.Bridge != "":
+		return AddressingLAN
+	default:
+		return AddressingReserved
+	}
+}
+
 // GuestInterface is the NIC's name in the guest as the capl images name
 // it on the q35 machine type (images/README.md); cloud-init renames the
 // NIC with the VM's MAC to it if the kernel chose another name.
 const GuestInterface = "enp1s0"
 
 // StaticNetworkConfig is the seed's network-config of a VM whose
-// addresses came from IPAM pools; nil for a VM that takes DHCP.
-func (vm *VM) StaticNetworkConfig() ([]byte, error) {
-	if len(vm.StaticAddresses) == 0 {
+// addresses came from IPAM pools (addresses, from the IPAM step); nil for
+// a VM that takes DHCP.
+func (vm *VM) StaticNetworkConfig(addresses []cloudinit.StaticAddress) ([]byte, error) {
+	if len(addresses) == 0 {
 		return nil, nil
 	}
 	nameservers := make([]netip.Addr, 0, len(vm.Nameservers))
@@ -268,5 +280,5 @@ func (vm *VM) StaticNetworkConfig() ([]byte, error) {
 		}
 		nameservers = append(nameservers, a)
 	}
-	return cloudinit.StaticNIC{MAC: vm.MAC.String(), InterfaceName: GuestInterface, Addresses: vm.StaticAddresses, Nameservers: nameservers}.NetworkConfig()
+	return cloudinit.StaticNIC{MAC: vm.MAC.String(), InterfaceName: GuestInterface, Addresses: addresses, Nameservers: nameservers}.NetworkConfig()
 }

@@ -40,7 +40,7 @@ func TestMachineVMWrittenBack(t *testing.T) {
 	f.LM.Spec.ProviderID = ""
 	s := f.Scope()
 	vm := s.VM
-	if vm.UUID != "" || vm.MAC != "" || vm.DomainDefined() {
+	if vm.UUID != "" || vm.MAC != "" || vm.State != "" {
 		t.Fatalf("a new machine's VM has identity or progress: %+v", progressOf(vm))
 	}
 	vm.UUID, vm.MAC, vm.State = uuid, mac, "running"
@@ -77,7 +77,7 @@ func TestMachineVMWrittenBack(t *testing.T) {
 	if got := progressOf(moved); got != want {
 		t.Errorf("after a move the VM lost its identity or placement (-want +got):\n%s", cmp.Diff(want, got))
 	}
-	if moved.DomainDefined() || moved.BootstrapDataRemoved {
+	if moved.State != "" || moved.BootstrapDataRemoved {
 		t.Errorf("after a move the VM claims progress only status held")
 	}
 }

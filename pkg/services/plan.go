@@ -59,6 +59,16 @@ func (st Step) deleteFailed(s Reporter, err error) {
 
 // Plan is an object's services in the order they create things. Written
 // once: Run walks it forward, Delete backward.
+//
+// A step's outcome sets one condition, its Condition, with two exceptions
+// that the API's conditions force. A step that builds one part of a
+// whole (PartOf: the HAProxy VM's steps, on LoadBalancerReady) reports
+// only its failures, since the condition says whether the whole serves.
+// And a reference check refuses, in one step before anything exists, on
+// behalf of the steps that would use what it refuses (a pool on DiskReady,
+// a network on AddressReserved): each refusal's ConditionError names its
+// condition, so that a refused object reports where a user looks for that
+// part, all refusals at once.
 type Plan []Step
 
 // Reporter is the scope whose object the steps' conditions are set on.
@@ -79,9 +89,16 @@ type FailureRecorder interface {
 // steps. The failing step's error is returned as it is: a plan run inside
 // a service leaves it to the service's caller.
 func (p Plan) Run(ctx context.Context, s Reporter, provisioned bool) error {
+	return p.RunSettled(ctx, s, func() bool { return provisioned })
+}
+
+// RunSettled is Run where settled, asked before each SkipOnceProvisioned
+// step, tells whether the object's build is settled: a step before it may
+// have found that what it built is gone (a disposable VM's domain).
+func (p Plan) RunSettled(ctx context.Context, s Reporter, settled func() bool) error {
 	log := ctrl.LoggerFrom(ctx)
 	for _, st := range p {
-		if provisioned && st.SkipOnceProvisioned {
+		if st.SkipOnceProvisioned && settled() {
 			continue
 		}
 		start := time.Now()
@@ -196,3 +213,26 @@ func Outcome(s Reporter, err error) (ctrl.Result, error) {
 	}
 	return ctrl.Result{}, err
 }
+
+// Provisioner is an object that is reported provisioned once: a
+// LibvirtMachine once its VM runs with an address, a LibvirtCluster once
+// its endpoint is served.
+type Provisioner interface {
+	IsProvisioned() bool
+	SetProvisioned()
+}
+
+// MarkProvisioned is the step that reports o provisioned; it is never
+// reset, so its Delete does nothing.
+func MarkProvisioned(o Provisioner) Service { return provisioned{o} }
+
+type provisioned struct{ o Provisioner }
+
+func (provisioned) Name() string { return "provisioned" }
+
+func (p provisioned) Reconcile(context.Context) (Result, error) {
+	p.o.SetProvisioned()
+	return Result{}, nil
+}
+
+func (provisioned) Delete(context.Context) error { return nil }

@@ -25,10 +25,11 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/manager"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/address"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/disk"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/imageimport"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/ipaddress"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/vmplan"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
@@ -48,6 +49,8 @@ type Fixture struct {
 	LC       *infrav1.LibvirtCluster
 	Cluster  *clusterv1.Cluster
 	Secret   *corev1.Secret
+	// Policy is the operator's policy the plan runs under (Plan).
+	Policy tenancy.Policy
 }
 
 // DomainUUID is the fixture machine's domain UUID (spec.providerID).
@@ -171,18 +174,31 @@ func (i *SyncImporter) Release(w imageimport.Waiter) { i.Released = append(i.Rel
 // Want records nothing: no collector runs beside it.
 func (*SyncImporter) Want(virt.StorageHost, string, string) {}
 
-// Provision runs address, disk and seed so that the domain can be defined.
-func Provision(t *testing.T, f *Fixture) *scope.MachineScope {
+// Plan is the fixture machine's VM plan, wired as the machine reconciler
+// wires it (vmplan), under the fixture's Policy.
+func (f *Fixture) Plan(s *scope.MachineScope) *vmplan.Plan {
+	return vmplan.New(vmplan.Spec{
+		VM: s.VM, Host: f.Host, Owner: s, Policy: f.Policy,
+		Claims: ipaddress.New(s, f.Host, f.Policy), Seed: seed.New(s, f.Host),
+		Images: &SyncImporter{Host: f.Host},
+	})
+}
+
+// Provision runs the address, disk and seed steps of the machine's VM
+// plan, so that its domain step (the plan's Domain) can define the
+// domain.
+func Provision(t *testing.T, f *Fixture) (*scope.MachineScope, *vmplan.Plan) {
 	t.Helper()
 	s := f.Scope()
+	p := f.Plan(s)
 	for _, st := range []services.Step{
-		{Service: address.New(s.VM, f.Host), Condition: infrav1.AddressReservedCondition},
-		{Service: disk.New(s.VM, f.Host, &SyncImporter{Host: f.Host}), Condition: infrav1.DiskReadyCondition},
-		{Service: seed.New(s, f.Host), Condition: infrav1.BootstrapDataReadyCondition},
+		{Service: p.Address, Condition: infrav1.AddressReservedCondition},
+		{Service: p.Disk, Condition: infrav1.DiskReadyCondition},
+		{Service: p.Seed, Condition: infrav1.BootstrapDataReadyCondition},
 	} {
 		if err := Reconcile(s, st.Condition, st.Service); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return s
+	return s, p
 }

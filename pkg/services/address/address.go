@@ -59,6 +59,7 @@ func (svc *Service) Reserved() netip.Addr { return svc.reserved }
 // anything exists in libvirt) and reserves an address for it.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	vm := svc.vm
+	svc.reserved = netip.Addr{}
 	network := vm.Network
 	if network.IsZero() {
 		return services.Result{}, services.Fail(infrav1.WaitingForNetworkReason, services.Requeue(waitForNetwork, "cluster network unknown"),
@@ -73,11 +74,11 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	if err := segment.New(vm, svc.host, svc.others).CheckMAC(ctx); err != nil {
 		return services.Result{}, err
 	}
-	if len(vm.AddressPools) > 0 {
+	switch vm.Addressing {
+	case scope.AddressingPool:
 		// The IPAM step that follows reports the addresses.
 		return services.Result{}, nil
-	}
-	if network.Bridge != "" {
+	case scope.AddressingLAN:
 		return services.Done(infrav1.ReservationNotSupportedReason,
 			fmt.Sprintf("Host bridge %s: the address comes from the LAN's DHCP server", network.Bridge)), nil
 	}

@@ -26,6 +26,8 @@ const recheckPool = time.Minute
 type Service struct {
 	vm   *scope.VM
 	host virt.StorageHost
+	// volumes are what the last Reconcile ensured.
+	volumes []virt.VolumeInfo
 }
 
 var _ services.Service = (*Service)(nil)
@@ -35,10 +37,16 @@ func New(vm *scope.VM, host virt.StorageHost) *Service { return &Service{vm: vm,
 
 func (*Service) Name() string { return "data disks" }
 
+// Volumes are the data disks' volumes, in the VM's DataDisks order, which
+// the last Reconcile ensured and the domain step attaches; nil when it did
+// not run or stopped.
+func (svc *Service) Volumes() []virt.VolumeInfo { return svc.volumes }
+
 // Reconcile ensures every data disk's volume and hands them, in order, to
 // the domain step of the same reconcile.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	vm := svc.vm
+	svc.volumes = nil
 	volumes := make([]virt.VolumeInfo, 0, len(vm.DataDisks))
 	for _, d := range vm.DataDisks {
 		name := vm.DataDiskVolume(d.Name)
@@ -56,7 +64,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		}
 		volumes = append(volumes, info)
 	}
-	vm.DataVolumes = volumes
+	svc.volumes = volumes
 	if len(volumes) == 0 {
 		return services.Done(infrav1.ReadyReason, ""), nil
 	}

@@ -2,6 +2,7 @@ package datadisk_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -23,9 +24,8 @@ func TestDataDisksAttachedBySerial(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	f.LM.Spec.DataDisks = []infrav1.DataDisk{{Name: "etcd", SizeGiB: 5}, {Name: "longhorn", SizeGiB: 50, Pool: "fast"}}
 	f.Host.Pools["fast"] = virt.PoolSpec{Name: "fast"}
-	s := servicetest.Provision(t, f)
-	disks := datadisk.New(s.VM, s.Host)
-	if err := servicetest.Reconcile(s, infrav1.DiskReadyCondition, disks); err != nil {
+	s, p := servicetest.Provision(t, f)
+	if err := servicetest.Reconcile(s, infrav1.DiskReadyCondition, p.DataDisks); err != nil {
 		t.Fatal(err)
 	}
 	domainName := naming.DomainName("ns", "m0")
@@ -35,7 +35,7 @@ func TestDataDisksAttachedBySerial(t *testing.T) {
 			t.Errorf("volume %s = %+v (exists %v), want an empty qcow2 of %d bytes", key, v, ok, size)
 		}
 	}
-	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s.VM, s.Host, domain.Options{})); err != nil {
+	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, p.Domain); err != nil {
 		t.Fatal(err)
 	}
 	got := f.Host.Specs[domainName].DataDisks
@@ -73,13 +73,13 @@ func TestDataDiskFailuresBecomeReasons(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := servicetest.NewFixture(t)
 			tc.setup(f)
-			s := servicetest.Provision(t, f)
-			err := servicetest.Reconcile(s, infrav1.DiskReadyCondition, datadisk.New(s.VM, s.Host))
+			s, p := servicetest.Provision(t, f)
+			err := servicetest.Reconcile(s, infrav1.DiskReadyCondition, p.DataDisks)
 			if _, ok := services.AsRequeue(err); !ok {
 				t.Fatalf("err = %v, want a requeue", err)
 			}
 			servicetest.WantCondition(t, f.LM, infrav1.DiskReadyCondition, metav1.ConditionFalse, tc.reason)
-			if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s.VM, s.Host, domain.Options{})); err == nil || !virt.IsNotFound(err) {
+			if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, p.Domain); !errors.Is(err, domain.ErrVolumesUnknown) {
 				t.Errorf("domain step without its data disks = %v, want the volumes unknown", err)
 			}
 			if len(f.Host.Domains) != 0 {

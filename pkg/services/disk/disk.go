@@ -46,6 +46,8 @@ type Service struct {
 	images Importer
 	// maxBytes bounds the root disk whatever the image (0: no bound).
 	maxBytes uint64
+	// volume is what the last Reconcile ensured.
+	volume *virt.VolumeInfo
 }
 
 var _ services.Service = (*Service)(nil)
@@ -64,9 +66,15 @@ func (svc *Service) WithMaxBytes(n uint64) *Service {
 
 func (*Service) Name() string { return "disk" }
 
+// Volume is the root disk's volume as the last Reconcile ensured it, which
+// the domain step defines the domain on; nil when it did not run or
+// stopped.
+func (svc *Service) Volume() *virt.VolumeInfo { return svc.volume }
+
 // Reconcile ensures the overlay exists with at least the requested size.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	vm := svc.vm
+	svc.volume = nil
 	pool := vm.Pool
 	want := vm.DiskSizeBytes
 	if info, err := svc.host.VolumeInfo(ctx, pool.Name, vm.OverlayVolume()); err == nil {
@@ -76,7 +84,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 				pool.Name, info.Name, info.BackingPath)
 		}
 		if info.CapacityBytes >= want {
-			vm.RootDisk = &info
+			svc.volume = &info
 			return services.Done(infrav1.ReadyReason, ""), nil
 		}
 	}
@@ -97,7 +105,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	if err != nil {
 		return services.Result{}, fail(err, "Creating the root disk on %s/%s: %v", basePool, baseVolume, err)
 	}
-	vm.RootDisk = &info
+	svc.volume = &info
 	return services.Done(infrav1.ReadyReason, ""), nil
 }
 

@@ -152,7 +152,8 @@ func TestDiskBaseImageGone(t *testing.T) {
 	fs := f.Scope()
 	f.Host.Volumes["pool/"+fs.VM.OverlayVolume()] = virt.VolumeInfo{Pool: "pool", Name: fs.VM.OverlayVolume(), CapacityBytes: 100 << 30,
 		Format: "qcow2", BackingPath: "/pools/pool/gone", BackingMissing: true}
-	err := servicetest.Reconcile(fs, infrav1.DiskReadyCondition, disk.New(fs.VM, fs.Host, &servicetest.SyncImporter{Host: f.Host}))
+	root := disk.New(fs.VM, fs.Host, &servicetest.SyncImporter{Host: f.Host})
+	err := servicetest.Reconcile(fs, infrav1.DiskReadyCondition, root)
 	if _, ok := services.AsRequeue(err); !ok {
 		t.Fatalf("err = %v, want a requeue", err)
 	}
@@ -160,8 +161,8 @@ func TestDiskBaseImageGone(t *testing.T) {
 	if c != nil && !strings.Contains(c.Message, "/pools/pool/gone") {
 		t.Errorf("DiskReady says %q, want the missing file named", c.Message)
 	}
-	if fs.VM.RootDisk != nil {
-		t.Errorf("the root disk was taken: %+v", fs.VM.RootDisk)
+	if root.Volume() != nil {
+		t.Errorf("the root disk was taken: %+v", root.Volume())
 	}
 }
 

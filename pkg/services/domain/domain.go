@@ -11,7 +11,9 @@ import (
 	"time"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/cloudinit"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/pci"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -21,11 +23,27 @@ import (
 // the domain is destroyed.
 const DefaultShutdownTimeout = 30 * time.Second
 
-// ErrVolumesUnknown is a domain to define whose root disk and seed the
-// disk and seed steps have not handed over in this reconcile (they are
-// skipped once the VM is provisioned). It is a not-found: the volumes are
-// ensured again before the domain is defined anew.
-var ErrVolumesUnknown = fmt.Errorf("the root disk and seed were not ensured in this reconcile: %w", virt.ErrNotFound)
+// ErrVolumesUnknown is a domain to define whose root disk, seed, data
+// disks or host devices the steps before it have not handed over in this
+// reconcile.
+var ErrVolumesUnknown = errors.New("the root disk, seed, data disks and host devices were not ensured in this reconcile")
+
+// Parts are what the steps before the domain step made of the VM in this
+// reconcile, which the domain is defined with; each returns nil when its
+// step did not run (once the VM is provisioned) or stopped.
+type Parts struct {
+	// RootDisk and Seed are the disk and seed steps' volumes.
+	RootDisk, Seed func() *virt.VolumeInfo
+	// DataDisks are the data disk step's volumes, in the VM's DataDisks
+	// order.
+	DataDisks func() []virt.VolumeInfo
+	// HostDevices are the host device step's PCI addresses, in the VM's
+	// HostDevices order.
+	HostDevices func() []pci.Address
+	// StaticAddresses are the IPAM step's addresses, which the traffic
+	// filter pins the NIC to.
+	StaticAddresses func() []cloudinit.StaticAddress
+}
 
 // Host is what the service needs of the libvirt host: its domains, and
 // the pool that keeps the serial console's log.
@@ -43,6 +61,10 @@ type Options struct {
 	// bridge or a libvirt network the provider did not make for the
 	// cluster (tenancy.Policy.TrafficFilter); empty for none.
 	TrafficFilter string
+	// Drain, when set, runs first on delete, before the domain is shut
+	// down: a control-plane machine leaves the cluster's load balancer.
+	// It returns nil once done, a services.RequeueError to wait.
+	Drain func(ctx context.Context) error
 }
 
 // Service runs the domain; its outcome is DomainReady's.
@@ -51,17 +73,18 @@ type Service struct {
 	// domains defines, starts and stops the VM; volumes holds its console log.
 	domains virt.DomainHost
 	volumes virt.StorageHost
+	parts   Parts
 	opts    Options
 }
 
 var _ services.Service = (*Service)(nil)
 
-// New returns the domain service of vm.
-func New(vm *scope.VM, host Host, opts Options) *Service {
+// New returns the domain service of vm, defined with parts.
+func New(vm *scope.VM, host Host, parts Parts, opts Options) *Service {
 	if opts.ShutdownTimeout <= 0 {
 		opts.ShutdownTimeout = DefaultShutdownTimeout
 	}
-	return &Service{vm: vm, domains: host, volumes: host, opts: opts}
+	return &Service{vm: vm, domains: host, volumes: host, parts: parts, opts: opts}
 }
 
 // Reconcile makes the domain exist with the provider-chosen UUID and run.
@@ -113,8 +136,8 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 	if err := svc.checkHostMemory(ctx); err != nil {
 		return virt.DomainInfo{}, err
 	}
-	disk, seed := s.RootDisk, s.Seed
-	if disk == nil || seed == nil || len(s.DataVolumes) != len(s.DataDisks) || len(s.PCIDevices) != len(s.HostDevices) {
+	disk, seed, data, devices := svc.parts.RootDisk(), svc.parts.Seed(), svc.parts.DataDisks(), svc.parts.HostDevices()
+	if disk == nil || seed == nil || len(data) != len(s.DataDisks) || len(devices) != len(s.HostDevices) {
 		return virt.DomainInfo{}, fmt.Errorf("defining domain %s: %w", s.Domain, ErrVolumesUnknown)
 	}
 	consoleLog, err := svc.volumes.EnsureLogVolume(ctx, s.Pool.Name, s.ConsoleLogVolume())
@@ -130,7 +153,8 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 		TCGCacheMiB: uint64(hw.TCGTranslationCacheMiB), DiskPath: disk.Path, DiskFormat: disk.Format, SeedISOPath: seed.Path,
 		DiskBackingPath: disk.BackingPath, DiskBackingFormat: disk.BackingFormat,
 		Network: network.Name, Bridge: network.Bridge, MAC: s.MAC, TrafficFilter: svc.trafficFilter(network),
-		StaticAddresses: staticAddresses(s), ConsoleLogPath: consoleLog.Path, DataDisks: dataDisks(s), HostDevices: s.PCIDevices,
+		StaticAddresses: staticAddresses(svc.parts.StaticAddresses()), ConsoleLogPath: consoleLog.Path,
+		DataDisks: dataDisks(s, data), HostDevices: devices,
 	})
 	if errors.Is(err, virt.ErrDomainReplaced) {
 		return virt.DomainInfo{}, svc.replaced(err)
@@ -146,7 +170,7 @@ func (svc *Service) define(ctx context.Context) (virt.DomainInfo, error) {
 // provider made for the cluster (its own segment, whose DHCP is libvirt's
 // and whose addresses are reserved), the operator's on anything shared.
 func (svc *Service) trafficFilter(network scope.NetworkRef) string {
-	if _, ours := naming.NameNamespace(network.Name); ours && network.Bridge == "" {
+	if _, ours := naming.NameNamespace(network.Name); ours {
 		return ""
 	}
 	return svc.opts.TrafficFilter
@@ -223,6 +247,11 @@ func (svc *Service) hardwareResult(info virt.DomainInfo) services.Result {
 // and is left alone, with the log of our name.
 func (svc *Service) Delete(ctx context.Context) error {
 	s := svc.vm
+	if svc.opts.Drain != nil {
+		if err := svc.opts.Drain(ctx); err != nil {
+			return err
+		}
+	}
 	info, err := svc.domains.DomainInfo(ctx, s.Domain)
 	switch {
 	case virt.IsNotFound(err):
@@ -263,9 +292,9 @@ func (svc *Service) deleteConsoleLog(ctx context.Context) error {
 
 // dataDisks are the VM's data disk volumes as the domain attaches them:
 // each with its name as serial.
-func dataDisks(vm *scope.VM) []virt.DataDisk {
+func dataDisks(vm *scope.VM, volumes []virt.VolumeInfo) []virt.DataDisk {
 	var out []virt.DataDisk
-	for i, v := range vm.DataVolumes {
+	for i, v := range volumes {
 		out = append(out, virt.DataDisk{Path: v.Path, Serial: vm.DataDisks[i].Name})
 	}
 	return out
@@ -273,9 +302,9 @@ func dataDisks(vm *scope.VM) []virt.DataDisk {
 
 // staticAddresses are the addresses the VM's IPAM step read, which the
 // traffic filter pins the NIC to.
-func staticAddresses(vm *scope.VM) []netip.Addr {
+func staticAddresses(addresses []cloudinit.StaticAddress) []netip.Addr {
 	var out []netip.Addr
-	for _, a := range vm.StaticAddresses {
+	for _, a := range addresses {
 		out = append(out, a.Prefix.Addr())
 	}
 	return out

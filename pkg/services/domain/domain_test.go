@@ -10,7 +10,9 @@ import (
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/fakehost"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/cloudinit"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/pci"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
@@ -30,6 +32,17 @@ type condition struct {
 type vm struct {
 	*scope.VM
 	conditions map[string]condition
+	// root and seed are the volumes the disk and seed steps handed over.
+	root, seed *virt.VolumeInfo
+}
+
+// parts are the VM's parts as its plan hands them to the domain step.
+func (v *vm) parts() domain.Parts {
+	return domain.Parts{
+		RootDisk: func() *virt.VolumeInfo { return v.root }, Seed: func() *virt.VolumeInfo { return v.seed },
+		DataDisks: func() []virt.VolumeInfo { return nil }, HostDevices: func() []pci.Address { return nil },
+		StaticAddresses: func() []cloudinit.StaticAddress { return nil },
+	}
 }
 
 // newVM is a machine's VM whose root disk and seed the steps before the
@@ -43,8 +56,7 @@ func newVM(host *fakehost.Host, memoryMiB int32) *vm {
 		Owner:   virt.Owner{Kind: "LibvirtMachine", Namespace: "ns", Name: "m0"},
 		Network: scope.NetworkRef{Name: "net"}, MAC: "52:54:00:00:00:01", Pool: virt.PoolSpec{Name: "pool"},
 		Hardware: infrav1.VirtualHardware{CPUs: 1, MemoryMiB: memoryMiB, DomainType: "qemu", CPUMode: "maximum"},
-		RootDisk: &root, Seed: &seed,
-	}, conditions: map[string]condition{}}
+	}, conditions: map[string]condition{}, root: &root, seed: &seed}
 }
 
 // SetCondition keeps the condition a plan step sets (services.Reporter).
@@ -91,7 +103,7 @@ func TestDomainChecksHostMemory(t *testing.T) {
 				host.Errs["HostMemory"] = tc.hostErr
 			}
 			v := newVM(host, tc.memoryMiB)
-			svc := domain.New(v.VM, host, domain.Options{})
+			svc := domain.New(v.VM, host, v.parts(), domain.Options{})
 			// The second reconcile is the controller's retry: it must not
 			// define the domain either.
 			for attempt := range 2 {
@@ -137,7 +149,7 @@ func TestDomainChecksHostMemory(t *testing.T) {
 func TestDomainLogsConsoleToAPoolVolume(t *testing.T) {
 	host := fakehost.New()
 	v := newVM(host, 512)
-	if err := v.reconcile(domain.New(v.VM, host, domain.Options{})); err != nil {
+	if err := v.reconcile(domain.New(v.VM, host, v.parts(), domain.Options{})); err != nil {
 		t.Fatal(err)
 	}
 	log, ok := host.Volumes["pool/"+v.ConsoleLogVolume()]
@@ -155,7 +167,7 @@ func TestDomainLogsConsoleToAPoolVolume(t *testing.T) {
 func TestDomainSteadyStateAsksOnce(t *testing.T) {
 	host := fakehost.New()
 	v := newVM(host, 512)
-	svc := domain.New(v.VM, host, domain.Options{})
+	svc := domain.New(v.VM, host, v.parts(), domain.Options{})
 	if err := v.reconcile(svc); err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +199,7 @@ func TestDomainFiltersSharedSegments(t *testing.T) {
 			host := fakehost.New()
 			v := newVM(host, 512)
 			v.Network = tc.network
-			err := services.Plan{{Service: domain.New(v.VM, host, domain.Options{TrafficFilter: tc.filter}), Condition: infrav1.DomainReadyCondition}}.
+			err := services.Plan{{Service: domain.New(v.VM, host, v.parts(), domain.Options{TrafficFilter: tc.filter}), Condition: infrav1.DomainReadyCondition}}.
 				Run(context.Background(), v, false)
 			if err != nil {
 				t.Fatal(err)
@@ -205,7 +217,7 @@ func TestDomainGetsTheCustomCPU(t *testing.T) {
 	host := fakehost.New()
 	v := newVM(host, 512)
 	v.Hardware.CPUMode, v.Hardware.CPUModel, v.Hardware.CPUFeatures = infrav1.CPUModeCustom, "Nehalem", []string{"aes"}
-	plan := services.Plan{{Service: domain.New(v.VM, host, domain.Options{}), Condition: infrav1.DomainReadyCondition}}
+	plan := services.Plan{{Service: domain.New(v.VM, host, v.parts(), domain.Options{}), Condition: infrav1.DomainReadyCondition}}
 	if err := plan.Run(context.Background(), v, false); err != nil {
 		t.Fatal(err)
 	}

@@ -19,8 +19,8 @@ import (
 func TestDomainDefinesAndStarts(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	f.LM.Spec.DomainType, f.LM.Spec.TCGTranslationCacheMiB = infrav1.DomainTypeQEMU, 128
-	s := servicetest.Provision(t, f)
-	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s.VM, s.Host, domain.Options{})); err != nil {
+	s, p := servicetest.Provision(t, f)
+	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, p.Domain); err != nil {
 		t.Fatal(err)
 	}
 	spec := f.Host.Specs[s.VM.Domain]
@@ -39,9 +39,9 @@ func TestDomainDefinesAndStarts(t *testing.T) {
 
 func TestDomainStartFailureCarriesLibvirtMessage(t *testing.T) {
 	f := servicetest.NewFixture(t)
-	s := servicetest.Provision(t, f)
+	s, p := servicetest.Provision(t, f)
 	f.Host.Errs["StartDomain"] = &virt.DomainStartError{Name: s.VM.Domain, Message: "Cannot get interface MTU on 'br9': No such device"}
-	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s.VM, s.Host, domain.Options{})); err == nil {
+	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, p.Domain); err == nil {
 		t.Fatal("no error")
 	}
 	c := servicetest.WantCondition(t, f.LM, infrav1.DomainReadyCondition, metav1.ConditionFalse, infrav1.DomainFailedToStartReason)
@@ -71,13 +71,13 @@ func TestDomainTerminalFailures(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := servicetest.NewFixture(t)
-			s := servicetest.Provision(t, f)
-			if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s.VM, s.Host, domain.Options{})); err != nil {
+			s, p := servicetest.Provision(t, f)
+			if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, p.Domain); err != nil {
 				t.Fatal(err)
 			}
 			s.SetProvisioned()
 			tc.break_(f, s)
-			err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s.VM, s.Host, domain.Options{}))
+			err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, p.Domain)
 			te, ok := services.AsTerminal(err)
 			if !ok || te.FailureReason != scope.FailureReasonUpdate {
 				t.Fatalf("err = %v, want a terminal UpdateError", err)
@@ -92,15 +92,15 @@ func TestDomainTerminalFailures(t *testing.T) {
 
 func TestDomainRestartsAfterStopAndReportsDrift(t *testing.T) {
 	f := servicetest.NewFixture(t)
-	s := servicetest.Provision(t, f)
-	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s.VM, s.Host, domain.Options{})); err != nil {
+	s, p := servicetest.Provision(t, f)
+	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, p.Domain); err != nil {
 		t.Fatal(err)
 	}
 	s.SetProvisioned()
 	d := f.Host.Domains[s.VM.Domain]
 	d.State, d.Reason, d.VCPUs = "shutoff", "shutdown", 4
 	f.Host.Domains[s.VM.Domain] = d
-	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s.VM, s.Host, domain.Options{})); err != nil {
+	if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, p.Domain); err != nil {
 		t.Fatal(err)
 	}
 	if f.Host.Domains[s.VM.Domain].State != "running" {
@@ -119,7 +119,7 @@ func TestDomainDeleteLeavesForeignDomain(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	s := f.Scope()
 	f.Host.Domains[s.VM.Domain] = virt.DomainInfo{Name: s.VM.Domain, UUID: "00000000-0000-0000-0000-000000000001", State: "running"}
-	if err := domain.New(s.VM, s.Host, domain.Options{ShutdownTimeout: time.Second}).Delete(context.Background()); err != nil {
+	if err := domain.New(s.VM, s.Host, domain.Parts{}, domain.Options{ShutdownTimeout: time.Second}).Delete(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := f.Host.Domains[s.VM.Domain]; !ok {

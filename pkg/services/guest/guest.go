@@ -70,9 +70,9 @@ func (svc *Addresses) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.vm
 	// A guest with addresses from IPAM pools holds no lease: only its
 	// agent knows them, as on a host bridge.
-	leasing := s.Network.Name
-	if len(s.AddressPools) > 0 {
-		leasing = ""
+	leasing := ""
+	if s.Addressing == scope.AddressingReserved {
+		leasing = s.Network.Name
 	}
 	addrs, err := svc.host.Addresses(ctx, virt.AddressQuery{Domain: s.Domain, Network: leasing, MAC: s.MAC})
 	switch {
@@ -116,6 +116,8 @@ type Bootstrap struct {
 	vm            *scope.VM
 	host          virt.GuestHost
 	succeededOnce SucceededOnce
+	// succeeded is set when this reconcile found the bootstrap done.
+	succeeded bool
 }
 
 // SucceededOnce tells whether the machine's bootstrap succeeded at some
@@ -134,19 +136,24 @@ func NewBootstrap(vm *scope.VM, host virt.GuestHost, succeededOnce SucceededOnce
 
 func (*Bootstrap) Name() string { return "bootstrap" }
 
+// Succeeded tells whether this reconcile found the bootstrap done (in the
+// guest, or in the emptied seed), for the bootstrap data's removal.
+func (svc *Bootstrap) Succeeded() bool { return svc.succeeded }
+
 // Delete does nothing: checking the bootstrap creates nothing.
 func (*Bootstrap) Delete(context.Context) error { return nil }
 
 // Reconcile checks the sentinel until it is seen once.
 func (svc *Bootstrap) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.vm
+	svc.succeeded = false
 	if s.BootstrapDataRemoved {
 		return services.Result{}, nil
 	}
 	_, err := svc.host.GuestReadFile(ctx, s.Domain, SentinelPath)
 	switch {
 	case err == nil:
-		return svc.succeeded("")
+		return svc.done("")
 	case virt.IsNotFound(err):
 		if errs, done := svc.cloudInitResult(ctx); done {
 			// cloud-init writes its result after the per-boot scripts, one
@@ -154,12 +161,12 @@ func (svc *Bootstrap) Reconcile(ctx context.Context) (services.Result, error) {
 			// earlier boot is kept (cloudinit.BootstrapSentinelVendorData):
 			// read again, the sentinel is there by now if it exists.
 			if _, err := svc.host.GuestReadFile(ctx, s.Domain, SentinelPath); err == nil {
-				return svc.succeeded("")
+				return svc.done("")
 			}
 			if once, err := svc.succeededOnce(ctx); err != nil {
 				return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, err, "Reading the seed: %v", err)
 			} else if once {
-				return svc.succeeded("The bootstrap succeeded at an earlier boot: the seed no longer holds the bootstrap data")
+				return svc.done("The bootstrap succeeded at an earlier boot: the seed no longer holds the bootstrap data")
 			}
 			return services.Result{}, services.Fail(infrav1.BootstrapFailedReason, services.Requeue(failedBootstrapPoll, "bootstrap failed"),
 				"cloud-init finished (%d errors) without writing %s: the bootstrap failed, or the guest went down before it ended and "+
@@ -192,8 +199,8 @@ func (svc *Bootstrap) cloudInitResult(ctx context.Context) (errs int, done bool)
 	return len(result.V1.Errors), true
 }
 
-// succeeded reports the bootstrap done, for the removal step after it.
-func (svc *Bootstrap) succeeded(message string) (services.Result, error) {
-	svc.vm.BootstrapSucceeded = true
+// done reports the bootstrap done, for the removal step after it.
+func (svc *Bootstrap) done(message string) (services.Result, error) {
+	svc.succeeded = true
 	return services.Done(infrav1.ReadyReason, message), nil
 }

@@ -16,6 +16,7 @@ import (
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/servicetest"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/netalloc"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/guest"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
@@ -29,7 +30,7 @@ func (l *leaseRecorder) WatchLease(_ virt.NetworkHost, network string, mac netal
 
 func TestGuestAddressesNeedALease(t *testing.T) {
 	f := servicetest.NewFixture(t)
-	s := servicetest.Provision(t, f)
+	s, _ := servicetest.Provision(t, f)
 	leases := &leaseRecorder{}
 	g := guest.NewAddresses(s.VM, s.Host, leases)
 	err := servicetest.Reconcile(s, infrav1.AddressAssignedCondition, g)
@@ -60,8 +61,9 @@ func TestGuestAddressesNeedALease(t *testing.T) {
 // its MAC could still offer.
 func TestGuestAddressesOfAPoolAddressFromTheAgent(t *testing.T) {
 	f := servicetest.NewFixture(t)
-	s := servicetest.Provision(t, f)
+	s, _ := servicetest.Provision(t, f)
 	s.VM.AddressPools = []infrav1.IPPoolReference{{APIGroup: "ipam.cluster.x-k8s.io", Kind: "InClusterIPPool", Name: "lan"}}
+	s.VM.Addressing = scope.AddressingOf(s.VM.Network, s.VM.AddressPools)
 	leases := &leaseRecorder{}
 	g := guest.NewAddresses(s.VM, s.Host, leases)
 	mac := strings.ToUpper(s.VM.MAC.String())
@@ -104,7 +106,7 @@ func TestGuestBootstrapSentinel(t *testing.T) {
 		t.Fatal(err)
 	}
 	servicetest.WantCondition(t, f.LM, infrav1.BootstrapSucceededCondition, metav1.ConditionTrue, infrav1.ReadyReason)
-	if !s.VM.BootstrapSucceeded {
+	if !g.Succeeded() {
 		t.Error("the success is not handed to the removal step")
 	}
 	f.NoLeaks()

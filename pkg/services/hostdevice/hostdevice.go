@@ -32,6 +32,8 @@ type Service struct {
 	vm     *scope.VM
 	host   virt.DomainHost
 	policy tenancy.Policy
+	// devices are what the last Reconcile found free.
+	devices []pci.Address
 }
 
 var _ services.Service = (*Service)(nil)
@@ -43,6 +45,11 @@ func New(vm *scope.VM, host virt.DomainHost, policy tenancy.Policy) *Service {
 
 func (*Service) Name() string { return "host devices" }
 
+// Devices are the addresses of the VM's host devices on its host, in
+// order, which the last Reconcile found free and the domain step passes
+// through; nil when it did not run or stopped.
+func (svc *Service) Devices() []pci.Address { return svc.devices }
+
 // Reconcile hands the devices' addresses, in spec order, to the domain
 // step of the same reconcile, or stops while one is missing, taken, or
 // not what the operator meant. Two machines may both find a device free
@@ -50,6 +57,7 @@ func (*Service) Name() string { return "host devices" }
 // other finds it held here next time.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	vm := svc.vm
+	svc.devices = nil
 	addresses := make([]pci.Address, 0, len(vm.HostDevices))
 	for _, alias := range vm.HostDevices {
 		dev, err := svc.policy.HostDevice(alias)
@@ -68,7 +76,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		}
 		addresses = append(addresses, dev.Address)
 	}
-	vm.PCIDevices = addresses
+	svc.devices = addresses
 	return services.Result{}, nil
 }
 

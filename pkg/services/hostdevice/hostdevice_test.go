@@ -10,8 +10,6 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/naming"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/pci"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/hostdevice"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
@@ -36,12 +34,13 @@ func TestHostDevicesPassedThrough(t *testing.T) {
 	f := servicetest.NewFixture(t)
 	f.LM.Spec.HostDevices = []infrav1.HostDevice{{Name: "nic0"}, {Name: "gpu0"}}
 	f.Host.PCIDevices = map[pci.Address]string{gpu: "nvidia", nic: "ixgbe"}
-	s := servicetest.Provision(t, f)
+	f.Policy = policy(t)
+	s, p := servicetest.Provision(t, f)
 	for range 2 { // again once the domain exists and names them
-		if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, hostdevice.New(s.VM, s.Host, policy(t))); err != nil {
+		if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, p.HostDevices); err != nil {
 			t.Fatal(err)
 		}
-		if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s.VM, s.Host, domain.Options{})); err != nil {
+		if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, p.Domain); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -76,8 +75,9 @@ func TestHostDeviceWaits(t *testing.T) {
 				f.Host.Specs["other"] = virt.DomainSpec{Name: "other", HostDevices: []pci.Address{gpu}}
 				f.Host.Domains["other"] = virt.DomainInfo{Name: "other", State: tc.other}
 			}
-			s := servicetest.Provision(t, f)
-			err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, hostdevice.New(s.VM, s.Host, policy(t)))
+			f.Policy = policy(t)
+			s, p := servicetest.Provision(t, f)
+			err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, p.HostDevices)
 			if tc.reason == "" {
 				if err != nil {
 					t.Fatalf("err = %v, want the device free", err)
@@ -91,7 +91,7 @@ func TestHostDeviceWaits(t *testing.T) {
 				t.Errorf("err = %v, want a requeue", err)
 			}
 			servicetest.WantCondition(t, f.LM, infrav1.DomainReadyCondition, metav1.ConditionFalse, tc.reason)
-			if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, domain.New(s.VM, s.Host, domain.Options{})); err == nil {
+			if err := servicetest.Reconcile(s, infrav1.DomainReadyCondition, p.Domain); err == nil {
 				t.Error("the domain step went ahead without its host devices")
 			}
 			if _, ok := f.Host.Domains[naming.DomainName("ns", "m0")]; ok {

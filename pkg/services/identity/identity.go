@@ -16,10 +16,13 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
-// Service chooses or adopts the identity; it reports no condition.
+// Service chooses or adopts the identity; it reports only its failures,
+// on the condition of its plan step.
 type Service struct {
 	vm   *scope.VM
 	host virt.DomainHost
+	// found is set when this reconcile found the VM's domain in libvirt.
+	found bool
 }
 
 var _ services.Service = (*Service)(nil)
@@ -29,19 +32,29 @@ func New(vm *scope.VM, host virt.DomainHost) *Service { return &Service{vm: vm, 
 
 func (*Service) Name() string { return "identity" }
 
+// DomainDefined tells whether the VM's domain exists in libvirt: this
+// reconcile found it, or the status holds the state libvirt reported.
+// The steps after this one ask it.
+func (svc *Service) DomainDefined() bool { return svc.found || svc.vm.State != "" }
+
+// Found tells whether this reconcile found the VM's domain in libvirt.
+func (svc *Service) Found() bool { return svc.found }
+
 // Reconcile costs nothing once UUID and MAC are known and the status has
-// seen the domain. Otherwise it looks the domain up by its name: one that the ownership metadata says is this
+// seen the domain, unless the VM is disposable (then whether its domain
+// still exists decides whether its volumes are ensured). Otherwise it looks the domain up by its name: one that the ownership metadata says is this
 // VM's lends its UUID and MAC (a moved or restored object, or one whose
 // status was lost); without one, a new random UUID is chosen, and the
 // address step chooses the MAC.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	vm := svc.vm
-	if vm.UUID != "" && vm.MAC != "" && vm.State != "" {
+	svc.found = false
+	if vm.UUID != "" && vm.MAC != "" && vm.State != "" && !vm.Disposable {
 		return services.Result{}, nil
 	}
 	info, err := svc.host.DomainInfo(ctx, vm.Domain)
 	if err != nil && !virt.IsNotFound(err) {
-		return services.Result{}, services.FailOn(infrav1.DomainReadyCondition, infrav1.LibvirtErrorReason, err, "Looking up domain %s: %v", vm.Domain, err)
+		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, err, "Looking up domain %s: %v", vm.Domain, err)
 	}
 	// No domain, or one that is not this VM's (the domain step reports
 	// that; a UUID of our own keeps it apart): choose a UUID, once.
@@ -60,7 +73,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	if vm.MAC == "" && info.MAC != "" {
 		vm.MAC = info.MAC
 	}
-	vm.Found = true
+	svc.found = true
 	return services.Result{}, nil
 }
 

@@ -29,18 +29,20 @@ func TestIdentity(t *testing.T) {
 		providerID  string
 		mac         string
 		seen        bool
+		disposable  bool
 		domain      *virt.DomainInfo
 		wantUUID    string // "" for a new random one
 		wantMAC     netalloc.MAC
 		wantDefined bool
+		wantFound   bool
 		wantCalls   int
 	}{
 		{name: "new machine", wantCalls: 1},
 		{name: "moved: new UID, no status, providerID kept", providerID: oldUUID,
 			domain:   &virt.DomainInfo{UUID: oldUUID, MAC: oldMAC, Owner: ours("old-uid")},
-			wantUUID: oldUUID, wantMAC: oldMAC, wantDefined: true, wantCalls: 1},
+			wantUUID: oldUUID, wantMAC: oldMAC, wantDefined: true, wantFound: true, wantCalls: 1},
 		{name: "restored before providerID was persisted", domain: &virt.DomainInfo{UUID: oldUUID, MAC: oldMAC, Owner: ours("old-uid")},
-			wantUUID: oldUUID, wantMAC: oldMAC, wantDefined: true, wantCalls: 1},
+			wantUUID: oldUUID, wantMAC: oldMAC, wantDefined: true, wantFound: true, wantCalls: 1},
 		{name: "a domain of our name that is another object's",
 			domain:    &virt.DomainInfo{UUID: oldUUID, MAC: oldMAC, Owner: &virt.Owner{Kind: "LibvirtMachine", Namespace: "other", Name: "m0"}},
 			wantCalls: 1},
@@ -49,8 +51,13 @@ func TestIdentity(t *testing.T) {
 			wantUUID: "11111111-2222-4333-8444-555555555555", wantCalls: 1},
 		{name: "moved: identity in spec and annotations, no status: the domain is looked up", providerID: oldUUID, mac: oldMAC,
 			domain:   &virt.DomainInfo{UUID: oldUUID, MAC: oldMAC, Owner: ours("old-uid")},
-			wantUUID: oldUUID, wantMAC: oldMAC, wantDefined: true, wantCalls: 1},
+			wantUUID: oldUUID, wantMAC: oldMAC, wantDefined: true, wantFound: true, wantCalls: 1},
 		{name: "known and seen: no libvirt call", providerID: oldUUID, mac: oldMAC, seen: true, wantUUID: oldUUID, wantMAC: oldMAC, wantDefined: true},
+		{name: "disposable, known and seen: the domain is looked up", providerID: oldUUID, mac: oldMAC, seen: true, disposable: true,
+			domain:   &virt.DomainInfo{UUID: oldUUID, MAC: oldMAC, Owner: ours("")},
+			wantUUID: oldUUID, wantMAC: oldMAC, wantDefined: true, wantFound: true, wantCalls: 1},
+		{name: "disposable, known and seen, vanished: not found", providerID: oldUUID, mac: oldMAC, seen: true, disposable: true,
+			wantUUID: oldUUID, wantMAC: oldMAC, wantDefined: true, wantCalls: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := servicetest.NewFixture(t)
@@ -68,8 +75,10 @@ func TestIdentity(t *testing.T) {
 			if tc.domain != nil {
 				f.Host.Domains[s.VM.Domain] = *tc.domain
 			}
+			s.VM.Disposable = tc.disposable
 			f.Host.Calls = nil
-			if _, err := identity.New(s.VM, s.Host).Reconcile(context.Background()); err != nil {
+			id := identity.New(s.VM, s.Host)
+			if _, err := id.Reconcile(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			got := s.VM.UUID
@@ -82,8 +91,11 @@ func TestIdentity(t *testing.T) {
 			if s.VM.MAC != tc.wantMAC {
 				t.Errorf("MAC %q, want %q", s.VM.MAC, tc.wantMAC)
 			}
-			if s.VM.DomainDefined() != tc.wantDefined {
-				t.Errorf("domain defined %v, want %v", s.VM.DomainDefined(), tc.wantDefined)
+			if id.DomainDefined() != tc.wantDefined {
+				t.Errorf("domain defined %v, want %v", id.DomainDefined(), tc.wantDefined)
+			}
+			if id.Found() != tc.wantFound {
+				t.Errorf("found %v, want %v", id.Found(), tc.wantFound)
 			}
 			if len(f.Host.Calls) != tc.wantCalls {
 				t.Errorf("libvirt calls %v, want %d", f.Host.Calls, tc.wantCalls)

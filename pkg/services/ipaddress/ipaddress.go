@@ -64,6 +64,12 @@ type Service struct {
 	// claimName names the claim on the VM's i-th pool.
 	claimName func(i int) string
 	event     func(eventType, reason, message string)
+	// domainDefined tells whether the VM's domain exists (the identity
+	// step's answer); nil: it is looked for as if not.
+	domainDefined func() bool
+	// addresses are what the last Reconcile claimed, for the steps after
+	// it.
+	addresses []cloudinit.StaticAddress
 }
 
 var _ services.Service = (*Service)(nil)
@@ -91,7 +97,19 @@ func (svc *Service) WithOtherHosts(others segment.Hosts) *Service {
 	return svc
 }
 
+// WithDomainDefined has the claims kept as the VM's domain holds them once
+// defined says it exists.
+func (svc *Service) WithDomainDefined(defined func() bool) *Service {
+	svc.domainDefined = defined
+	return svc
+}
+
 func (*Service) Name() string { return "IP address claims" }
+
+// Addresses are the addresses the last Reconcile read from the pools'
+// IPAddresses, which the seed gives the guest and the domain pins its
+// traffic filter to; nil when the VM takes DHCP or a claim waits.
+func (svc *Service) Addresses() []cloudinit.StaticAddress { return svc.addresses }
 
 // Reconcile claims an address from every pool and hands them to the seed
 // and domain steps of the same reconcile; a VM without pools takes DHCP
@@ -103,7 +121,8 @@ func (*Service) Name() string { return "IP address claims" }
 // guest keeps what it holds.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	vm := svc.vm
-	if len(vm.AddressPools) == 0 {
+	svc.addresses = nil
+	if vm.Addressing != scope.AddressingPool {
 		return services.Result{}, nil
 	}
 	if ns, ok := naming.NameNamespace(vm.Network.Name); vm.Network.Name != "" && ok {
@@ -147,7 +166,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		}
 	}
 	if len(addresses) == len(vm.AddressPools) {
-		vm.StaticAddresses = addresses
+		svc.addresses = addresses
 	}
 	return services.Done(infrav1.ReadyReason, strings.Join(described, ", ")), nil
 }
@@ -156,7 +175,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 // libvirt records them, and whether the domain exists (as this VM's).
 func (svc *Service) held(ctx context.Context) ([]netip.Addr, bool, error) {
 	vm := svc.vm
-	if !vm.DomainDefined() {
+	if svc.domainDefined == nil || !svc.domainDefined() {
 		return nil, false, nil
 	}
 	info, err := svc.host.DomainInfo(ctx, vm.Domain)

@@ -14,13 +14,17 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // configSync keeps HAProxy's configuration in step with the cluster's
 // control-plane machines and reports whether the endpoint serves.
-type configSync struct{ lb *Service }
+type configSync struct {
+	svc *Service
+	vm  *scope.VM
+}
 
 func (configSync) Name() string { return "configuration" }
 
@@ -34,7 +38,7 @@ func (configSync) Delete(context.Context) error { return nil }
 // recreated), so an unchanged backend set costs no guest-agent call and
 // never reloads HAProxy.
 func (c configSync) Reconcile(ctx context.Context) (services.Result, error) {
-	svc := c.lb
+	svc := c.svc
 	s := svc.scope
 	backends, err := DesiredBackends(ctx, s)
 	if err != nil {
@@ -50,7 +54,7 @@ func (c configSync) Reconcile(ctx context.Context) (services.Result, error) {
 			return res, nil
 		}
 	}
-	running, err := RunningConfigID(ctx, s.Host, svc.vm.Domain)
+	running, err := RunningConfigID(ctx, s.Host, c.vm.Domain)
 	if errors.Is(err, virt.ErrAgentUnavailable) {
 		return services.Result{}, c.notServing("Waiting for the HAProxy VM's guest agent", services.Requeue(recheckAgent, "guest agent not answering"))
 	}
@@ -77,7 +81,7 @@ func (c configSync) Reconcile(ctx context.Context) (services.Result, error) {
 // WaitingForLoadBalancer, or LoadBalancerNotServing once that has lasted
 // longer than servingBound since status.loadBalancer.notServingSince.
 func (c configSync) notServing(message string, wait error) error {
-	st := c.lb.scope.LoadBalancerStatus()
+	st := c.svc.scope.LoadBalancerStatus()
 	if st.NotServingSince == nil {
 		st.NotServingSince = ptrNow()
 	}
@@ -85,7 +89,7 @@ func (c configSync) notServing(message string, wait error) error {
 	reason := notServingReason(since, time.Now(), servingBound)
 	if reason == infrav1.LoadBalancerNotServingReason {
 		message = fmt.Sprintf("HAProxy has not served for %s (since %s): %s; look at the VM's console (virsh console %s)",
-			time.Since(since).Round(time.Second), since.UTC().Format(time.RFC3339), message, c.lb.vm.Domain)
+			time.Since(since).Round(time.Second), since.UTC().Format(time.RFC3339), message, c.vm.Domain)
 	}
 	return services.Fail(reason, wait, "%s", message)
 }
@@ -101,9 +105,9 @@ func notServingReason(since, now time.Time, bound time.Duration) string {
 
 // apply loads cfg into HAProxy and records it.
 func (c configSync) apply(ctx context.Context, cfg []byte, id string, backends []infrav1.LoadBalancerBackend) error {
-	s := c.lb.scope
+	s := c.svc.scope
 	start := time.Now()
-	err := Apply(ctx, s.Host, c.lb.vm.Domain, cfg, id)
+	err := Apply(ctx, s.Host, c.vm.Domain, cfg, id)
 	var invalid *ConfigInvalidError
 	var reload *ReloadError
 	switch {
@@ -129,7 +133,7 @@ func (c configSync) apply(ctx context.Context, cfg []byte, id string, backends [
 // serving dials the endpoint from the manager's host; once it accepts
 // connections, LoadBalancerReady is True.
 func (c configSync) serving() (services.Result, error) {
-	s := c.lb.scope
+	s := c.svc.scope
 	ep := s.LibvirtCluster.Spec.ControlPlaneEndpoint
 	addr := net.JoinHostPort(ep.Host, strconv.Itoa(int(ep.Port)))
 	conn, err := net.DialTimeout("tcp", addr, dialTimeout)

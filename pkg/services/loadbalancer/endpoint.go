@@ -21,27 +21,34 @@ import (
 // control-plane endpoint before the VM first boots. On a host bridge,
 // where no DHCP server of ours can reserve it, the endpoint is the user's
 // (a free address of the LAN) and the VM holds it as a static address.
-type endpoint struct{ lb *Service }
+type endpoint struct {
+	scope  *scope.ClusterScope
+	vm     *scope.VM
+	policy tenancy.Policy
+	// reserved and claimed are the address and IPAM steps' results.
+	reserved func() netip.Addr
+	claimed  func() []cloudinit.StaticAddress
+}
 
 func (endpoint) Name() string { return "endpoint" }
 
 // Reconcile publishes the endpoint.
 func (e endpoint) Reconcile(ctx context.Context) (services.Result, error) {
-	svc := e.lb
-	s := svc.scope
-	network := svc.vm.Network
+	s := e.scope
 	var ip netip.Addr
-	switch {
-	case len(svc.vm.StaticAddresses) > 0:
-		ip = svc.vm.StaticAddresses[0].Prefix.Addr() // the IPAM step's
-	case network.Bridge != "":
+	switch e.vm.Addressing {
+	case scope.AddressingPool:
+		if claimed := e.claimed(); len(claimed) > 0 {
+			ip = claimed[0].Prefix.Addr()
+		}
+	case scope.AddressingLAN:
 		return e.static()
 	default:
-		ip = svc.address.Reserved()
+		ip = e.reserved()
 	}
 	if !ip.IsValid() {
 		return services.Result{}, services.Fail(infrav1.UnsupportedNetworkReason, services.Requeue(0, "unsupported network"),
-			"The HAProxy VM cannot get a reserved address on network %s, whose DHCP libvirt does not serve; use loadBalancer.type None with your own endpoint", network.Name)
+			"The HAProxy VM cannot get a reserved address on network %s, whose DHCP libvirt does not serve; use loadBalancer.type None with your own endpoint", e.vm.Network.Name)
 	}
 	s.LoadBalancerStatus().Address = ip.String()
 	ep := &s.LibvirtCluster.Spec.ControlPlaneEndpoint
@@ -63,9 +70,9 @@ func (e endpoint) Reconcile(ctx context.Context) (services.Result, error) {
 // static takes the user's endpoint as the HAProxy VM's static address on
 // a host bridge.
 func (e endpoint) static() (services.Result, error) {
-	s := e.lb.scope
+	s := e.scope
 	ep := &s.LibvirtCluster.Spec.ControlPlaneEndpoint
-	if err := tenancy.CheckStaticAddress(e.lb.policy.TrafficFilter); err != nil {
+	if err := tenancy.CheckStaticAddress(e.policy.TrafficFilter); err != nil {
 		return services.Result{}, services.Fail(infrav1.UnsupportedNetworkReason, services.Requeue(0, "static address filtered"), "%v", err)
 	}
 	ip, err := staticAddress(s.LibvirtCluster)
@@ -92,21 +99,22 @@ func staticAddress(lc *infrav1.LibvirtCluster) (netip.Addr, error) {
 }
 
 // networkConfig is the HAProxy VM's network-config: with an address from
-// a pool, that address alone; on a host bridge, DHCP from the LAN plus the
-// endpoint as a static address; on a libvirt network, none (DHCP hands it
-// the reserved address).
-func (svc *Service) networkConfig() ([]byte, error) {
-	if len(svc.vm.StaticAddresses) > 0 {
-		return svc.vm.StaticNetworkConfig()
-	}
-	if svc.vm.Network.Bridge == "" {
+// a pool (static, the IPAM step's), that address alone; on a host bridge,
+// DHCP from the LAN plus the endpoint as a static address; on a libvirt
+// network, none (DHCP hands it the reserved address).
+func networkConfig(lc *infrav1.LibvirtCluster, vm *scope.VM, static []cloudinit.StaticAddress) ([]byte, error) {
+	switch vm.Addressing {
+	case scope.AddressingPool:
+		return vm.StaticNetworkConfig(static)
+	case scope.AddressingLAN:
+		ip, err := staticAddress(lc)
+		if err != nil {
+			return nil, err
+		}
+		return cloudinit.DHCPWithStaticAddress{MAC: vm.MAC.String(), InterfaceName: scope.GuestInterface, Static: ip}.NetworkConfig()
+	default:
 		return nil, nil
 	}
-	ip, err := staticAddress(svc.scope.LibvirtCluster)
-	if err != nil {
-		return nil, err
-	}
-	return cloudinit.DHCPWithStaticAddress{MAC: svc.vm.MAC.String(), InterfaceName: scope.GuestInterface, Static: ip}.NetworkConfig()
 }
 
 // Delete does nothing: the address step releases the reservation, and

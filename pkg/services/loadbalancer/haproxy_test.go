@@ -298,7 +298,7 @@ func TestNotServingSinceIsKeptUntilServing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := configSync{New(s, nil, tenancy.Policy{})}
+	c := configSync{svc: New(s, nil, tenancy.Policy{}), vm: s.LoadBalancerVM()}
 	_ = c.notServing("closed", nil)
 	first := s.LoadBalancerStatus().NotServingSince
 	if first == nil {

@@ -14,17 +14,16 @@ import (
 	"time"
 
 	infrav1 "github.com/capi-libvirt/cluster-api-provider-libvirt/api/v1alpha1"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/cloudinit"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/scope"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/address"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/disk"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/domain"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/identity"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/ipaddress"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/seed"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/segment"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/services/vmplan"
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/tenancy"
-	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
 // Waits of the load balancer. The guest agent's connect event and the
@@ -55,10 +54,6 @@ const userData = `#cloud-config
 type Service struct {
 	scope  *scope.ClusterScope
 	images disk.Importer
-	// vm and address are the HAProxy VM and its address step, which plan
-	// builds for the Reconcile or Delete it runs in.
-	vm      *scope.VM
-	address *address.Service
 	// policy is the operator's: its traffic filter guards the HAProxy
 	// VM's NIC on a shared segment, its ranges bound a pool's address.
 	policy tenancy.Policy
@@ -94,56 +89,48 @@ func (svc *Service) WithOtherHosts(others segment.Hosts) *Service {
 
 func (*Service) Name() string { return "load balancer" }
 
-// plan is the load balancer's steps, every one reported on
-// LoadBalancerReady: with HAProxy, the machine services building the VM
-// (their failures name it, their successes say nothing: the condition
-// turns True only once HAProxy serves), the endpoint (the VM's reserved
-// address) published between them, then the configuration; with type
-// None, the user's endpoint. The VM's address, disk and seed are
-// SkipOnceProvisioned: once the VM ran (provisioned) they are settled, and
-// ensuring them on every reconcile would only cost libvirt calls. The VM
-// is built from the LibvirtCluster as it stands, after the cluster's
-// network step.
-func (svc *Service) plan(haproxy bool) services.Plan {
+// vmPlan is the HAProxy VM's plan (vmplan, which the machines share),
+// built from the LibvirtCluster as it stands, after the cluster's network
+// step. Every step reports on LoadBalancerReady: the VM's own report only
+// their failures, naming the VM (the condition turns True only once
+// HAProxy serves). The load balancer adds the endpoint, published once
+// the VM's address is known and before the VM first boots, and HAProxy's
+// configuration once it runs.
+func (svc *Service) vmPlan() (*vmplan.Plan, services.Plan) {
 	const ready = infrav1.LoadBalancerReadyCondition
-	if !haproxy {
-		return services.Plan{
-			{Service: userEndpoint{svc}, Condition: ready},
-			{Service: provisioned{svc}, Condition: ready},
-		}
-	}
 	host := svc.scope.Host
-	svc.vm = svc.scope.LoadBalancerVM()
-	svc.address = address.New(svc.vm, host).WithOtherHosts(svc.others)
-	vm := "HAProxy VM " + svc.vm.Domain
-	return services.Plan{
-		{Service: identity.New(svc.vm, host), Condition: ready, PartOf: vm},
-		{Service: svc.address, Condition: ready, PartOf: vm, SkipOnceProvisioned: true},
-		// Not SkipOnceProvisioned: the claim is kept while the VM exists.
-		{Service: ipaddress.NewLoadBalancer(svc.scope, svc.vm, host, svc.policy).WithOtherHosts(svc.others), Condition: ready, PartOf: vm},
-		{Service: endpoint{svc}, Condition: ready, SkipOnceProvisioned: true},
-		{Service: disk.New(svc.vm, host, svc.images).WithMaxBytes(svc.maxDiskBytes), Condition: ready, PartOf: vm, SkipOnceProvisioned: true},
-		{Service: seed.NewWithUserData(svc.vm, host, []byte(userData)).WithNetworkConfig(svc.networkConfig), Condition: ready, PartOf: vm, SkipOnceProvisioned: true},
-		{Service: domain.New(svc.vm, host, domain.Options{ShutdownTimeout: shutdownTimeout, TrafficFilter: svc.policy.TrafficFilter}), Condition: ready, PartOf: vm},
-		{Service: provisioned{svc}, Condition: ready},
-		{Service: configSync{svc}, Condition: ready},
-	}
+	vm := svc.scope.LoadBalancerVM()
+	p := vmplan.New(vmplan.Spec{
+		VM: vm, Host: host, Owner: svc.scope,
+		Conditions: vmplan.Conditions{Address: ready, Disk: ready, Seed: ready, Domain: ready, PartOf: "HAProxy VM " + vm.Domain},
+		Claims:     ipaddress.NewLoadBalancer(svc.scope, vm, host, svc.policy),
+		Seed:       seed.NewWithUserData(vm, host, []byte(userData)),
+		NetworkConfig: func(static []cloudinit.StaticAddress) ([]byte, error) {
+			return networkConfig(svc.scope.LibvirtCluster, vm, static)
+		},
+		Images: svc.images, Policy: svc.policy, MaxDiskBytes: svc.maxDiskBytes, OtherHosts: svc.others,
+		Domain: domain.Options{ShutdownTimeout: shutdownTimeout},
+	})
+	ep := endpoint{scope: svc.scope, vm: vm, policy: svc.policy, reserved: p.Address.Reserved, claimed: p.Claims.Addresses}
+	return p, p.Steps(vmplan.Extra{
+		Addressed:   []services.Step{{Service: ep, Condition: ready, SkipOnceProvisioned: true}},
+		Provisioned: []services.Step{{Service: configSync{svc: svc, vm: vm}, Condition: ready}},
+	})
 }
 
 // Reconcile serves the endpoint. The cluster is provisioned once the
 // HAProxy VM runs (type HAProxy) or the endpoint is set (type None);
 // LoadBalancerReady turns True when the endpoint accepts connections.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
-	plan := svc.plan(svc.scope.LoadBalancerEnabled())
-	if svc.scope.IsProvisioned() {
-		// The address, disk and seed are ensured again when the domain has
-		// to be defined anew (domain.ErrVolumesUnknown) or one of them is
-		// missing.
-		if err := plan.Run(ctx, svc.scope, true); err == nil || !virt.IsNotFound(err) {
-			return services.Result{}, err
-		}
+	if !svc.scope.LoadBalancerEnabled() {
+		const ready = infrav1.LoadBalancerReadyCondition
+		return services.Result{}, services.Plan{
+			{Service: userEndpoint{svc}, Condition: ready},
+			{Service: services.MarkProvisioned(svc.scope), Condition: ready},
+		}.Run(ctx, svc.scope, false)
 	}
-	return services.Result{}, plan.Run(ctx, svc.scope, false)
+	vm, steps := svc.vmPlan()
+	return services.Result{}, vm.Run(ctx, svc.scope, steps)
 }
 
 // Delete removes the HAProxy VM in reverse order of creation: domain,
@@ -151,32 +138,14 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 // It deletes the VM whatever the type: a VM made before the type changed
 // is deleted with the cluster.
 func (svc *Service) Delete(ctx context.Context) error {
-	plan := svc.plan(true)
-	if svc.vm.MAC == "" && svc.scope.LibvirtCluster.Status.LoadBalancer == nil {
+	vm, steps := svc.vmPlan()
+	if vm.VM().MAC == "" && svc.scope.LibvirtCluster.Status.LoadBalancer == nil {
 		// Nothing was ever created: the MAC is persisted before anything is.
 		return nil
 	}
-	if err := plan.Delete(ctx, svc.scope); err != nil {
+	if err := steps.Delete(ctx, svc.scope); err != nil {
 		return err
 	}
 	svc.scope.LoadBalancerDeleted()
 	return nil
 }
-
-// provisioned reports the infrastructure provisioned once the HAProxy VM
-// runs: its address is the published endpoint, and the control plane's
-// first machine, which needs it only minutes into its own boot, then boots
-// alongside it rather than after it. With type None, once the user's
-// endpoint is set.
-type provisioned struct{ lb *Service }
-
-func (provisioned) Name() string { return "provisioned" }
-
-// Reconcile reports the infrastructure provisioned.
-func (p provisioned) Reconcile(context.Context) (services.Result, error) {
-	p.lb.scope.SetProvisioned()
-	return services.Result{}, nil
-}
-
-// Delete does nothing: being provisioned is never reset.
-func (provisioned) Delete(context.Context) error { return nil }

@@ -41,6 +41,11 @@ type Service struct {
 	networkConfig func() ([]byte, error)
 	// vendorData is the seed's vendor-data; empty for none.
 	vendorData []byte
+	// domainDefined tells whether the VM's domain exists (the identity
+	// step's answer): it was defined on the seed; nil: it is taken not to.
+	domainDefined func() bool
+	// volume is what the last Reconcile ensured.
+	volume *virt.VolumeInfo
 }
 
 var _ services.Service = (*Service)(nil)
@@ -49,12 +54,12 @@ var _ services.Service = (*Service)(nil)
 // bootstrap data. Its vendor-data keeps the bootstrap's sentinel through
 // reboots (cloudinit.BootstrapSentinelVendorData), which the bootstrap
 // check relies on when the guest went down before the sentinel was read.
-// Its network-config gives a VM with IPAM addresses those addresses (the
-// IPAM step runs before it); cloud-init renders it once per instance, so
-// the emptied seed of Removal does without it.
+// Its network-config (WithNetworkConfig) gives a VM with IPAM addresses
+// those addresses; cloud-init renders it once per instance, so the emptied
+// seed of Removal does without it.
 func New(s *scope.MachineScope, host virt.StorageHost) *Service {
 	return &Service{vm: s.VM, host: host, userData: func(ctx context.Context) ([]byte, error) { return bootstrapData(ctx, s) },
-		networkConfig: s.VM.StaticNetworkConfig, vendorData: []byte(cloudinit.BootstrapSentinelVendorData)}
+		vendorData: []byte(cloudinit.BootstrapSentinelVendorData)}
 }
 
 // NewWithUserData returns the seed service of a VM whose user-data the
@@ -72,7 +77,18 @@ func (svc *Service) WithNetworkConfig(networkConfig func() ([]byte, error)) *Ser
 	return svc
 }
 
+// WithDomainDefined has the seed taken as complete, without reading it,
+// once defined says the VM's domain exists: the domain was defined on it.
+func (svc *Service) WithDomainDefined(defined func() bool) *Service {
+	svc.domainDefined = defined
+	return svc
+}
+
 func (*Service) Name() string { return "seed" }
+
+// Volume is the seed's volume as the last Reconcile ensured it, which the
+// domain step defines the domain on; nil when it did not run or stopped.
+func (svc *Service) Volume() *virt.VolumeInfo { return svc.volume }
 
 // Reconcile uploads the seed unless libvirt holds it complete: the VM's
 // domain exists (it was defined on the seed), or the volume holds
@@ -82,11 +98,12 @@ func (*Service) Name() string { return "seed" }
 // Secret is not read again.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	vm := svc.vm
+	svc.volume = nil
 	pool := vm.Pool.Name
 	info, err := svc.host.VolumeInfo(ctx, pool, vm.SeedVolume())
 	switch {
-	case err == nil && vm.DomainDefined():
-		vm.Seed = &info
+	case err == nil && svc.domainDefined != nil && svc.domainDefined():
+		svc.volume = &info
 		return services.Done(infrav1.ReadyReason, ""), nil
 	case err != nil && !virt.IsNotFound(err):
 		return services.Result{}, services.Fail(infrav1.LibvirtErrorReason, err, "Looking up the seed volume: %v", err)
@@ -116,7 +133,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	if exists {
 		// A failed read is an unknown seed: written again.
 		if complete, err := holds(ctx, svc.host, pool, vm.SeedVolume(), iso); err == nil && complete {
-			vm.Seed = &info
+			svc.volume = &info
 			return services.Done(infrav1.ReadyReason, ""), nil
 		}
 	}
@@ -128,7 +145,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 		}
 		return services.Result{}, services.Fail(reason, err, "Uploading the seed: %v", err)
 	}
-	vm.Seed = &info
+	svc.volume = &info
 	return services.Done(infrav1.ReadyReason, ""), nil
 }
 
@@ -141,13 +158,17 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 type Removal struct {
 	vm   *scope.VM
 	host virt.StorageHost
+	// succeeded tells whether the bootstrap check of this reconcile found
+	// the bootstrap done.
+	succeeded func() bool
 }
 
 var _ services.Service = (*Removal)(nil)
 
-// NewRemoval returns the bootstrap data removal of vm.
-func NewRemoval(vm *scope.VM, host virt.StorageHost) *Removal {
-	return &Removal{vm: vm, host: host}
+// NewRemoval returns the bootstrap data removal of vm, once succeeded (the
+// bootstrap check's answer) says the bootstrap is done.
+func NewRemoval(vm *scope.VM, host virt.StorageHost, succeeded func() bool) *Removal {
+	return &Removal{vm: vm, host: host, succeeded: succeeded}
 }
 
 func (*Removal) Name() string { return "bootstrap data removal" }
@@ -156,7 +177,7 @@ func (*Removal) Name() string { return "bootstrap data removal" }
 // again: a steady machine costs no libvirt call here.
 func (r *Removal) Reconcile(ctx context.Context) (services.Result, error) {
 	vm := r.vm
-	if !vm.BootstrapSucceeded || vm.BootstrapDataRemoved {
+	if !r.succeeded() || vm.BootstrapDataRemoved {
 		return services.Result{}, nil
 	}
 	iso, err := emptySeed(vm)

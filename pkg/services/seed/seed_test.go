@@ -38,12 +38,12 @@ func TestSeedUploadsOnceAndNeverLeaks(t *testing.T) {
 		t.Error("uploaded again although the volume holds the seed")
 	}
 	// Once the domain exists (defined on the seed), the Secret is not read.
-	s.VM.Found = true
 	f.Secret.Data = nil
 	if err := f.Client.Delete(context.Background(), f.Secret); err != nil {
 		t.Fatal(err)
 	}
-	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s, s.Host)); err != nil {
+	defined := func() bool { return true }
+	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s, s.Host).WithDomainDefined(defined)); err != nil {
 		t.Fatal(err)
 	}
 	if f.Host.Called("UploadVolume") {
@@ -125,13 +125,14 @@ func TestRemovalTakesBootstrapDataOffTheHost(t *testing.T) {
 	if err := servicetest.Reconcile(s, infrav1.BootstrapDataReadyCondition, seed.New(s, s.Host)); err != nil {
 		t.Fatal(err)
 	}
-	removal := seed.NewRemoval(s.VM, s.Host)
+	succeeded := false
+	removal := seed.NewRemoval(s.VM, s.Host, func() bool { return succeeded })
 	before := len(f.Host.Data["pool/"+s.VM.SeedVolume()])
 	f.Host.Calls = nil
 	if _, err := removal.Reconcile(context.Background()); err != nil || f.Host.Called("UploadVolume") {
 		t.Fatalf("before bootstrap succeeded: err %v, uploaded %v", err, f.Host.Called("UploadVolume"))
 	}
-	s.VM.BootstrapSucceeded = true
+	succeeded = true
 	if _, err := removal.Reconcile(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -180,8 +181,7 @@ func TestEmptiedTellsAnEarlierBootstrap(t *testing.T) {
 		t.Fatal(err)
 	}
 	emptied("seed with the bootstrap data", false)
-	s.VM.BootstrapSucceeded = true
-	if _, err := seed.NewRemoval(s.VM, s.Host).Reconcile(ctx); err != nil {
+	if _, err := seed.NewRemoval(s.VM, s.Host, func() bool { return true }).Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
 	emptied("seed rewritten without the bootstrap data", true)
