@@ -40,33 +40,31 @@ type refusal struct {
 // name it once.
 func refused(refusals []tenancy.Refusal, describe func(tenancy.Refusal) refusal) error {
 	type onCondition struct {
-		first   tenancy.Refusal
-		what    string
-		message strings.Builder
-		subject string
+		condType, reason, what, subject string
+		message                         strings.Builder
 	}
-	var order []string
-	byCond := map[string]*onCondition{}
+	var order []*onCondition
 	for _, rf := range refusals {
 		d := describe(rf)
-		c := byCond[d.condType]
-		if c == nil {
-			c = &onCondition{first: rf, what: d.what}
-			byCond[d.condType] = c
-			order = append(order, d.condType)
-		} else {
+		i := slices.IndexFunc(order, func(c *onCondition) bool { return c.condType == d.condType })
+		if i < 0 {
+			order = append(order, &onCondition{condType: d.condType, reason: rf.Reason, what: d.what})
+			i = len(order) - 1
+		}
+		c := order[i]
+		part := strings.TrimPrefix(d.subject+" "+d.detail, " ")
+		if c.message.Len() > 0 {
+			if d.subject == c.subject {
+				part = d.detail
+			}
 			c.message.WriteString("; ")
 		}
-		if c.message.Len() == 0 || d.subject != c.subject {
-			c.message.WriteString(strings.TrimPrefix(d.subject+" ", " "))
-		}
 		c.subject = d.subject
-		c.message.WriteString(d.detail)
+		c.message.WriteString(part)
 	}
-	var errs []error
-	for _, t := range order {
-		c := byCond[t]
-		errs = append(errs, services.FailOn(t, c.first.Reason, services.Requeue(0, c.what+" not allowed"), "%s", c.message.String()))
+	errs := make([]error, len(order))
+	for i, c := range order {
+		errs[i] = services.FailOn(c.condType, c.reason, services.Requeue(0, c.what+" not allowed"), "%s", c.message.String())
 	}
 	return errors.Join(errs...)
 }
