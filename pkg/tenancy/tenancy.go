@@ -9,8 +9,11 @@
 // bypassed) and the controllers (before they create anything) apply the
 // very same ones.
 //
-// By job: tenancy.go, the pools, images, networks and bridges a tenant
-// may name; limits.go, the sizes the operator bounds and their
+// By job: checks.go, everything a machine or a cluster names and asks
+// for checked at once (CheckMachine, CheckCluster), every refusal typed so
+// that the webhooks turn it into a field error and the controllers into
+// a condition; tenancy.go, the pools, images, networks and bridges a
+// tenant may name; limits.go, the sizes the operator bounds and their
 // arithmetic (pkg/quota counts what a namespace holds with it);
 // libvirturi.go, the libvirt hosts a failure domain may name; cidrs.go,
 // the subnets a cluster network may take; hostdevices.go, the PCI devices

@@ -2,8 +2,6 @@ package webhooks
 
 import (
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -33,40 +31,51 @@ var (
 )
 
 // cluster checks a LibvirtCluster spec at path in namespace, and the
-// annotations (at annPath) the objects made from it carry.
+// annotations (at annPath) the objects made from it carry: the policy's
+// refusals (tenancy.Policy.CheckCluster, which the controller applies
+// too), then what only admission checks.
 func (r references) cluster(namespace string, spec *infrav1.LibvirtClusterSpec, annotations map[string]string, path, annPath *field.Path) field.ErrorList {
 	if r.policy == nil {
 		return nil
 	}
 	p := r.policy
-	var errs field.ErrorList
 	pool := scope.ClusterPool(&infrav1.LibvirtCluster{Spec: *spec})
-	if f, err := p.CheckPool(pool.Name, pool.Path); err != nil {
-		errs = append(errs, field.Invalid(path.Child("storagePool", f), map[string]string{"name": pool.Name, "path": pool.Path}[f], err.Error()))
-	}
-	errs = append(errs, r.network(namespace, spec.Network.Name, spec.Network.Bridge, path.Child("network"))...)
-	errs = append(errs, r.networkCIDR(spec.Network, path.Child("network"))...)
-	if img := spec.LoadBalancer.Image; img != nil && img.Volume != nil {
-		errs = append(errs, r.image(*img.Volume, pool.Name, path.Child("loadBalancer", "image", "volume"))...)
-	}
+	lb := &tenancy.LoadBalancerRefs{Usage: tenancy.LoadBalancerUsage(spec), AddressPool: spec.LoadBalancer.AddressFromPool}
 	if img := spec.LoadBalancer.Image; img != nil {
-		errs = append(errs, r.imageURL(img.URL, path.Child("loadBalancer", "image", "url"))...)
+		lb.Image = image(*img, pool.Name)
 	}
-	errs = append(errs, r.hosts(spec, path)...)
-	errs = append(errs, r.sizes(tenancy.LoadBalancerUsage(spec), path.Child("loadBalancer"))...)
-	if pool := spec.LoadBalancer.AddressFromPool; pool != nil {
-		if err := p.CheckIPPool(namespace, *pool); err != nil {
-			errs = append(errs, field.Forbidden(path.Child("loadBalancer", "addressFromPool"), err.Error()))
+	refusals := p.CheckCluster(namespace, tenancy.ClusterRefs{
+		Pool: tenancy.Pool{Name: pool.Name, Path: pool.Path}, Network: spec.Network, LoadBalancer: lb, Recorded: recorded(annotations),
+	})
+	lbPath := path.Child("loadBalancer")
+	errs := fieldErrors(refusals, func(rf tenancy.Refusal) *field.Path {
+		switch rf.Part {
+		case tenancy.PartPool:
+			return path.Child("storagePool", rf.Field)
+		case tenancy.PartNetwork:
+			return path.Child("network", rf.Field)
+		case tenancy.PartNetworkCIDR:
+			return path.Child("network", "cidr")
+		case tenancy.PartImageVolume:
+			return lbPath.Child("image", "volume", rf.Field)
+		case tenancy.PartImageURL:
+			return lbPath.Child("image", "url")
+		case tenancy.PartSize:
+			return lbPath.Child(rf.Field)
+		case tenancy.PartIPAMPool:
+			return lbPath.Child("addressFromPool")
 		}
-	}
+		return annotationPath(rf, annPath)
+	})
+	errs = append(errs, r.hosts(spec, path)...)
 	// An address from a pool is the VM's only one, which the traffic
 	// filter is pinned to; a typed one would be a second, unfiltered.
 	if spec.LoadBalancer.Type == infrav1.LoadBalancerHAProxy && spec.Network.Bridge != "" && spec.LoadBalancer.AddressFromPool == nil {
 		if err := tenancy.CheckStaticAddress(p.TrafficFilter); err != nil {
-			errs = append(errs, field.Forbidden(path.Child("loadBalancer", "type"), err.Error()))
+			errs = append(errs, field.Forbidden(lbPath.Child("type"), err.Error()))
 		}
 	}
-	return append(errs, r.annotations(namespace, annotations, annPath)...)
+	return errs
 }
 
 // hosts refuses libvirt URIs the operator did not allow, and a cluster
@@ -91,119 +100,86 @@ func (r references) hosts(spec *infrav1.LibvirtClusterSpec, path *field.Path) fi
 
 // machine checks a LibvirtMachine spec at path in namespace whose images
 // without a pool are in pool ("" when unknown), and the annotations (at
-// annPath) the machines made from it carry.
+// annPath) the machines made from it carry (tenancy.Policy.CheckMachine,
+// which the controller applies too). The machine's own pool is the
+// cluster's, checked with it, or the recorded one.
 func (r references) machine(namespace string, spec *infrav1.LibvirtMachineSpec, pool string, annotations map[string]string, path, annPath *field.Path) field.ErrorList {
 	if r.policy == nil {
 		return nil
 	}
-	var errs field.ErrorList
-	if spec.Image.Volume != nil {
-		errs = append(errs, r.image(*spec.Image.Volume, pool, path.Child("image", "volume"))...)
+	refs := tenancy.MachineRefs{Image: image(spec.Image, pool), Usage: tenancy.MachineUsage(spec), Recorded: recorded(annotations)}
+	for _, d := range spec.DataDisks {
+		refs.DataDiskPools = append(refs.DataDiskPools, d.Pool)
 	}
-	errs = append(errs, r.imageURL(spec.Image.URL, path.Child("image", "url"))...)
-	errs = append(errs, r.sizes(tenancy.MachineUsage(spec), path)...)
-	for i, d := range spec.DataDisks {
-		if d.Pool == "" {
-			continue // the root disk's pool, checked with the cluster
-		}
-		if err := r.policy.CheckPoolName(d.Pool); err != nil {
-			errs = append(errs, field.Invalid(path.Child("dataDisks").Index(i).Child("pool"), d.Pool, err.Error()))
-		}
-	}
-	for i, d := range spec.HostDevices {
-		if _, err := r.policy.HostDevice(d.Name); err != nil {
-			errs = append(errs, field.Invalid(path.Child("hostDevices").Index(i).Child("name"), d.Name, err.Error()))
-		}
+	for _, d := range spec.HostDevices {
+		refs.HostDevices = append(refs.HostDevices, d.Name)
 	}
 	if n := spec.Network; n != nil {
-		errs = append(errs, r.network(namespace, n.Name, n.Bridge, path.Child("network"))...)
-		for i, pool := range n.AddressesFromPools {
-			if err := r.policy.CheckIPPool(namespace, pool); err != nil {
-				errs = append(errs, field.Forbidden(path.Child("network", "addressesFromPools").Index(i), err.Error()))
-			}
-		}
+		refs.Network, refs.AddressPools = tenancy.Network{Name: n.Name, Bridge: n.Bridge}, n.AddressesFromPools
 	}
-	return append(errs, r.annotations(namespace, annotations, annPath)...)
+	return fieldErrors(r.policy.CheckMachine(namespace, refs), func(rf tenancy.Refusal) *field.Path {
+		switch rf.Part {
+		case tenancy.PartImageVolume:
+			return path.Child("image", "volume", rf.Field)
+		case tenancy.PartImageURL:
+			return path.Child("image", "url")
+		case tenancy.PartSize:
+			return path.Child(rf.Field)
+		case tenancy.PartDataDiskPool:
+			return path.Child("dataDisks").Index(rf.Index).Child("pool")
+		case tenancy.PartHostDevice:
+			return path.Child("hostDevices").Index(rf.Index).Child("name")
+		case tenancy.PartNetwork:
+			return path.Child("network", rf.Field)
+		case tenancy.PartIPAMPool:
+			return path.Child("network", "addressesFromPools").Index(rf.Index)
+		}
+		return annotationPath(rf, annPath)
+	})
 }
 
-// sizes refuses a VM (a machine, or the HAProxy VM at path) larger than
-// the operator allows one VM to be.
-func (r references) sizes(u tenancy.Usage, path *field.Path) field.ErrorList {
+// image is what the policy checks of src, whose volume without a pool is
+// in pool. A volume still being imported is validateImageSource's to
+// refuse, with its own reason.
+func image(src infrav1.ImageSource, pool string) tenancy.Image {
+	img := tenancy.Image{Volume: src.Volume, DefaultPool: pool, URL: src.URL}
+	if img.Volume != nil && strings.HasSuffix(img.Volume.Name, partialVolumeSuffix) {
+		img.Volume = nil
+	}
+	return img
+}
+
+// recorded is the placement the provider records on its objects
+// (scope.PoolAnnotation, scope.NetworkAnnotation), read from annotations.
+func recorded(annotations map[string]string) tenancy.Recorded {
+	r := tenancy.Recorded{Pool: annotations[scope.PoolAnnotation], Network: annotations[scope.NetworkAnnotation]}
+	if r.Network != "" {
+		n := scope.ParseNetworkRef(r.Network)
+		r.NetworkRef = tenancy.Network{Name: n.Name, Bridge: n.Bridge}
+	}
+	return r
+}
+
+// annotationPath is where a refused recorded placement is, below annPath.
+func annotationPath(rf tenancy.Refusal, annPath *field.Path) *field.Path {
+	if rf.Part == tenancy.PartRecordedNetwork {
+		return annPath.Key(scope.NetworkAnnotation)
+	}
+	return annPath.Key(scope.PoolAnnotation)
+}
+
+// fieldErrors turns refusals into errors at the paths at gives them:
+// Forbidden, which shows no value, for an image URL (it may carry
+// credentials), a size and an IPAM pool (the message names them), Invalid
+// with the value for the rest.
+func fieldErrors(refusals []tenancy.Refusal, at func(tenancy.Refusal) *field.Path) field.ErrorList {
 	var errs field.ErrorList
-	exceeded := r.policy.Machine.Exceeded(u, "--max-machine-")
-	for _, f := range slices.Sorted(maps.Keys(exceeded)) {
-		errs = append(errs, field.Forbidden(path.Child(f), exceeded[f]))
-	}
-	return errs
-}
-
-func (r references) image(ref infrav1.VolumeReference, pool string, path *field.Path) field.ErrorList {
-	if strings.HasSuffix(ref.Name, partialVolumeSuffix) {
-		return nil // validateImageSource says why
-	}
-	f, err := r.policy.CheckImageVolume(ref, pool)
-	if err == nil {
-		return nil
-	}
-	value := ref.Name
-	if f == "pool" {
-		value = ref.Pool
-	}
-	return field.ErrorList{field.Invalid(path.Child(f), value, err.Error())}
-}
-
-func (r references) imageURL(raw string, path *field.Path) field.ErrorList {
-	if err := r.policy.CheckImageURL(raw); err != nil {
-		return field.ErrorList{field.Forbidden(path, err.Error())}
-	}
-	return nil
-}
-
-func (r references) network(namespace, name, bridge string, path *field.Path) field.ErrorList {
-	var errs field.ErrorList
-	if name != "" {
-		if err := r.policy.CheckNetwork(namespace, name); err != nil {
-			errs = append(errs, field.Invalid(path.Child("name"), name, err.Error()))
-		}
-	}
-	if bridge != "" {
-		if err := r.policy.CheckBridge(bridge); err != nil {
-			errs = append(errs, field.Invalid(path.Child("bridge"), bridge, err.Error()))
-		}
-	}
-	return errs
-}
-
-// networkCIDR refuses the range of the network the provider would create
-// that the operator does not allow.
-func (r references) networkCIDR(n infrav1.ClusterNetwork, path *field.Path) field.ErrorList {
-	if err := r.policy.CheckClusterNetworkCIDR(n); err != nil {
-		return field.ErrorList{field.Invalid(path.Child("cidr"), n.CIDR, err.Error())}
-	}
-	return nil
-}
-
-// annotations checks the placement the provider records on its objects
-// (scope.PoolAnnotation, scope.NetworkAnnotation): it is honoured before
-// the spec, so a value written by hand is a reference like any other.
-func (r references) annotations(namespace string, annotations map[string]string, path *field.Path) field.ErrorList {
-	var errs field.ErrorList
-	if pool := annotations[scope.PoolAnnotation]; pool != "" {
-		if err := r.policy.CheckPoolName(pool); err != nil {
-			errs = append(errs, field.Invalid(path.Key(scope.PoolAnnotation), pool, err.Error()))
-		}
-	}
-	if v := annotations[scope.NetworkAnnotation]; v != "" {
-		n := scope.ParseNetworkRef(v)
-		var err error
-		switch {
-		case n.Name != "":
-			err = r.policy.CheckNetwork(namespace, n.Name)
-		case n.Bridge != "":
-			err = r.policy.CheckBridge(n.Bridge)
-		}
-		if err != nil {
-			errs = append(errs, field.Invalid(path.Key(scope.NetworkAnnotation), v, err.Error()))
+	for _, rf := range refusals {
+		switch rf.Part {
+		case tenancy.PartImageURL, tenancy.PartSize, tenancy.PartIPAMPool:
+			errs = append(errs, field.Forbidden(at(rf), rf.Message))
+		default:
+			errs = append(errs, field.Invalid(at(rf), rf.Value, rf.Message))
 		}
 	}
 	return errs

@@ -24,12 +24,49 @@ import (
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/pkg/virt"
 )
 
-// refused reports a reference refused on condType, the condition of the
-// step that would use it, and stops the reconcile until the object or the
+// refusal is how a check reports one tenancy.Refusal: the condition of
+// the step that would use what is refused, what that is (for the wait's
+// reason), and the message, subject then detail.
+type refusal struct {
+	condType, what, subject, detail string
+}
+
+// refused reports refusals, each on the condition of the step that would
+// use what it refuses, and stops the reconcile until the object or the
 // policy changes: the references are immutable or the user's to edit, and
 // a policy change restarts the manager, which reconciles everything again.
-func refused(what, condType, reason, format string, args ...any) error {
-	return services.FailOn(condType, reason, services.Requeue(0, what+" not allowed"), format, args...)
+// Refusals on one condition share it, in the order found, with the first
+// one's reason; consecutive ones about the same subject (a VM's sizes)
+// name it once.
+func refused(refusals []tenancy.Refusal, describe func(tenancy.Refusal) refusal) error {
+	type onCondition struct {
+		condType, reason, what, subject string
+		message                         strings.Builder
+	}
+	var order []*onCondition
+	for _, rf := range refusals {
+		d := describe(rf)
+		i := slices.IndexFunc(order, func(c *onCondition) bool { return c.condType == d.condType })
+		if i < 0 {
+			order = append(order, &onCondition{condType: d.condType, reason: rf.Reason, what: d.what})
+			i = len(order) - 1
+		}
+		c := order[i]
+		part := strings.TrimPrefix(d.subject+" "+d.detail, " ")
+		if c.message.Len() > 0 {
+			if d.subject == c.subject {
+				part = d.detail
+			}
+			c.message.WriteString("; ")
+		}
+		c.subject = d.subject
+		c.message.WriteString(part)
+	}
+	errs := make([]error, len(order))
+	for i, c := range order {
+		errs[i] = services.FailOn(c.condType, c.reason, services.Requeue(0, c.what+" not allowed"), "%s", c.message.String())
+	}
+	return errors.Join(errs...)
 }
 
 // MachineScope is what the check needs of a machine: what it names, what
@@ -64,53 +101,57 @@ func NewMachine(s MachineScope, vm *scope.VM, policy tenancy.Policy, q Admitter)
 
 func (*Machine) Name() string { return "references" }
 
-// Reconcile refuses the machine, with DiskReady or AddressReserved False,
-// when it names what its namespace may not use; it runs before any step
-// creates something.
+// Reconcile refuses the machine, with DiskReady, AddressReserved or
+// DomainReady False, when it names what its namespace may not use or is
+// larger than one machine may be; it runs before any step creates
+// something. Every refusal is reported, not only the first. It checks
+// where the placement resolved to (the recorded annotations, the spec,
+// the cluster's pool and network), which the webhook cannot know.
 func (m *Machine) Reconcile(ctx context.Context) (services.Result, error) {
-	s, vm, p := m.scope, m.vm, m.policy
-	pool := vm.Pool
-	if f, err := p.CheckPool(pool.Name, pool.Path); err != nil {
-		return services.Result{}, refused("storage pool", infrav1.DiskReadyCondition, infrav1.StoragePoolNotAllowedReason,
-			"Storage pool %s %q %v", f, poolField(pool.Name, pool.Path, f), err)
+	s, vm := m.scope, m.vm
+	refs := tenancy.MachineRefs{
+		Pool:         tenancy.Pool{Name: vm.Pool.Name, Path: vm.Pool.Path},
+		Network:      tenancy.Network{Name: vm.Network.Name, Bridge: vm.Network.Bridge},
+		AddressPools: vm.AddressPools,
+		Image:        tenancy.Image{Volume: vm.Image.Volume, DefaultPool: vm.Pool.Name, URL: vm.Image.URL},
+		Usage:        tenancy.MachineUsage(s.Spec()),
 	}
-	for i, d := range s.Spec().DataDisks {
-		if err := p.CheckPoolName(d.Pool); d.Pool != "" && err != nil {
-			return services.Result{}, refused("storage pool", infrav1.DiskReadyCondition, infrav1.StoragePoolNotAllowedReason,
-				"spec.dataDisks[%d].pool %q %v", i, d.Pool, err)
-		}
+	for _, d := range s.Spec().DataDisks {
+		refs.DataDiskPools = append(refs.DataDiskPools, d.Pool)
 	}
-	if err := checkNetwork(p, s.Namespace(), vm.Network); err != nil {
-		return services.Result{}, refused("network", infrav1.AddressReservedCondition, infrav1.NetworkNotAllowedReason,
-			"%s %v", describe(vm.Network), err)
+	for _, d := range s.Spec().HostDevices {
+		refs.HostDevices = append(refs.HostDevices, d.Name)
 	}
-	for i, ref := range vm.AddressPools {
-		if err := p.CheckIPPool(s.Namespace(), ref); err != nil {
-			return services.Result{}, refused("IPAM pool", infrav1.AddressReservedCondition, infrav1.IPPoolNotAllowedReason,
-				"spec.network.addressesFromPools[%d] %v", i, err)
-		}
-	}
-	if v := vm.Image.Volume; v != nil {
-		if f, err := p.CheckImageVolume(*v, pool.Name); err != nil {
-			return services.Result{}, refused("image", infrav1.DiskReadyCondition, infrav1.ImageNotAllowedReason,
-				"spec.image.volume.%s %q %v", f, volumeField(*v, f), err)
-		}
-	}
-	if err := p.CheckImageURL(vm.Image.URL); err != nil {
-		return services.Result{}, refused("image", infrav1.DiskReadyCondition, infrav1.ImageNotAllowedReason,
-			"spec.image.url %q %v", virt.RedactURL(vm.Image.URL), err)
-	}
-	for i, d := range s.Spec().HostDevices {
-		if _, err := p.HostDevice(d.Name); err != nil {
-			return services.Result{}, refused("host device", infrav1.DomainReadyCondition, infrav1.HostDeviceNotAllowedReason,
-				"spec.hostDevices[%d].name %q %v", i, d.Name, err)
-		}
-	}
-	if exceeded := p.Machine.Exceeded(tenancy.MachineUsage(s.Spec()), "--max-machine-"); len(exceeded) > 0 {
-		return services.Result{}, refused("machine size", infrav1.DomainReadyCondition, infrav1.MachineSizeNotAllowedReason,
-			"%s", describeExceeded(exceeded))
+	if refusals := m.policy.CheckMachine(s.Namespace(), refs); len(refusals) > 0 {
+		return services.Result{}, refused(refusals, describeMachine)
 	}
 	return services.Result{}, m.checkQuota(ctx)
+}
+
+// describeMachine is how a machine reports rf: on the condition of the
+// step that would use what it refuses.
+func describeMachine(rf tenancy.Refusal) refusal {
+	switch rf.Part {
+	case tenancy.PartPool:
+		return refusal{infrav1.DiskReadyCondition, "storage pool", fmt.Sprintf("Storage pool %s %q", rf.Field, rf.Value), rf.Message}
+	case tenancy.PartDataDiskPool:
+		return refusal{infrav1.DiskReadyCondition, "storage pool", fmt.Sprintf("spec.dataDisks[%d].pool %q", rf.Index, rf.Value), rf.Message}
+	case tenancy.PartNetwork:
+		return refusal{infrav1.AddressReservedCondition, "network", describeNetwork(rf), rf.Message}
+	case tenancy.PartIPAMPool:
+		return refusal{infrav1.AddressReservedCondition, "IPAM pool", fmt.Sprintf("spec.network.addressesFromPools[%d]", rf.Index), rf.Message}
+	case tenancy.PartImageVolume:
+		return refusal{infrav1.DiskReadyCondition, "image", fmt.Sprintf("spec.image.volume.%s %q", rf.Field, rf.Value), rf.Message}
+	case tenancy.PartImageURL:
+		return refusal{infrav1.DiskReadyCondition, "image", fmt.Sprintf("spec.image.url %q", virt.RedactURL(rf.Value)), rf.Message}
+	case tenancy.PartHostDevice:
+		return refusal{infrav1.DomainReadyCondition, "host device", fmt.Sprintf("spec.hostDevices[%d].name %q", rf.Index, rf.Value), rf.Message}
+	case tenancy.PartSize:
+		return refusal{infrav1.DomainReadyCondition, "machine size", "", rf.Field + " " + rf.Message}
+	case tenancy.PartRecordedNetwork:
+		return refusal{infrav1.AddressReservedCondition, "network", fmt.Sprintf("Annotation %s %q", scope.NetworkAnnotation, rf.Value), rf.Message}
+	}
+	return refusal{infrav1.DiskReadyCondition, "storage pool", fmt.Sprintf("Annotation %s %q", scope.PoolAnnotation, rf.Value), rf.Message}
 }
 
 // checkQuota admits the machine when what its namespace holds on the
@@ -181,57 +222,53 @@ func (*Cluster) Name() string { return "references" }
 // Reconcile refuses the cluster, with StoragePoolReady, NetworkReady or
 // LoadBalancerReady False, when it names what its namespace may not use;
 // it runs before the steps that create the pool, the network and the
-// HAProxy VM. Every refusal is reported, not only the first.
+// HAProxy VM. Every refusal is reported, not only the first. The HAProxy
+// VM's image goes in the pool its volumes were placed in, which may not
+// be the spec's.
 func (c *Cluster) Reconcile(ctx context.Context) (services.Result, error) {
-	s, p := c.scope, c.policy
-	var refusals []error
+	s := c.scope
 	spec := s.SpecPool()
-	if f, perr := p.CheckPool(spec.Name, spec.Path); perr != nil {
-		refusals = append(refusals, refused("storage pool", infrav1.StoragePoolReadyCondition, infrav1.StoragePoolNotAllowedReason,
-			"spec.storagePool.%s %q %v", f, poolField(spec.Name, spec.Path, f), perr))
-	} else if recorded := s.Pool().Name; recorded != spec.Name {
-		if perr := p.CheckPoolName(recorded); perr != nil {
-			refusals = append(refusals, refused("storage pool", infrav1.StoragePoolReadyCondition, infrav1.StoragePoolNotAllowedReason,
-				"Annotation %s %q %v", scope.PoolAnnotation, recorded, perr))
-		}
-	}
-	ns := s.NetworkSpec()
-	n := scope.NetworkRef{Name: ns.Name, Bridge: ns.Bridge}
-	if nerr := checkNetwork(p, s.Namespace(), n); nerr != nil {
-		refusals = append(refusals, refused("network", infrav1.NetworkReadyCondition, infrav1.NetworkNotAllowedReason,
-			"%s %v", describe(n), nerr))
-	}
-	if cerr := p.CheckClusterNetworkCIDR(ns); cerr != nil {
-		refusals = append(refusals, refused("network range", infrav1.NetworkReadyCondition, infrav1.NetworkNotAllowedReason,
-			"spec.network.cidr %q %v", ns.CIDR, cerr))
+	refs := tenancy.ClusterRefs{Pool: tenancy.Pool{Name: spec.Name, Path: spec.Path}, Network: s.NetworkSpec()}
+	if recorded := s.Pool().Name; recorded != spec.Name {
+		refs.Recorded.Pool = recorded
 	}
 	if s.LoadBalancerEnabled() {
-		if v := s.LoadBalancerImage().Volume; v != nil {
-			if f, ierr := p.CheckImageVolume(*v, s.Pool().Name); ierr != nil {
-				refusals = append(refusals, refused("load balancer image", infrav1.LoadBalancerReadyCondition, infrav1.ImageNotAllowedReason,
-					"spec.loadBalancer.image.volume.%s %q %v", f, volumeField(*v, f), ierr))
-			}
-		}
-		u := s.LoadBalancerImage().URL
-		if uerr := p.CheckImageURL(u); uerr != nil {
-			refusals = append(refusals, refused("load balancer image", infrav1.LoadBalancerReadyCondition, infrav1.ImageNotAllowedReason,
-				"spec.loadBalancer.image.url %q %v", virt.RedactURL(u), uerr))
-		}
-		if ref := s.Object().Spec.LoadBalancer.AddressFromPool; ref != nil {
-			if perr := p.CheckIPPool(s.Namespace(), *ref); perr != nil {
-				refusals = append(refusals, refused("IPAM pool", infrav1.LoadBalancerReadyCondition, infrav1.IPPoolNotAllowedReason,
-					"spec.loadBalancer.addressFromPool %v", perr))
-			}
-		}
-		if exceeded := p.Machine.Exceeded(tenancy.LoadBalancerUsage(&s.Object().Spec), "--max-machine-"); len(exceeded) > 0 {
-			refusals = append(refusals, refused("load balancer size", infrav1.LoadBalancerReadyCondition, infrav1.MachineSizeNotAllowedReason,
-				"HAProxy VM: %s", describeExceeded(exceeded)))
+		img := s.LoadBalancerImage()
+		refs.LoadBalancer = &tenancy.LoadBalancerRefs{
+			Image:       tenancy.Image{Volume: img.Volume, DefaultPool: s.Pool().Name, URL: img.URL},
+			Usage:       tenancy.LoadBalancerUsage(&s.Object().Spec),
+			AddressPool: s.Object().Spec.LoadBalancer.AddressFromPool,
 		}
 	}
-	if len(refusals) > 0 {
-		return services.Result{}, errors.Join(refusals...)
+	if refusals := c.policy.CheckCluster(s.Namespace(), refs); len(refusals) > 0 {
+		return services.Result{}, refused(refusals, describeCluster)
 	}
 	return services.Result{}, c.admit(ctx)
+}
+
+// describeCluster is how a cluster reports rf: on the condition of the
+// step that would use what it refuses.
+func describeCluster(rf tenancy.Refusal) refusal {
+	const lb = infrav1.LoadBalancerReadyCondition
+	switch rf.Part {
+	case tenancy.PartPool:
+		return refusal{infrav1.StoragePoolReadyCondition, "storage pool", fmt.Sprintf("spec.storagePool.%s %q", rf.Field, rf.Value), rf.Message}
+	case tenancy.PartNetwork:
+		return refusal{infrav1.NetworkReadyCondition, "network", describeNetwork(rf), rf.Message}
+	case tenancy.PartNetworkCIDR:
+		return refusal{infrav1.NetworkReadyCondition, "network range", fmt.Sprintf("spec.network.cidr %q", rf.Value), rf.Message}
+	case tenancy.PartImageVolume:
+		return refusal{lb, "load balancer image", fmt.Sprintf("spec.loadBalancer.image.volume.%s %q", rf.Field, rf.Value), rf.Message}
+	case tenancy.PartImageURL:
+		return refusal{lb, "load balancer image", fmt.Sprintf("spec.loadBalancer.image.url %q", virt.RedactURL(rf.Value)), rf.Message}
+	case tenancy.PartIPAMPool:
+		return refusal{lb, "IPAM pool", "spec.loadBalancer.addressFromPool", rf.Message}
+	case tenancy.PartSize:
+		return refusal{lb, "load balancer size", "HAProxy VM:", rf.Field + " " + rf.Message}
+	case tenancy.PartRecordedNetwork:
+		return refusal{infrav1.NetworkReadyCondition, "network", fmt.Sprintf("Annotation %s %q", scope.NetworkAnnotation, rf.Value), rf.Message}
+	}
+	return refusal{infrav1.StoragePoolReadyCondition, "storage pool", fmt.Sprintf("Annotation %s %q", scope.PoolAnnotation, rf.Value), rf.Message}
 }
 
 // admit admits the cluster, its network and HAProxy VM, within its
@@ -268,34 +305,10 @@ func (*Cluster) Delete(context.Context) error { return nil }
 // Delete does nothing: the check creates nothing.
 func (*Machine) Delete(context.Context) error { return nil }
 
-func checkNetwork(p tenancy.Policy, namespace string, n scope.NetworkRef) error {
-	switch {
-	case n.Name != "":
-		return p.CheckNetwork(namespace, n.Name)
-	case n.Bridge != "":
-		return p.CheckBridge(n.Bridge)
+// describeNetwork names a refused network for a condition message.
+func describeNetwork(rf tenancy.Refusal) string {
+	if rf.Field == "bridge" {
+		return fmt.Sprintf("Host bridge %q", rf.Value)
 	}
-	return nil
-}
-
-// describe names a network for a condition message.
-func describe(n scope.NetworkRef) string {
-	if n.Name != "" {
-		return fmt.Sprintf("Network %q", n.Name)
-	}
-	return fmt.Sprintf("Host bridge %q", n.Bridge)
-}
-
-func poolField(name, path, field string) string {
-	if field == "path" {
-		return path
-	}
-	return name
-}
-
-func volumeField(v infrav1.VolumeReference, field string) string {
-	if field == "pool" {
-		return v.Pool
-	}
-	return v.Name
+	return fmt.Sprintf("Network %q", rf.Value)
 }

@@ -3,6 +3,7 @@ package references_test
 import (
 	"context"
 	"net/netip"
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -182,4 +183,75 @@ func TestCluster(t *testing.T) {
 	}
 	checkOutcome(t, lc, run(s, references.NewCluster(s, strict, nil)),
 		want{infrav1.StoragePoolReadyCondition, infrav1.StoragePoolNotAllowedReason})
+}
+
+// TestEveryRefusalReported: a machine and a cluster refused for several
+// reasons report each on the condition of the step it stops, and the
+// refusals on one condition share its message, the first one's reason.
+func TestEveryRefusalReported(t *testing.T) {
+	scheme, err := manager.NewScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type says struct {
+		condition, reason string
+		fragments         []string
+	}
+	check := func(t *testing.T, obj conditions.Getter, err error, want []says) {
+		t.Helper()
+		if rq, ok := services.AsRequeue(err); !ok || rq.After != 0 {
+			t.Fatalf("error %v, want a wait for a change", err)
+		}
+		for _, w := range want {
+			c := conditions.Get(obj, w.condition)
+			if c == nil || c.Status != metav1.ConditionFalse || c.Reason != w.reason {
+				t.Errorf("%s = %+v, want False/%s", w.condition, c, w.reason)
+				continue
+			}
+			for _, f := range w.fragments {
+				if !strings.Contains(c.Message, f) {
+					t.Errorf("%s says %q, want it to say %q", w.condition, c.Message, f)
+				}
+			}
+			t.Logf("%s %s: %s", w.condition, c.Reason, c.Message)
+		}
+	}
+	t.Run("machine", func(t *testing.T) {
+		lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "prod"}}
+		lc.Spec.StoragePool = infrav1.StoragePool{Name: "team-b", Path: "/var/lib/libvirt/team-b"}
+		lm := &infrav1.LibvirtMachine{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "cp-0"}}
+		lm.Spec.Image = infrav1.ImageSource{Volume: &infrav1.VolumeReference{Pool: "images", Name: seedA}}
+		lm.Spec.CPUs, lm.Spec.MemoryMiB = 512, 1<<20
+		lm.Spec.Network = &infrav1.NetworkAttachment{Bridge: netalloc.BridgeName(networkA)}
+		s, err := scope.NewMachineScope(scope.MachineScopeParams{
+			Client: fake.NewClientBuilder().WithScheme(scheme).Build(), LibvirtCluster: lc, LibvirtMachine: lm, Host: fakehost.New(),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, lm, run(s, references.NewMachine(s, s.VM, policy, nil)), []says{
+			{infrav1.DiskReadyCondition, infrav1.ImageNotAllowedReason, []string{"spec.image.volume.name"}},
+			{infrav1.AddressReservedCondition, infrav1.NetworkNotAllowedReason, []string{"Host bridge"}},
+			{infrav1.DomainReadyCondition, infrav1.MachineSizeNotAllowedReason, []string{"cpus 512 vCPUs", "; memoryMiB 1048576 MiB"}},
+		})
+	})
+	t.Run("cluster", func(t *testing.T) {
+		lc := &infrav1.LibvirtCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "team-b", Name: "prod"}}
+		lc.Spec.StoragePool = infrav1.StoragePool{Name: "x", Path: "/srv/x"}
+		lc.Spec.Network.CIDR = "8.8.8.0/24"
+		lc.Spec.LoadBalancer.CPUs, lc.Spec.LoadBalancer.MemoryMiB = 64, 200<<10
+		lc.Spec.LoadBalancer.Image = &infrav1.ImageSource{Volume: &infrav1.VolumeReference{Name: seedA}}
+		s, err := scope.NewClusterScope(scope.ClusterScopeParams{
+			Client: fake.NewClientBuilder().WithScheme(scheme).Build(), LibvirtCluster: lc, Host: fakehost.New(),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(t, lc, run(s, references.NewCluster(s, policy, nil)), []says{
+			{infrav1.StoragePoolReadyCondition, infrav1.StoragePoolNotAllowedReason, []string{`spec.storagePool.path "/srv/x"`}},
+			{infrav1.NetworkReadyCondition, infrav1.NetworkNotAllowedReason, []string{`spec.network.cidr "8.8.8.0/24"`}},
+			{infrav1.LoadBalancerReadyCondition, infrav1.ImageNotAllowedReason,
+				[]string{"spec.loadBalancer.image.volume.name", "; HAProxy VM: cpus 64 vCPUs", "; memoryMiB 204800 MiB"}},
+		})
+	})
 }
