@@ -104,6 +104,27 @@ type MachineRefs struct {
 	Recorded    Recorded
 }
 
+// MachineRefsOf is what a machine of spec names and asks for, as its spec
+// says it; images without a pool are in pool. Where the placement
+// resolved to something else (the cluster's pool and network, a recorded
+// placement), the caller sets it.
+func MachineRefsOf(spec *infrav1.LibvirtMachineSpec, pool string) MachineRefs {
+	m := MachineRefs{
+		Image: Image{Volume: spec.Image.Volume, DefaultPool: pool, URL: spec.Image.URL},
+		Usage: MachineUsage(spec),
+	}
+	for _, d := range spec.DataDisks {
+		m.DataDiskPools = append(m.DataDiskPools, d.Pool)
+	}
+	for _, d := range spec.HostDevices {
+		m.HostDevices = append(m.HostDevices, d.Name)
+	}
+	if n := spec.Network; n != nil {
+		m.Network, m.AddressPools = Network{Name: n.Name, Bridge: n.Bridge}, n.AddressesFromPools
+	}
+	return m
+}
+
 // LoadBalancerRefs is what a cluster's HAProxy VM names and asks for.
 type LoadBalancerRefs struct {
 	Image Image

@@ -107,16 +107,8 @@ func (r references) machine(namespace string, spec *infrav1.LibvirtMachineSpec, 
 	if r.policy == nil {
 		return nil
 	}
-	refs := tenancy.MachineRefs{Image: image(spec.Image, pool), Usage: tenancy.MachineUsage(spec), Recorded: recorded(annotations)}
-	for _, d := range spec.DataDisks {
-		refs.DataDiskPools = append(refs.DataDiskPools, d.Pool)
-	}
-	for _, d := range spec.HostDevices {
-		refs.HostDevices = append(refs.HostDevices, d.Name)
-	}
-	if n := spec.Network; n != nil {
-		refs.Network, refs.AddressPools = tenancy.Network{Name: n.Name, Bridge: n.Bridge}, n.AddressesFromPools
-	}
+	refs := tenancy.MachineRefsOf(spec, pool)
+	refs.Image, refs.Recorded = image(spec.Image, pool), recorded(annotations)
 	return fieldErrors(r.policy.CheckMachine(namespace, refs), func(rf tenancy.Refusal) *field.Path {
 		switch rf.Part {
 		case tenancy.PartImageVolume:

@@ -109,19 +109,11 @@ func (*Machine) Name() string { return "references" }
 // the cluster's pool and network), which the webhook cannot know.
 func (m *Machine) Reconcile(ctx context.Context) (services.Result, error) {
 	s, vm := m.scope, m.vm
-	refs := tenancy.MachineRefs{
-		Pool:         tenancy.Pool{Name: vm.Pool.Name, Path: vm.Pool.Path},
-		Network:      tenancy.Network{Name: vm.Network.Name, Bridge: vm.Network.Bridge},
-		AddressPools: vm.AddressPools,
-		Image:        tenancy.Image{Volume: vm.Image.Volume, DefaultPool: vm.Pool.Name, URL: vm.Image.URL},
-		Usage:        tenancy.MachineUsage(s.Spec()),
-	}
-	for _, d := range s.Spec().DataDisks {
-		refs.DataDiskPools = append(refs.DataDiskPools, d.Pool)
-	}
-	for _, d := range s.Spec().HostDevices {
-		refs.HostDevices = append(refs.HostDevices, d.Name)
-	}
+	refs := tenancy.MachineRefsOf(s.Spec(), vm.Pool.Name)
+	// Where the placement resolved to: the recorded or the cluster's.
+	refs.Pool = tenancy.Pool{Name: vm.Pool.Name, Path: vm.Pool.Path}
+	refs.Network, refs.AddressPools = tenancy.Network{Name: vm.Network.Name, Bridge: vm.Network.Bridge}, vm.AddressPools
+	refs.Image = tenancy.Image{Volume: vm.Image.Volume, DefaultPool: vm.Pool.Name, URL: vm.Image.URL}
 	if refusals := m.policy.CheckMachine(s.Namespace(), refs); len(refusals) > 0 {
 		return services.Result{}, refused(refusals, describeMachine)
 	}
