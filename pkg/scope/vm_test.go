@@ -147,3 +147,27 @@ func TestLoadBalancerVMWrittenBack(t *testing.T) {
 		t.Errorf("status.loadBalancer %+v after the VM was deleted", stored.Status.LoadBalancer)
 	}
 }
+
+// TestAddressingOf: the addressing mode every step reads, decided once
+// from the network and the pools.
+func TestAddressingOf(t *testing.T) {
+	pools := []infrav1.IPPoolReference{{Kind: "InClusterIPPool", Name: "lan"}}
+	for _, tc := range []struct {
+		name    string
+		network scope.NetworkRef
+		pools   []infrav1.IPPoolReference
+		want    scope.Addressing
+	}{
+		{name: "network not known yet", pools: pools, want: scope.AddressingUnknown},
+		{name: "libvirt network", network: scope.NetworkRef{Name: "capl-ns.c"}, want: scope.AddressingReserved},
+		{name: "host bridge", network: scope.NetworkRef{Bridge: "br0"}, want: scope.AddressingLAN},
+		{name: "pools on a bridge", network: scope.NetworkRef{Bridge: "br0"}, pools: pools, want: scope.AddressingPool},
+		{name: "pools on a libvirt network", network: scope.NetworkRef{Name: "lan"}, pools: pools, want: scope.AddressingPool},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := scope.AddressingOf(tc.network, tc.pools); got != tc.want {
+				t.Errorf("AddressingOf = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
