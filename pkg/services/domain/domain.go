@@ -43,6 +43,9 @@ type Parts struct {
 	// StaticAddresses are the IPAM step's addresses, which the traffic
 	// filter pins the NIC to.
 	StaticAddresses func() []cloudinit.StaticAddress
+	// Found is the domain as the identity step found it, which is not read
+	// again; nil (or a nil func) when it did not look: the step reads it.
+	Found func() *virt.DomainInfo
 }
 
 // Host is what the service needs of the libvirt host: its domains, and
@@ -94,7 +97,7 @@ func New(vm *scope.VM, host Host, parts Parts, opts Options) *Service {
 // it would silently give the Machine a fresh, unbootstrapped disk.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	s := svc.vm
-	info, err := svc.domains.DomainInfo(ctx, s.Domain)
+	info, err := svc.lookup(ctx)
 	switch {
 	case virt.IsNotFound(err) && s.Provisioned:
 		return services.Result{}, services.Terminal(scope.FailureReasonUpdate, infrav1.DomainMissingReason,
@@ -128,6 +131,17 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 }
 
 func (*Service) Name() string { return "domain" }
+
+// lookup is the domain as the identity step of this reconcile found it,
+// else as libvirt reports it now.
+func (svc *Service) lookup(ctx context.Context) (virt.DomainInfo, error) {
+	if svc.parts.Found != nil {
+		if found := svc.parts.Found(); found != nil {
+			return *found, nil
+		}
+	}
+	return svc.domains.DomainInfo(ctx, svc.vm.Domain)
+}
 
 // define creates the domain on the overlay and seed volumes, unless the
 // host could never hold it.

@@ -226,3 +226,41 @@ func TestDomainGetsTheCustomCPU(t *testing.T) {
 		t.Errorf("domain CPU %q %q %v, want custom Nehalem [aes]", spec.CPUMode, spec.CPUModel, spec.CPUFeatures)
 	}
 }
+
+// TestDomainFoundByIdentityNotReadAgain: the domain the identity step of
+// the same reconcile found is used as it is (one libvirt read per
+// reconcile of a running VM); without it the step reads the domain.
+func TestDomainFoundByIdentityNotReadAgain(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		found    bool
+		wantRead bool
+	}{
+		{name: "found by the identity step", found: true},
+		{name: "not looked up by the identity step", wantRead: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			host := fakehost.New()
+			v := newVM(host, 512)
+			running := virt.DomainInfo{Name: v.Domain, UUID: v.UUID, State: "running", VCPUs: 1, MemoryMiB: 512}
+			host.Domains[v.Domain] = running
+			parts := v.parts()
+			parts.Found = func() *virt.DomainInfo {
+				if tc.found {
+					return &running
+				}
+				return nil
+			}
+			host.Calls = nil
+			if err := v.reconcile(domain.New(v.VM, host, parts, domain.Options{})); err != nil {
+				t.Fatal(err)
+			}
+			if got := host.Called("DomainInfo"); got != tc.wantRead {
+				t.Errorf("DomainInfo read: %v, want %v (calls %v)", got, tc.wantRead, host.Calls)
+			}
+			if c := v.conditions[infrav1.DomainReadyCondition]; !c.status {
+				t.Errorf("DomainReady %+v, want True", c)
+			}
+		})
+	}
+}

@@ -21,8 +21,9 @@ import (
 type Service struct {
 	vm   *scope.VM
 	host virt.DomainHost
-	// found is set when this reconcile found the VM's domain in libvirt.
-	found bool
+	// found is the VM's domain as this reconcile found it in libvirt;
+	// nil when it did not look or found none of this VM's.
+	found *virt.DomainInfo
 }
 
 var _ services.Service = (*Service)(nil)
@@ -35,10 +36,15 @@ func (*Service) Name() string { return "identity" }
 // DomainDefined tells whether the VM's domain exists in libvirt: this
 // reconcile found it, or the status holds the state libvirt reported.
 // The steps after this one ask it.
-func (svc *Service) DomainDefined() bool { return svc.found || svc.vm.State != "" }
+func (svc *Service) DomainDefined() bool { return svc.found != nil || svc.vm.State != "" }
 
 // Found tells whether this reconcile found the VM's domain in libvirt.
-func (svc *Service) Found() bool { return svc.found }
+func (svc *Service) Found() bool { return svc.found != nil }
+
+// Domain is the VM's domain as this reconcile found it, which the domain
+// step then need not read again; nil when it did not look or found none
+// of this VM's.
+func (svc *Service) Domain() *virt.DomainInfo { return svc.found }
 
 // Reconcile costs nothing once UUID and MAC are known and the status has
 // seen the domain, unless the VM is disposable (then whether its domain
@@ -48,7 +54,7 @@ func (svc *Service) Found() bool { return svc.found }
 // address step chooses the MAC.
 func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	vm := svc.vm
-	svc.found = false
+	svc.found = nil
 	if vm.UUID != "" && vm.MAC != "" && vm.State != "" && !vm.Disposable {
 		return services.Result{}, nil
 	}
@@ -73,7 +79,7 @@ func (svc *Service) Reconcile(ctx context.Context) (services.Result, error) {
 	if vm.MAC == "" && info.MAC != "" {
 		vm.MAC = info.MAC
 	}
-	svc.found = true
+	svc.found = &info
 	return services.Result{}, nil
 }
 

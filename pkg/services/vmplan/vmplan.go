@@ -120,7 +120,7 @@ func New(spec Spec) *Plan {
 	opts.TrafficFilter = spec.Policy.TrafficFilter
 	p.Domain = domain.New(vm, host, domain.Parts{
 		RootDisk: p.Disk.Volume, Seed: p.Seed.Volume, DataDisks: p.DataDisks.Volumes,
-		HostDevices: p.HostDevices.Devices, StaticAddresses: p.Claims.Addresses,
+		HostDevices: p.HostDevices.Devices, StaticAddresses: p.Claims.Addresses, Found: p.Identity.Domain,
 	}, opts)
 	return p
 }
