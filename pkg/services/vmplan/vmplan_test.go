@@ -28,7 +28,7 @@ func (named) Delete(context.Context) error                       { return nil }
 func TestSteps(t *testing.T) {
 	type step struct {
 		Name, Condition, PartOf string
-		Skip                    bool
+		BuildOnly               bool
 	}
 	const whole = "HAProxy VM x"
 	machine := vmplan.Conditions{Address: "A", Disk: "D", Seed: "S", Domain: "V"}
@@ -46,15 +46,15 @@ func TestSteps(t *testing.T) {
 		want       []step
 	}{
 		{name: "machine", conditions: machine, extra: extra, want: []step{
-			{Name: "check", Skip: true},
+			{Name: "check", BuildOnly: true},
 			{Name: "identity", Condition: "V"},
-			{Name: "host devices", Condition: "V", Skip: true},
-			{Name: "address", Condition: "A", Skip: true},
+			{Name: "host devices", Condition: "V", BuildOnly: true},
+			{Name: "address", Condition: "A", BuildOnly: true},
 			{Name: "IP address claims", Condition: "A"},
-			{Name: "addressed", Condition: "E", Skip: true},
-			{Name: "disk", Condition: "D", Skip: true},
-			{Name: "data disks", Condition: "D", Skip: true},
-			{Name: "seed", Condition: "S", Skip: true},
+			{Name: "addressed", Condition: "E", BuildOnly: true},
+			{Name: "disk", Condition: "D", BuildOnly: true},
+			{Name: "data disks", Condition: "D", BuildOnly: true},
+			{Name: "seed", Condition: "S", BuildOnly: true},
 			{Name: "domain", Condition: "V"},
 			{Name: "running", Condition: "R"},
 			{Name: "provisioned"},
@@ -62,12 +62,12 @@ func TestSteps(t *testing.T) {
 		}},
 		{name: "part of a whole, no extras", conditions: lb, want: []step{
 			{Name: "identity", Condition: "L", PartOf: whole},
-			{Name: "host devices", Condition: "L", PartOf: whole, Skip: true},
-			{Name: "address", Condition: "L", PartOf: whole, Skip: true},
+			{Name: "host devices", Condition: "L", PartOf: whole, BuildOnly: true},
+			{Name: "address", Condition: "L", PartOf: whole, BuildOnly: true},
 			{Name: "IP address claims", Condition: "L", PartOf: whole},
-			{Name: "disk", Condition: "L", PartOf: whole, Skip: true},
-			{Name: "data disks", Condition: "L", PartOf: whole, Skip: true},
-			{Name: "seed", Condition: "L", PartOf: whole, Skip: true},
+			{Name: "disk", Condition: "L", PartOf: whole, BuildOnly: true},
+			{Name: "data disks", Condition: "L", PartOf: whole, BuildOnly: true},
+			{Name: "seed", Condition: "L", PartOf: whole, BuildOnly: true},
 			{Name: "domain", Condition: "L", PartOf: whole},
 			{Name: "provisioned"},
 		}},
@@ -79,7 +79,7 @@ func TestSteps(t *testing.T) {
 				Claims: ipaddress.New(s, f.Host, f.Policy), Seed: seed.New(s, f.Host)})
 			var got []step
 			for _, st := range p.Steps(tc.extra) {
-				got = append(got, step{Name: st.Service.Name(), Condition: st.Condition, PartOf: st.PartOf, Skip: st.SkipOnceProvisioned})
+				got = append(got, step{Name: st.Service.Name(), Condition: st.Condition, PartOf: st.PartOf, BuildOnly: st.SkipOnceProvisioned})
 			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("steps (-want +got):\n%s", diff)
