@@ -57,6 +57,7 @@ func clusterSizes(o devplane.ClusterOptions) (sizes, error) {
 	// Every machine exists in the end: count the workers the staging
 	// creates later.
 	o.StagedWorkers = false
+	o.HostEtcdPort = 2379 // sizes only
 	placeholder := devplane.ClusterImage{Volume: "doctor"}
 	objs, err := devplane.RenderCluster(o, devplane.ClusterVariables(o, devplane.ClusterImages{Node: placeholder, LoadBalancer: placeholder}))
 	if err != nil {

@@ -40,6 +40,8 @@ type clusterFlags struct {
 	kubernetesVersion, template, cni, kubeconfigOut string
 	// standIn makes the stand-in demo (no Kubernetes) instead.
 	standIn bool
+	// hostEtcd puts the cluster's etcd on the host (ClusterOptions.HostEtcd).
+	hostEtcd bool
 }
 
 // bind adds the flags to fs; withName adds --name (up's; create cluster
@@ -61,6 +63,7 @@ func (f *clusterFlags) bind(fs *pflag.FlagSet, withName bool) {
 	fs.StringVar(&f.template, "template", shipped("templates/cluster-template.yaml"), "cluster template, rendered by clusterctl's variable rules")
 	fs.StringVar(&f.cni, "cni", shipped("templates/cni-flannel.yaml"), "CNI manifest a ClusterResourceSet applies to the cluster")
 	fs.StringVar(&f.kubeconfigOut, "kubeconfig-out", "", "where to write the workload cluster's kubeconfig (default <state-dir>/<name>.kubeconfig)")
+	fs.BoolVar(&f.hostEtcd, "host-etcd", false, "run the cluster's etcd on this host, served by the plane to the control-plane machines (kubeadm's external etcd), instead of a member in each of them: a control-plane rollout under TCG then adds no etcd member (docs/tcg.md)")
 	fs.BoolVar(&f.standIn, "stand-in", false, "make the stand-in demo instead: VMs running a stand-in API server, no Kubernetes (fast, for the provider's own tests)")
 }
 
@@ -100,7 +103,7 @@ func (f *clusterFlags) clusterOptions(c devplane.DomainChoice) (devplane.Cluster
 		Namespace: f.namespace, Name: f.name, ImageDir: f.imageDir, StoragePool: f.storagePool,
 		ControlPlane: int32(f.controlPlane), Workers: int32(f.workers),
 		KubernetesVersion: f.kubernetesVersion, Template: f.template, CNI: f.cni,
-		NodeImage: nodeImage, DomainType: c.DomainType,
+		NodeImage: nodeImage, DomainType: c.DomainType, HostEtcd: f.hostEtcd,
 	}
 	if c.DomainType == string(infrav1.DomainTypeQEMU) {
 		o = o.TCGTuning()

@@ -50,6 +50,9 @@ func (a *app) render(cf clusterFlags) error {
 		if err != nil {
 			return err
 		}
+		if co.HostEtcd {
+			return fmt.Errorf("--host-etcd: only the plane runs a cluster's etcd on the host; up and create cluster take it")
+		}
 		cluster, err := devplane.RenderCluster(co, devplane.ClusterVariables(co, imgs))
 		if err != nil {
 			return err

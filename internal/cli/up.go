@@ -144,6 +144,12 @@ func (a *app) makeCluster(ctx context.Context, p *plane.Plane, kubeconfigOut, ku
 		return err
 	}
 	a.logf("images in pool: node %s, load balancer %s", imgs.Node.Volume, imgs.LoadBalancer.Volume)
+	if co.HostEtcd {
+		if co.HostEtcdPort, err = devplane.HostEtcdPort(ctx, p.Client, co); err != nil {
+			return err
+		}
+		a.logf("the cluster's etcd runs on this host, port %d, served by the plane", co.HostEtcdPort)
+	}
 	objs, err := devplane.RenderCluster(co, devplane.ClusterVariables(co, imgs))
 	if err != nil {
 		return err

@@ -110,6 +110,12 @@ type ClusterOptions struct {
 	// StoragePool is the cluster's storage pool, at /var/lib/libvirt/<name>;
 	// empty means the provider's default.
 	StoragePool string
+	// HostEtcd renders the cluster with its etcd on this host (the plane
+	// runs it, plane.HostEtcdPortAnnotation) serving the guests on
+	// HostEtcdPort (HostEtcdPort finds it), instead of an etcd member in
+	// each control-plane machine: setHostEtcd. Plain templates only.
+	HostEtcd     bool
+	HostEtcdPort int
 }
 
 // NodeTCGCacheMiB is the TCG translation cache of node VMs, QEMU's own
@@ -234,6 +240,17 @@ func RenderCluster(o ClusterOptions, vars map[string]string) ([]*unstructured.Un
 	// (TestTopologyMatchesTemplate, 2026-11-29; not understood yet).
 	if o.CPUModel != "" && !o.Topology() {
 		if err := setCPUModel(objs, o.CPUModel); err != nil {
+			return nil, err
+		}
+	}
+	if o.HostEtcd {
+		if o.HostEtcdPort == 0 {
+			return nil, errors.New("an etcd on the host needs its port (HostEtcdPort)")
+		}
+		if o.Topology() {
+			return nil, errors.New("an etcd on the host is for plain templates only, not for a ClusterClass's Cluster")
+		}
+		if err := setHostEtcd(objs, o.HostEtcdPort); err != nil {
 			return nil, err
 		}
 	}

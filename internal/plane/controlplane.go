@@ -321,3 +321,12 @@ func freePorts(n int) ([]int, error) {
 
 // tcpAddress is host:port.
 func tcpAddress(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
+
+// FreePort is a TCP port free on this host now.
+func FreePort() (int, error) {
+	ports, err := freePorts(1)
+	if err != nil {
+		return 0, err
+	}
+	return ports[0], nil
+}

@@ -376,7 +376,7 @@ func removeStateDir(dir string) error {
 	}
 	known := []string{etcdDirName, etcdCertsDirName, kubeconfigName, servePIDName, serveLogName, managerPIDName, managerLogName,
 		webhookCertsName, endpointsFileName, scopeFileName, serviceAccountKeyName, encryptionConfigName,
-		kcmKubeconfigName, kcmPIDName, kcmLogName, CLIStateFile, registryDirName, libvirtTLSDirName}
+		kcmKubeconfigName, kcmPIDName, kcmLogName, CLIStateFile, registryDirName, libvirtTLSDirName, workloadEtcdDirName}
 	for _, e := range entries {
 		name := strings.TrimSuffix(e.Name(), ".tmp")
 		if !slices.Contains(known, name) && !strings.HasSuffix(name, workloadKubeconfigSuffix) {

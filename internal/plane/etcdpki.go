@@ -26,8 +26,8 @@ const (
 // runs into an expired one.
 const etcdCertRenewBefore = 30 * 24 * time.Hour
 
-// etcdCertHosts are the names etcd's serving certificate is valid for: it
-// listens on loopback only.
+// etcdCertHosts are the names the plane's own etcd's serving certificate
+// is valid for: it listens on loopback only.
 var etcdCertHosts = []string{loopbackHost, "localhost"}
 
 // etcdPKI is a directory of etcd's certificates: its authority, its
@@ -37,19 +37,23 @@ type etcdPKI string
 func (p etcdPKI) path(name string) string { return filepath.Join(string(p), name) }
 
 // ensureEtcdPKI keeps the certificates in dir when they form a set valid
-// beyond now+etcdCertRenewBefore, and otherwise makes the whole set anew:
+// beyond now+etcdCertRenewBefore, and otherwise makes the whole set anew,
+// the serving certificate for hosts (etcdCertHosts when none are given):
 // a plane of an older version, whose etcd served plain HTTP, has none,
 // and a set with a file missing cannot be completed, since the
 // authority's key is never written (it signs these two certificates and
 // nothing else, so that no other client can ever be issued one).
-func ensureEtcdPKI(dir string, now time.Time) error {
+func ensureEtcdPKI(dir string, now time.Time, hosts ...string) error {
 	p := etcdPKI(dir)
+	if len(hosts) == 0 {
+		hosts = etcdCertHosts
+	}
 	if err := p.check(now.Add(etcdCertRenewBefore)); err == nil {
 		return p.restrict()
 	} else if !errors.Is(err, os.ErrNotExist) && !errors.Is(err, errInvalidEtcdPKI) {
 		return err
 	}
-	return p.generate()
+	return p.generate(hosts)
 }
 
 // errInvalidEtcdPKI marks a set of certificates that must be made anew.
@@ -118,17 +122,17 @@ func (p etcdPKI) restrict() error {
 	return os.Chmod(string(p), 0o700)
 }
 
-// generate makes a new authority, etcd's serving and peer certificate and
-// kube-apiserver's client certificate, and writes them with the
+// generate makes a new authority, etcd's serving and peer certificate for
+// hosts and kube-apiserver's client certificate, and writes them with the
 // certificate authority last, so that a set interrupted half-way fails
 // check and is made anew.
-func (p etcdPKI) generate() error {
+func (p etcdPKI) generate(hosts []string) error {
 	ca, err := newAuthority("capl-etcd-ca")
 	if err != nil {
 		return err
 	}
 	// etcd presents its serving certificate to peers as a client too.
-	server, err := ca.hostCertificate([]x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, etcdCertHosts...)
+	server, err := ca.hostCertificate([]x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, hosts...)
 	if err != nil {
 		return err
 	}

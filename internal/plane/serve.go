@@ -195,6 +195,12 @@ func Serve(ctx context.Context, o Options) error {
 	defer stopScope()
 	go recordScopeEvery(scopeCtx, env, dir, scopeRecordInterval)
 	go watchMoves(scopeCtx, pc, dir)
+	etcdsDone := make(chan struct{})
+	go func() { serveWorkloadEtcds(scopeCtx, pc, dir, assets); close(etcdsDone) }()
+	defer func() {
+		stopScope()
+		<-etcdsDone
+	}()
 
 	registryURL, err := serveRegistry(scopeCtx, o)
 	if err != nil {

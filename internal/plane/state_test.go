@@ -36,9 +36,11 @@ func TestRemoveStateDirRefusesForeignFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The registry's data is a directory of the plane's.
-	if err := os.MkdirAll(filepath.Join(dir, registryDirName, "blobs", "sha256"), 0o700); err != nil {
-		t.Fatal(err)
+	// The registry's data and the host etcds' are directories of the plane's.
+	for _, sub := range []string{filepath.Join(registryDirName, "blobs", "sha256"), filepath.Join(workloadEtcdDirName, "default", "demo", "data")} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := removeStateDir(dir); err == nil || !strings.Contains(err.Error(), "precious.txt") {
 		t.Fatalf("removeStateDir with a foreign file: %v", err)
