@@ -172,8 +172,13 @@ func (w *workloadEtcds) ensure(ctx context.Context, cluster *clusterv1.Cluster, 
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	if err := ensureEtcdPKI(string(pki), time.Now(), HostEtcdName); err != nil {
-		return fmt.Errorf("certificates: %w", err)
+	// Made once and never renewed: the cluster's machines hold this
+	// authority, and a new one would cut their API servers off. The CA is
+	// written last, so a set with it is whole.
+	if _, err := os.Stat(pki.path(etcdCAName)); errors.Is(err, os.ErrNotExist) {
+		if err := ensureEtcdPKI(string(pki), time.Now(), HostEtcdName); err != nil {
+			return fmt.Errorf("certificates: %w", err)
+		}
 	}
 	if cluster.DeletionTimestamp.IsZero() {
 		if err := w.ensureSecrets(ctx, cluster, pki); err != nil {
