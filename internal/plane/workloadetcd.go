@@ -109,15 +109,18 @@ func (w *workloadEtcds) sync(ctx context.Context) error {
 	if err := w.c.List(ctx, &clusters); err != nil {
 		return fmt.Errorf("listing Clusters: %w", err)
 	}
-	wanted := map[types.NamespacedName]bool{}
+	// A Cluster that exists keeps its etcd's data whatever its annotation
+	// says now: a removed or mistyped annotation must not wipe a cluster.
+	exists := map[types.NamespacedName]bool{}
 	var errs []error
 	for i := range clusters.Items {
 		cluster := &clusters.Items[i]
+		key := client.ObjectKeyFromObject(cluster)
+		exists[key] = true
 		value, ok := cluster.Annotations[HostEtcdPortAnnotation]
 		if !ok {
 			continue
 		}
-		key := client.ObjectKeyFromObject(cluster)
 		port, err := hostEtcdPort(value)
 		if err != nil {
 			if w.refused[key] != value {
@@ -126,13 +129,12 @@ func (w *workloadEtcds) sync(ctx context.Context) error {
 			}
 			continue
 		}
-		wanted[key] = true
 		if err := w.ensure(ctx, cluster, port); err != nil {
 			errs = append(errs, fmt.Errorf("Cluster %s: %w", key, err))
 		}
 	}
 	for _, key := range w.known() {
-		if !wanted[key] {
+		if !exists[key] {
 			errs = append(errs, w.remove(key))
 		}
 	}

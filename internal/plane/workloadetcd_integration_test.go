@@ -27,7 +27,8 @@ import (
 // HostEtcdPortAnnotation gets an etcd on that port that answers a client
 // holding the certificate of the Secrets Cluster API reads for an external
 // etcd (owned by the Cluster) and refuses one without; a Cluster with an
-// unusable port gets none; once the Cluster is gone its etcd stops and its
+// unusable port gets none; a mistyped annotation keeps the data of a
+// Cluster that exists; once the Cluster is gone its etcd stops and its
 // directory is removed.
 func TestHostEtcdFollowsItsCluster(t *testing.T) {
 	if testing.Short() {
@@ -106,6 +107,15 @@ func TestHostEtcdFollowsItsCluster(t *testing.T) {
 	}
 	if err := getOK(ctx, client(), health); err == nil {
 		t.Errorf("%s answered a client without a certificate", health)
+	}
+
+	// A mistyped annotation on a Cluster that exists keeps its etcd's data.
+	mistyped := cluster.DeepCopy()
+	mistyped.Annotations[HostEtcdPortAnnotation] = "not a port"
+	must(t, c.Update(ctx, mistyped))
+	must(t, w.sync(ctx))
+	if _, err := os.Stat(filepath.Join(w.dir(key), "data")); err != nil {
+		t.Errorf("the data of Cluster %s's etcd after its annotation was mistyped: %v", key, err)
 	}
 
 	must(t, c.Delete(ctx, cluster))
