@@ -42,6 +42,9 @@ type clusterFlags struct {
 	standIn bool
 	// hostEtcd puts the cluster's etcd on the host (ClusterOptions.HostEtcd).
 	hostEtcd bool
+	// controlPlaneCPUs, when set, is each control-plane machine's vCPUs
+	// (ClusterOptions.ControlPlaneCPUs).
+	controlPlaneCPUs int
 }
 
 // bind adds the flags to fs; withName adds --name (up's; create cluster
@@ -64,6 +67,7 @@ func (f *clusterFlags) bind(fs *pflag.FlagSet, withName bool) {
 	fs.StringVar(&f.cni, "cni", shipped("templates/cni-flannel.yaml"), "CNI manifest a ClusterResourceSet applies to the cluster")
 	fs.StringVar(&f.kubeconfigOut, "kubeconfig-out", "", "where to write the workload cluster's kubeconfig (default <state-dir>/<name>.kubeconfig)")
 	fs.BoolVar(&f.hostEtcd, "host-etcd", false, "run the cluster's etcd on this host, served by the plane to the control-plane machines (kubeadm's external etcd), instead of a member in each of them: a control-plane rollout under TCG then adds no etcd member (docs/tcg.md)")
+	fs.IntVar(&f.controlPlaneCPUs, "control-plane-cpus", 0, "vCPUs of each control-plane machine; 0 keeps the template's (2); 1 also skips kubeadm's NumCPU preflight check")
 	fs.BoolVar(&f.standIn, "stand-in", false, "make the stand-in demo instead: VMs running a stand-in API server, no Kubernetes (fast, for the provider's own tests)")
 }
 
@@ -104,6 +108,7 @@ func (f *clusterFlags) clusterOptions(c devplane.DomainChoice) (devplane.Cluster
 		ControlPlane: int32(f.controlPlane), Workers: int32(f.workers),
 		KubernetesVersion: f.kubernetesVersion, Template: f.template, CNI: f.cni,
 		NodeImage: nodeImage, DomainType: c.DomainType, HostEtcd: f.hostEtcd,
+		ControlPlaneCPUs: int32(f.controlPlaneCPUs),
 	}
 	if c.DomainType == string(infrav1.DomainTypeQEMU) {
 		o = o.TCGTuning()

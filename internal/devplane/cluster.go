@@ -63,8 +63,11 @@ type ClusterOptions struct {
 	// of the domain type's default CPU mode; empty keeps the default, and
 	// so does a ClusterClass's cluster (RenderCluster).
 	CPUModel string
-	// WorkerCPUs overrides the template's worker vCPUs when set.
-	WorkerCPUs int32
+	// WorkerCPUs and ControlPlaneCPUs override the template's vCPUs of
+	// workers and of control-plane machines when set. One control-plane
+	// vCPU skips kubeadm's NumCPU preflight check (setOneCPUControlPlane),
+	// which asks for 2.
+	WorkerCPUs, ControlPlaneCPUs int32
 	// ControlPlaneCPUShares and WorkerCPUShares are the machines' CPU
 	// weights (cpuShares) when set.
 	ControlPlaneCPUShares, WorkerCPUShares int32
@@ -74,6 +77,10 @@ type ClusterOptions struct {
 	// EtcdUnsafeNoFsync, "true", stops etcd syncing its log to disk
 	// (throwaway clusters on slow disks).
 	EtcdUnsafeNoFsync string
+	// ControlPlaneDrainTimeout is how many seconds a removed control-plane
+	// machine is drained before it is deleted anyway; empty keeps the
+	// template's (until its pods are gone).
+	ControlPlaneDrainTimeout string
 	// LeaderElect, "false", switches off the controller manager's and
 	// scheduler's leader election; LeaderElectLease and LeaderElectRenew
 	// override its timing. Empty keeps the template's.
@@ -170,33 +177,35 @@ func ClusterVariables(o ClusterOptions, imgs ClusterImages) map[string]string {
 		vars["LIBVIRT_TCG_CACHE_MIB"] = strconv.Itoa(int(o.TCGCacheMiB))
 	}
 	for name, value := range map[string]int32{
-		"LIBVIRT_WORKER_MACHINE_CPUS":      o.WorkerCPUs,
-		"LIBVIRT_CONTROL_PLANE_CPU_SHARES": o.ControlPlaneCPUShares,
-		"LIBVIRT_WORKER_CPU_SHARES":        o.WorkerCPUShares,
-		"LIBVIRT_COREDNS_REPLICAS":         o.CoreDNSReplicas,
+		"LIBVIRT_WORKER_MACHINE_CPUS":        o.WorkerCPUs,
+		"LIBVIRT_CONTROL_PLANE_MACHINE_CPUS": o.ControlPlaneCPUs,
+		"LIBVIRT_CONTROL_PLANE_CPU_SHARES":   o.ControlPlaneCPUShares,
+		"LIBVIRT_WORKER_CPU_SHARES":          o.WorkerCPUShares,
+		"LIBVIRT_COREDNS_REPLICAS":           o.CoreDNSReplicas,
 	} {
 		if value > 0 {
 			vars[name] = strconv.Itoa(int(value))
 		}
 	}
 	for name, value := range map[string]string{
-		"LIBVIRT_PROBE_TIMEOUT_SECONDS":               o.ProbeTimeout,
-		"LIBVIRT_LIVENESS_PROBE_FAILURE_THRESHOLD":    o.LivenessFailures,
-		"LIBVIRT_STARTUP_PROBE_FAILURE_THRESHOLD":     o.StartupFailures,
-		"LIBVIRT_ETCD_UNSAFE_NO_FSYNC":                o.EtcdUnsafeNoFsync,
-		"LIBVIRT_LEADER_ELECT":                        o.LeaderElect,
-		"LIBVIRT_LEADER_ELECT_LEASE_DURATION":         o.LeaderElectLease,
-		"LIBVIRT_LEADER_ELECT_RENEW_DEADLINE":         o.LeaderElectRenew,
-		"LIBVIRT_API_SERVER_READINESS_PERIOD_SECONDS": o.APIServerReadinessPeriod,
-		"LIBVIRT_NODE_MONITOR_GRACE_PERIOD":           o.NodeMonitorGracePeriod,
-		"LIBVIRT_ETCD_PROGRESS_NOTIFY_INTERVAL":       o.EtcdProgressNotifyInterval,
-		"LIBVIRT_ETCD_HEARTBEAT_INTERVAL_MS":          o.EtcdHeartbeatIntervalMS,
-		"LIBVIRT_ETCD_ELECTION_TIMEOUT_MS":            o.EtcdElectionTimeoutMS,
-		"LIBVIRT_WORKER_MAX_SURGE":                    o.WorkerMaxSurge,
-		"LIBVIRT_WORKER_MAX_UNAVAILABLE":              o.WorkerMaxUnavailable,
-		"LIBVIRT_API_SERVER_CPU_REQUEST":              o.APIServerCPURequest,
-		"LIBVIRT_ETCD_CPU_REQUEST":                    o.EtcdCPURequest,
-		"LIBVIRT_CONTROL_PLANE_SYSTEM_CPU_WEIGHT":     o.ControlPlaneSystemCPUWeight,
+		"LIBVIRT_PROBE_TIMEOUT_SECONDS":                    o.ProbeTimeout,
+		"LIBVIRT_LIVENESS_PROBE_FAILURE_THRESHOLD":         o.LivenessFailures,
+		"LIBVIRT_STARTUP_PROBE_FAILURE_THRESHOLD":          o.StartupFailures,
+		"LIBVIRT_ETCD_UNSAFE_NO_FSYNC":                     o.EtcdUnsafeNoFsync,
+		"LIBVIRT_LEADER_ELECT":                             o.LeaderElect,
+		"LIBVIRT_LEADER_ELECT_LEASE_DURATION":              o.LeaderElectLease,
+		"LIBVIRT_LEADER_ELECT_RENEW_DEADLINE":              o.LeaderElectRenew,
+		"LIBVIRT_API_SERVER_READINESS_PERIOD_SECONDS":      o.APIServerReadinessPeriod,
+		"LIBVIRT_NODE_MONITOR_GRACE_PERIOD":                o.NodeMonitorGracePeriod,
+		"LIBVIRT_ETCD_PROGRESS_NOTIFY_INTERVAL":            o.EtcdProgressNotifyInterval,
+		"LIBVIRT_ETCD_HEARTBEAT_INTERVAL_MS":               o.EtcdHeartbeatIntervalMS,
+		"LIBVIRT_ETCD_ELECTION_TIMEOUT_MS":                 o.EtcdElectionTimeoutMS,
+		"LIBVIRT_WORKER_MAX_SURGE":                         o.WorkerMaxSurge,
+		"LIBVIRT_WORKER_MAX_UNAVAILABLE":                   o.WorkerMaxUnavailable,
+		"LIBVIRT_API_SERVER_CPU_REQUEST":                   o.APIServerCPURequest,
+		"LIBVIRT_ETCD_CPU_REQUEST":                         o.EtcdCPURequest,
+		"LIBVIRT_CONTROL_PLANE_SYSTEM_CPU_WEIGHT":          o.ControlPlaneSystemCPUWeight,
+		"LIBVIRT_CONTROL_PLANE_NODE_DRAIN_TIMEOUT_SECONDS": o.ControlPlaneDrainTimeout,
 	} {
 		if value != "" {
 			vars[name] = value
@@ -240,6 +249,11 @@ func RenderCluster(o ClusterOptions, vars map[string]string) ([]*unstructured.Un
 	// (TestTopologyMatchesTemplate, 2026-11-29; not understood yet).
 	if o.CPUModel != "" && !o.Topology() {
 		if err := setCPUModel(objs, o.CPUModel); err != nil {
+			return nil, err
+		}
+	}
+	if o.ControlPlaneCPUs == 1 {
+		if err := setOneCPUControlPlane(objs); err != nil {
 			return nil, err
 		}
 	}
@@ -348,11 +362,17 @@ func (o ClusterOptions) TCGTuning() ClusterOptions {
 	o.WorkerCPUs = 1
 	o.StagedWorkers = true
 	o.LeaderElectLease, o.LeaderElectRenew = "180s", "150s"
-	if o.ControlPlane == 1 {
+	if o.ControlPlane == 1 && !o.HostEtcd {
 		// A renewal that misses its deadline restarts the component even
 		// with nobody to hand over to; one control plane needs no election.
+		// With etcd on the host a renewal no longer waits on the guest's
+		// etcd, and a rollout's second control plane would otherwise run
+		// a second controller manager and scheduler beside the first.
 		o.LeaderElect = "false"
 	}
+	// A rollout's old control-plane node, starved, left its evicted
+	// CoreDNS pod Terminating and the rollout waited on the drain.
+	o.ControlPlaneDrainTimeout = "300"
 	o.ProbeTimeout, o.LivenessFailures, o.StartupFailures = "60", "60", "120"
 	o.EtcdUnsafeNoFsync = "true"
 	o.APIServerReadinessPeriod = "10"
@@ -382,6 +402,14 @@ func (o ClusterOptions) TCGTuning() ClusterOptions {
 	// 1 334 s but CoreDNS on the starved control plane stopped answering
 	// the worker's pods (docs/tcg.md).
 	o.APIServerCPURequest, o.EtcdCPURequest, o.ControlPlaneSystemCPUWeight = "1", "300m", "25"
+	if o.ControlPlaneCPUs == 1 {
+		// The kubelet admits a static pod only within the node's CPU: on
+		// one vCPU the API server's 1 CPU left the controller manager
+		// (200m) and the scheduler (100m) rejected for good. These keep
+		// the API server first and leave room for the CNI's and CoreDNS's
+		// 100m each.
+		o.APIServerCPURequest, o.EtcdCPURequest = "400m", "100m"
+	}
 	o.ControlPlaneCPUShares, o.WorkerCPUShares = 4096, 1024
 	return o
 }

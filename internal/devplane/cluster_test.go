@@ -127,6 +127,18 @@ func TestRenderCluster(t *testing.T) {
 	if single := (ClusterOptions{ControlPlane: 1}).TCGTuning(); single.LeaderElect != "false" {
 		t.Errorf("TCG tuning of one control-plane machine: leader election %q, want false", single.LeaderElect)
 	}
+	if hostEtcd := (ClusterOptions{ControlPlane: 1, HostEtcd: true}).TCGTuning(); hostEtcd.LeaderElect != "" {
+		t.Errorf("TCG tuning of one control-plane machine with etcd on the host: leader election %q, want the template's (on)", hostEtcd.LeaderElect)
+	}
+	if one := (ClusterOptions{ControlPlane: 1, ControlPlaneCPUs: 1}).TCGTuning(); one.APIServerCPURequest != "400m" || one.EtcdCPURequest != "100m" {
+		t.Errorf("TCG tuning of a 1-vCPU control plane requests %s for the API server and %s for etcd, want 400m and 100m (within the node's CPU)",
+			one.APIServerCPURequest, one.EtcdCPURequest)
+	}
+	drain, _, _ := unstructured.NestedInt64(kinds["KubeadmControlPlane/k8s-control-plane"].Object,
+		"spec", "machineTemplate", "spec", "deletion", "nodeDrainTimeoutSeconds")
+	if drain != 300 {
+		t.Errorf("control-plane machines drained for %d s at most, want TCG's 300", drain)
+	}
 	etcdArgs, _, _ := unstructured.NestedSlice(kinds["KubeadmControlPlane/k8s-control-plane"].Object,
 		"spec", "kubeadmConfigSpec", "clusterConfiguration", "etcd", "local", "extraArgs")
 	if fmt.Sprint(etcdArgs) != "[map[name:unsafe-no-fsync value:true] map[name:watch-progress-notify-interval value:60s] "+
