@@ -4,12 +4,20 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -17,6 +25,8 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/devplane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
+	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/testharness/testlibvirt"
 )
 
 // clusterClassName is the upgrade scenario's Cluster of the ClusterClass
@@ -27,20 +37,21 @@ const clusterClassName = "cc"
 // kubeadm cluster's.
 const clusterClassPhasePrefix = kubeadmPhasePrefix + "ClusterClass: "
 
-// clusterClassUpgrade is the upgrade scenario's last phase, the upgrade of
-// docs/upgrades.md's "ClusterClass clusters": the kubeadm cluster is
+// clusterClassVariableChange is the upgrade scenario's last phase, day two
+// of docs/upgrades.md's "ClusterClass clusters": the kubeadm cluster is
 // deleted (two clusters' VMs do not fit a 2-core TCG host), then a Cluster
 // of templates/clusterclass-libvirt.yaml with the kubeadm cluster's
-// settings (TCGTuning) is made at the older version, and its
-// spec.topology.version, image and coreDNSImageTag variables are changed
-// in one update: Cluster API's topology controller must roll the control
-// plane, then the MachineDeployment, to the newer version and node image,
-// with the endpoint answering and nothing of a replaced machine left.
-func (s *suite) clusterClassUpgrade(t *testing.T) {
+// settings (TCGTuning) is made at the newer version, and its
+// workerMemoryMiB variable is changed: Cluster API's topology controller
+// must rotate the workers' machine template and the MachineDeployment
+// replace its machine (maxSurge 0), with the endpoint answering and
+// nothing of the replaced machine left. Its etcd is stacked (an etcd on
+// the host is for plain templates), so its control plane is not rolled.
+func (s *suite) clusterClassVariableChange(t *testing.T) {
 	runInOrder(t, []phase{
 		{"delete the kubeadm cluster", s.deleteKubeadm},
 		{"ClusterClass nodes ready", s.clusterClassReady},
-		{"ClusterClass upgrade", s.upgradeTopology},
+		{"ClusterClass workers' memory variable", s.changeWorkerMemory},
 	})
 }
 
@@ -62,18 +73,42 @@ func (s *suite) deleteKubeadm(t *testing.T) {
 	if s.networkExists(t, network) {
 		t.Errorf("the deleted cluster's network %s is still there", network)
 	}
+	if o := s.k8s.opts; o.HostEtcd {
+		s.waitHostEtcdGone(t, o)
+	}
 	s.k8s.ready = false
 }
 
+// waitHostEtcdGone waits until the plane stopped the etcd it ran on the
+// host for the deleted cluster of o and removed its data.
+func (s *suite) waitHostEtcdGone(t *testing.T, o devplane.ClusterOptions) {
+	t.Helper()
+	dir := plane.HostEtcdDir(s.state, o.Namespace, o.Name)
+	address := net.JoinHostPort("127.0.0.1", strconv.Itoa(o.HostEtcdPort))
+	s.waitFor(t, "the deleted cluster's etcd on the host stopped and its data removed", 2*time.Minute, func() (bool, string) {
+		if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+			return false, dir + " is still there"
+		}
+		if conn, err := net.DialTimeout("tcp", address, time.Second); err == nil {
+			_ = conn.Close()
+			return false, "something still listens on " + address
+		}
+		return true, ""
+	})
+}
+
 // clusterClassOptions are the ClusterClass cluster's options: the kubeadm
-// cluster's (the older version, TCGTuning) for the topology flavour.
+// cluster's (TCGTuning) for the topology flavour at the newer version,
+// with a stacked etcd.
 func clusterClassOptions(t *testing.T) devplane.ClusterOptions {
 	o := kubeadmOptions(t, 1)
 	templates := filepath.Dir(o.Template)
 	o.Name = clusterClassName
 	o.Template = filepath.Join(templates, "cluster-template-topology.yaml")
 	o.ClusterClass = filepath.Join(templates, "clusterclass-libvirt.yaml")
-	return o
+	o.KubernetesVersion = nodeImageVersion(testlibvirt.NodeImage(t))
+	o.HostEtcd = false
+	return o.TCGTuning()
 }
 
 // clusterClassReady creates the ClusterClass, its templates and the
@@ -114,48 +149,61 @@ func disableHealthChecks(t *testing.T, cluster *unstructured.Unstructured) {
 	must(t, unstructured.SetNestedSlice(cluster.Object, mds, "spec", "topology", "workers", "machineDeployments"))
 }
 
-// upgradeTopology changes the Cluster's spec.topology.version and its
-// image and coreDNSImageTag variables to the newer node image's in one
-// update, as docs/upgrades.md says: the topology controller rotates the
-// machine templates and moves the KubeadmControlPlane, and once the
-// control plane is at the new version, the MachineDeployment. Each rollout
-// is waited for, timed from its start (the workers' from the control
-// plane's end, when the topology controller moves them) with the endpoint
-// probed, and leak-checked as the kubeadm cluster's are; a Deployment
-// guarded by a PodDisruptionBudget runs on the workers throughout.
-func (s *suite) upgradeTopology(t *testing.T) {
+// changeWorkerMemory raises the Cluster's workerMemoryMiB variable by
+// 256 MiB and waits until the MachineDeployment replaced its worker, a
+// Deployment guarded by a PodDisruptionBudget running meanwhile and the
+// endpoint probed (as the kubeadm cluster's workers upgrade is); the new
+// worker's LibvirtMachine must ask for the new memory and its Node report
+// more than the old one did.
+func (s *suite) changeWorkerMemory(t *testing.T) {
 	s.needReady(t)
-	from := s.k8s.opts.KubernetesVersion
-	version, img := s.upgradeTarget(t)
-	coreDNS := upgradeCoreDNSTag(t)
-	controlPlane := s.controlPlaneToReplace(t)
+	before := s.workerNodeMemory(t)
 	workers := s.guardWorkers(t)
-	stopProbe := s.probeEndpoint(s.kubeadmEndpoint(t))
-	s.changeTopology(t, version, map[string]any{"image": map[string]any{"volume": map[string]any{"name": img.Volume}}, "coreDNSImageTag": coreDNS})
-	start := time.Now()
-	t.Logf("Cluster %s changed: version %s, image %s, coreDNSImageTag %s", s.cut.name, version, img.Volume, coreDNS)
-
-	s.waitControlPlaneReplaced(t, controlPlane)
-	s.recordRollout(t, "ClusterClass control plane "+from+" → "+version+" (topology version and image variable)", start, stopProbe())
-	controlPlane.checkLeftovers(t, s)
-	s.checkNodeVersions(t, version, true)
-
-	// The workers' nodes and machines are checked once they are replaced
-	// too: the topology controller started on them with the control plane
-	// done, so one may be joining now.
-	stopProbe, start = s.probeEndpoint(s.kubeadmEndpoint(t)), time.Now()
-	s.waitWorkersReplaced(t, workers, "ClusterClass workers "+from+" → "+version+" (after the control plane, by the topology controller)", start, stopProbe)
-	s.checkNodeVersions(t, version, false)
-	if md := s.machineDeployment(t); md.Spec.Template.Spec.Version != version {
-		t.Errorf("MachineDeployment %s at %s, want %s", md.Name, md.Spec.Template.Spec.Version, version)
+	var memory int32
+	for m, lm := range workers.old {
+		if lm.Spec.MemoryMiB == 0 {
+			t.Fatalf("the worker %s: LibvirtMachine %s has no memoryMiB from the class", m, lm.Name)
+		}
+		memory = lm.Spec.MemoryMiB + 256
 	}
-	s.checkCoreDNSImage(t, coreDNS)
-	s.k8s.opts.KubernetesVersion = version
+	stopProbe := s.probeEndpoint(s.kubeadmEndpoint(t))
+	s.changeVariables(t, map[string]any{"workerMemoryMiB": memory})
+	start := time.Now()
+	t.Logf("Cluster %s changed: workerMemoryMiB %d", s.cut.name, memory)
+	s.waitWorkersReplaced(t, workers, fmt.Sprintf("ClusterClass workers, workerMemoryMiB %d (by the topology controller)", memory), start, stopProbe)
+	for _, m := range s.mdMachines(t) {
+		machine := &clusterv1.Machine{}
+		must(t, s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: m}, machine))
+		if lm := s.lm(machine.Spec.InfrastructureRef.Name); lm == nil || lm.Spec.MemoryMiB != memory {
+			t.Errorf("the new worker %s: LibvirtMachine %s does not ask for %d MiB", m, machine.Spec.InfrastructureRef.Name, memory)
+		}
+	}
+	if after := s.workerNodeMemory(t); after.Cmp(before) <= 0 {
+		t.Errorf("the new worker's node reports %s of memory, the old one %s: want more", after.String(), before.String())
+	}
 }
 
-// changeTopology sets the Cluster's spec.topology.version and variables
-// (added when the Cluster has none of that name) in one update.
-func (s *suite) changeTopology(t *testing.T, version string, variables map[string]any) {
+// workerNodeMemory is the memory capacity of the workload cluster's one
+// worker node.
+func (s *suite) workerNodeMemory(t *testing.T) resource.Quantity {
+	t.Helper()
+	nodes := &corev1.NodeList{}
+	s.workloadCall(t, "listing nodes", func() error { return s.k8s.wc.List(s.ctx, nodes) })
+	var workers []corev1.Node
+	for _, n := range nodes.Items {
+		if _, cp := n.Labels["node-role.kubernetes.io/control-plane"]; !cp {
+			workers = append(workers, n)
+		}
+	}
+	if len(workers) != 1 {
+		t.Fatalf("want one worker node, have %d", len(workers))
+	}
+	return workers[0].Status.Capacity[corev1.ResourceMemory]
+}
+
+// changeVariables sets the Cluster's topology variables (added when the
+// Cluster has none of that name) in one update.
+func (s *suite) changeVariables(t *testing.T, variables map[string]any) {
 	t.Helper()
 	// The topology controller updates the Cluster too: retry on conflict.
 	must(t, retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -163,7 +211,6 @@ func (s *suite) changeTopology(t *testing.T, version string, variables map[strin
 		if err := s.c.Get(s.ctx, client.ObjectKey{Namespace: namespace, Name: s.cut.name}, cl); err != nil {
 			return err
 		}
-		cl.Spec.Topology.Version = version
 		for name, value := range variables {
 			raw, err := json.Marshal(value)
 			if err != nil {

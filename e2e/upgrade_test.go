@@ -66,15 +66,15 @@ func nodeImageFrom(t *testing.T) string {
 }
 
 // upgradeScenario is `make test-e2e-upgrade`'s, shaped like Cluster API's
-// ClusterUpgradeConformanceSpec (without conformance) and
-// KCPAndMachineDeploymentRolloutSpec: the kubeadm cluster of the CI
-// scenario at the older Kubernetes version; its control plane, then its
-// workers, moved to the newer version and node image by new machine
-// templates; then rollout.after on both, the control plane's new machine
-// failing its first join on purpose; then, in place of the kubeadm
-// cluster, a Cluster of the ClusterClass upgraded by its topology version
-// (clusterClassUpgrade). The endpoint is probed throughout and every
-// replaced machine must leave nothing in libvirt.
+// ClusterUpgradeConformanceSpec (without conformance) to fit a 2-core TCG
+// host: the kubeadm cluster of the CI scenario at the older Kubernetes
+// version, its etcd on the host (a stacked etcd's rollout does not
+// complete there, docs/tcg.md); its control plane, then its workers
+// (replaced, not doubled: maxSurge 0), moved to the newer version and node
+// image by new machine templates; then, in place of the kubeadm cluster, a
+// Cluster of the ClusterClass at the newer version whose workers roll out
+// a changed variable (clusterClassVariableChange). The endpoint is probed
+// throughout and every replaced machine must leave nothing in libvirt.
 func (s *suite) upgradeScenario(t *testing.T) {
 	s.createKubeadm(t, 1)
 	t.Run("kubeadm nodes ready", s.kubeadmReady)
@@ -85,9 +85,7 @@ func (s *suite) upgradeScenario(t *testing.T) {
 		{"kubeadm control-plane upgrade", s.upgradeControlPlane},
 		{"kubeadm workers upgrade", s.upgradeWorkers},
 		{"kubeadm service across nodes after the upgrade", s.kubeadmService},
-		{"kubeadm control-plane rollout", s.kubeadmControlPlaneRollout},
-		{"kubeadm workers rollout", s.workersRollout},
-		{"ClusterClass cluster upgrade", s.clusterClassUpgrade},
+		{"ClusterClass variable change", s.clusterClassVariableChange},
 	})
 }
 
@@ -187,13 +185,6 @@ func (s *suite) upgradeWorkers(t *testing.T) {
 	// The cluster is at the newer version from here on (the Service check
 	// runs the newer kube-proxy image, which only the new nodes hold).
 	s.k8s.opts.KubernetesVersion = version
-}
-
-// workersRollout replaces the workers by rollout.after alone.
-func (s *suite) workersRollout(t *testing.T) {
-	s.replaceWorkers(t, "workers, rollout.after", func(md *clusterv1.MachineDeployment) {
-		md.Spec.Rollout.After = metav1.Now()
-	})
 }
 
 // kubeadmControlPlane reads the cluster under test's KubeadmControlPlane.

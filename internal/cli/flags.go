@@ -40,8 +40,9 @@ type clusterFlags struct {
 	kubernetesVersion, template, cni, kubeconfigOut string
 	// standIn makes the stand-in demo (no Kubernetes) instead.
 	standIn bool
-	// hostEtcd puts the cluster's etcd on the host (ClusterOptions.HostEtcd).
-	hostEtcd bool
+	// hostEtcd puts the cluster's etcd on the host (ClusterOptions.HostEtcd):
+	// true, false, or auto (hostEtcdAuto).
+	hostEtcd string
 	// controlPlaneCPUs, when set, is each control-plane machine's vCPUs
 	// (ClusterOptions.ControlPlaneCPUs).
 	controlPlaneCPUs int
@@ -66,7 +67,8 @@ func (f *clusterFlags) bind(fs *pflag.FlagSet, withName bool) {
 	fs.StringVar(&f.template, "template", shipped("templates/cluster-template.yaml"), "cluster template, rendered by clusterctl's variable rules")
 	fs.StringVar(&f.cni, "cni", shipped("templates/cni-flannel.yaml"), "CNI manifest a ClusterResourceSet applies to the cluster")
 	fs.StringVar(&f.kubeconfigOut, "kubeconfig-out", "", "where to write the workload cluster's kubeconfig (default <state-dir>/<name>.kubeconfig)")
-	fs.BoolVar(&f.hostEtcd, "host-etcd", false, "run the cluster's etcd on this host, served by the plane to the control-plane machines (kubeadm's external etcd), instead of a member in each of them: a control-plane rollout under TCG then adds no etcd member (docs/tcg.md)")
+	fs.StringVar(&f.hostEtcd, "host-etcd", hostEtcdAuto, "true: run the cluster's etcd on this host, served by the plane to the control-plane machines (kubeadm's external etcd), instead of a member in each of them, so that a control-plane rollout adds no etcd member (docs/tcg.md); false: a member in each; auto: true for a new cluster under TCG, whose stacked rollout does not complete on a 2-core host, false under KVM, and an existing cluster's etcd stays where it is")
+	fs.Lookup("host-etcd").NoOptDefVal = "true"
 	fs.IntVar(&f.controlPlaneCPUs, "control-plane-cpus", 0, "vCPUs of each control-plane machine; 0 keeps the template's (2); 1 also skips kubeadm's NumCPU preflight check")
 	fs.BoolVar(&f.standIn, "stand-in", false, "make the stand-in demo instead: VMs running a stand-in API server, no Kubernetes (fast, for the provider's own tests)")
 }
@@ -84,6 +86,12 @@ func (f *clusterFlags) demoOptions(c devplane.DomainChoice) devplane.DemoOptions
 		DomainType: c.DomainType, CPUMode: c.CPUMode, TCGCacheMiB: c.TCGCacheMiB,
 	}
 }
+
+// hostEtcdAuto is --host-etcd's default: the cluster's etcd on the host
+// under TCG (a stacked control-plane rollout starved a 2-core host,
+// docs/tcg.md), in its control-plane machines under KVM, and an existing
+// cluster's where it is (devplane.PlaceEtcd).
+const hostEtcdAuto = "auto"
 
 // clusterOptions are the Kubernetes cluster's options. The template sets
 // no CPU mode: the provider's default per domain type applies, but for the
@@ -103,14 +111,24 @@ func (f *clusterFlags) clusterOptions(c devplane.DomainChoice) (devplane.Cluster
 		}
 		nodeImage = abs
 	}
+	tcg := c.DomainType == string(infrav1.DomainTypeQEMU)
 	o := devplane.ClusterOptions{
 		Namespace: f.namespace, Name: f.name, ImageDir: f.imageDir, StoragePool: f.storagePool,
 		ControlPlane: int32(f.controlPlane), Workers: int32(f.workers),
 		KubernetesVersion: f.kubernetesVersion, Template: f.template, CNI: f.cni,
-		NodeImage: nodeImage, DomainType: c.DomainType, HostEtcd: f.hostEtcd,
+		NodeImage: nodeImage, DomainType: c.DomainType,
 		ControlPlaneCPUs: int32(f.controlPlaneCPUs),
 	}
-	if c.DomainType == string(infrav1.DomainTypeQEMU) {
+	switch f.hostEtcd {
+	case "true":
+		o.HostEtcd = true
+	case "false":
+	case hostEtcdAuto:
+		o.HostEtcd, o.EtcdFollowsCluster = tcg, true
+	default:
+		return o, fmt.Errorf("--host-etcd %q: want true, false or %s", f.hostEtcd, hostEtcdAuto)
+	}
+	if tcg {
 		o = o.TCGTuning()
 	}
 	return o, nil

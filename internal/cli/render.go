@@ -50,8 +50,14 @@ func (a *app) render(cf clusterFlags) error {
 		if err != nil {
 			return err
 		}
-		if co.HostEtcd {
+		switch {
+		case co.HostEtcd && !co.EtcdFollowsCluster:
 			return fmt.Errorf("--host-etcd: only the plane runs a cluster's etcd on the host; up and create cluster take it")
+		case co.HostEtcd:
+			// Applied without the plane, the cluster has nobody to run
+			// its etcd on the host: the TCG default does not apply.
+			co.HostEtcd = false
+			co = co.TCGTuning()
 		}
 		cluster, err := devplane.RenderCluster(co, devplane.ClusterVariables(co, imgs))
 		if err != nil {

@@ -129,6 +129,9 @@ func (a *app) makeCluster(ctx context.Context, p *plane.Plane, kubeconfigOut, ku
 	if exists {
 		a.logf("cluster %s/%s exists: applying it again with a control plane of %d and %d workers", co.Namespace, co.Name, co.ControlPlane, co.Workers)
 	}
+	if co, err = devplane.PlaceEtcd(ctx, p.Client, co); err != nil {
+		return err
+	}
 	co = stageWorkers(co, exists, wait)
 	if err := devplane.RecordClusterScope(p.StateDir, co); err != nil {
 		return err
@@ -145,9 +148,6 @@ func (a *app) makeCluster(ctx context.Context, p *plane.Plane, kubeconfigOut, ku
 	}
 	a.logf("images in pool: node %s, load balancer %s", imgs.Node.Volume, imgs.LoadBalancer.Volume)
 	if co.HostEtcd {
-		if co.HostEtcdPort, err = devplane.HostEtcdPort(ctx, p.Client, co); err != nil {
-			return err
-		}
 		a.logf("the cluster's etcd runs on this host, port %d, served by the plane", co.HostEtcdPort)
 	}
 	objs, err := devplane.RenderCluster(co, devplane.ClusterVariables(co, imgs))

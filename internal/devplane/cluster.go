@@ -119,10 +119,14 @@ type ClusterOptions struct {
 	StoragePool string
 	// HostEtcd renders the cluster with its etcd on this host (the plane
 	// runs it, plane.HostEtcdPortAnnotation) serving the guests on
-	// HostEtcdPort (HostEtcdPort finds it), instead of an etcd member in
+	// HostEtcdPort (PlaceEtcd finds it), instead of an etcd member in
 	// each control-plane machine: setHostEtcd. Plain templates only.
 	HostEtcd     bool
 	HostEtcdPort int
+	// EtcdFollowsCluster makes HostEtcd the TCG profile's default rather
+	// than a demand: a Cluster that exists keeps its etcd where it was
+	// made (PlaceEtcd).
+	EtcdFollowsCluster bool
 }
 
 // NodeTCGCacheMiB is the TCG translation cache of node VMs, QEMU's own
@@ -362,14 +366,7 @@ func (o ClusterOptions) TCGTuning() ClusterOptions {
 	o.WorkerCPUs = 1
 	o.StagedWorkers = true
 	o.LeaderElectLease, o.LeaderElectRenew = "180s", "150s"
-	if o.ControlPlane == 1 && !o.HostEtcd {
-		// A renewal that misses its deadline restarts the component even
-		// with nobody to hand over to; one control plane needs no election.
-		// With etcd on the host a renewal no longer waits on the guest's
-		// etcd, and a rollout's second control plane would otherwise run
-		// a second controller manager and scheduler beside the first.
-		o.LeaderElect = "false"
-	}
+	o.LeaderElect = tcgLeaderElect(o)
 	// A rollout's old control-plane node, starved, left its evicted
 	// CoreDNS pod Terminating and the rollout waited on the drain.
 	o.ControlPlaneDrainTimeout = "300"
@@ -412,6 +409,20 @@ func (o ClusterOptions) TCGTuning() ClusterOptions {
 	}
 	o.ControlPlaneCPUShares, o.WorkerCPUShares = 4096, 1024
 	return o
+}
+
+// tcgLeaderElect is the TCG profile's leader election of the controller
+// manager and the scheduler: "false" (off) or "" (the template's, on).
+func tcgLeaderElect(o ClusterOptions) string {
+	if o.ControlPlane == 1 && !o.HostEtcd {
+		// A renewal that misses its deadline restarts the component even
+		// with nobody to hand over to; one control plane needs no election.
+		// With etcd on the host a renewal no longer waits on the guest's
+		// etcd, and a rollout's second control plane would otherwise run
+		// a second controller manager and scheduler beside the first.
+		return "false"
+	}
+	return ""
 }
 
 // Topology tells whether o renders a Cluster of a ClusterClass.

@@ -70,22 +70,53 @@ func setHostEtcd(objs []*unstructured.Unstructured, port int) error {
 	return unstructured.SetNestedSlice(kcp.Object, append([]any{hostEtcdHostsEntry}, commands...), append(spec, "preKubeadmCommands")...)
 }
 
-// HostEtcdPort is the port the plane's etcd of cluster o serves on: the
-// one the Cluster asks for when it exists (a second `up` keeps it, which
-// a changed KubeadmControlPlane would otherwise roll out), else a free
-// port of this host.
-func HostEtcdPort(ctx context.Context, c client.Client, o ClusterOptions) (int, error) {
+// PlaceEtcd decides where the etcd of cluster o runs and, on the host, on
+// which port: a Cluster that exists keeps its etcd where it was made (an
+// etcd that moved would start empty, and a changed KubeadmControlPlane
+// would roll out), which o.HostEtcd may then only confirm, unless
+// o.EtcdFollowsCluster makes it a default; a new Cluster's etcd on the
+// host gets a free port of this host.
+func PlaceEtcd(ctx context.Context, c client.Client, o ClusterOptions) (ClusterOptions, error) {
 	cluster := &clusterv1.Cluster{}
-	err := c.Get(ctx, client.ObjectKey{Namespace: o.Namespace, Name: o.Name}, cluster)
-	switch {
-	case err == nil:
-		if value, ok := cluster.Annotations[plane.HostEtcdPortAnnotation]; ok {
-			return strconv.Atoi(value)
-		}
-		return 0, fmt.Errorf("cluster %s/%s exists with an etcd of its own; its etcd cannot move to the host", o.Namespace, o.Name)
+	switch err := c.Get(ctx, client.ObjectKey{Namespace: o.Namespace, Name: o.Name}, cluster); {
 	case apierrors.IsNotFound(err):
-		return plane.FreePort()
-	default:
-		return 0, err
+		cluster = nil
+	case err != nil:
+		return o, err
 	}
+	return placeEtcd(o, cluster, plane.FreePort)
+}
+
+// placeEtcd is PlaceEtcd with the Cluster read (nil: none yet).
+func placeEtcd(o ClusterOptions, cluster *clusterv1.Cluster, freePort func() (int, error)) (ClusterOptions, error) {
+	if cluster == nil {
+		if !o.HostEtcd {
+			return o, nil
+		}
+		port, err := freePort()
+		o.HostEtcdPort = port
+		return o, err
+	}
+	value, onHost := cluster.Annotations[plane.HostEtcdPortAnnotation]
+	switch {
+	case onHost == o.HostEtcd:
+	case !o.EtcdFollowsCluster && onHost:
+		return o, fmt.Errorf("cluster %s/%s exists with its etcd on the host; its etcd cannot move into its machines", o.Namespace, o.Name)
+	case !o.EtcdFollowsCluster:
+		return o, fmt.Errorf("cluster %s/%s exists with an etcd of its own; its etcd cannot move to the host", o.Namespace, o.Name)
+	default:
+		// Only the TCG profile makes HostEtcd a default, and its leader
+		// election depends on where etcd runs.
+		o.HostEtcd = onHost
+		o.LeaderElect = tcgLeaderElect(o)
+	}
+	if !onHost {
+		return o, nil
+	}
+	port, err := strconv.Atoi(value)
+	if err != nil {
+		return o, fmt.Errorf("cluster %s/%s: annotation %s %q is not a port", o.Namespace, o.Name, plane.HostEtcdPortAnnotation, value)
+	}
+	o.HostEtcdPort = port
+	return o, nil
 }

@@ -4,9 +4,11 @@ import (
 	"strings"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	controlplanev1 "sigs.k8s.io/cluster-api/api/controlplane/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	"github.com/capi-libvirt/cluster-api-provider-libvirt/internal/plane"
 )
@@ -76,6 +78,58 @@ func TestRenderClusterHostEtcd(t *testing.T) {
 			}
 			if cmds := kcp.Spec.KubeadmConfigSpec.PreKubeadmCommands; len(cmds) < 2 || cmds[0] != hostEtcdHostsEntry {
 				t.Errorf("preKubeadmCommands %q do not start with the host etcd's name", cmds)
+			}
+		})
+	}
+}
+
+// TestPlaceEtcd decides where a cluster's etcd runs from what was asked
+// and the Cluster that exists: a new Cluster gets what was asked (a free
+// port on the host), an existing one keeps its etcd where it is, which a
+// demand (not the TCG default) to move it fails on.
+func TestPlaceEtcd(t *testing.T) {
+	onHost := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{plane.HostEtcdPortAnnotation: "23790"}}}
+	stacked := &clusterv1.Cluster{}
+	freePort := func() (int, error) { return 40000, nil }
+	tcg := func(hostEtcd, byDefault bool) ClusterOptions {
+		o := ClusterOptions{Namespace: "team-a", Name: "k8s", ControlPlane: 1, HostEtcd: hostEtcd, EtcdFollowsCluster: byDefault}
+		return o.TCGTuning()
+	}
+	for _, tc := range []struct {
+		name      string
+		o         ClusterOptions
+		cluster   *clusterv1.Cluster
+		wantHost  bool
+		wantPort  int
+		wantElect string
+		wantErr   string
+	}{
+		{name: "new, stacked", o: tcg(false, false), wantElect: "false"},
+		{name: "new, on the host", o: tcg(true, false), wantHost: true, wantPort: 40000},
+		{name: "new, on the host by default", o: tcg(true, true), wantHost: true, wantPort: 40000},
+		{name: "on the host, asked again", o: tcg(true, false), cluster: onHost, wantHost: true, wantPort: 23790},
+		{name: "stacked, asked again", o: tcg(false, false), cluster: stacked, wantElect: "false"},
+		{name: "stacked, on the host by default", o: tcg(true, true), cluster: stacked, wantElect: "false"},
+		{name: "on the host, stacked by default", o: tcg(false, true), cluster: onHost, wantHost: true, wantPort: 23790},
+		{name: "stacked, on the host asked", o: tcg(true, false), cluster: stacked, wantErr: "etcd of its own"},
+		{name: "on the host, stacked asked", o: tcg(false, false), cluster: onHost, wantErr: "cannot move into its machines"},
+		{name: "a bad annotation", o: tcg(true, true), wantErr: "not a port",
+			cluster: &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{plane.HostEtcdPortAnnotation: "x"}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := placeEtcd(tc.o, tc.cluster, freePort)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error %v, want one saying %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.HostEtcd != tc.wantHost || got.HostEtcdPort != tc.wantPort || got.LeaderElect != tc.wantElect {
+				t.Errorf("etcd on the host %v, port %d, leader election %q; want %v, %d, %q",
+					got.HostEtcd, got.HostEtcdPort, got.LeaderElect, tc.wantHost, tc.wantPort, tc.wantElect)
 			}
 		})
 	}

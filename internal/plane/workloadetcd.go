@@ -96,9 +96,16 @@ func serveWorkloadEtcds(ctx context.Context, c client.Client, stateDir, assets s
 	}
 }
 
+// HostEtcdDir is where the plane of stateDir keeps the data, certificates
+// and log of the etcd it runs for Cluster namespace/name; it is removed
+// with the Cluster.
+func HostEtcdDir(stateDir, namespace, name string) string {
+	return filepath.Join(stateDir, workloadEtcdDirName, namespace, name)
+}
+
 // dir is where the etcd of cluster key keeps its data, certificates and log.
 func (w *workloadEtcds) dir(key types.NamespacedName) string {
-	return filepath.Join(w.stateDir, workloadEtcdDirName, key.Namespace, key.Name)
+	return HostEtcdDir(w.stateDir, key.Namespace, key.Name)
 }
 
 // sync starts the etcd of every Cluster that asks for one and stops (and
