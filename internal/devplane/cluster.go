@@ -81,6 +81,10 @@ type ClusterOptions struct {
 	// machine is drained before it is deleted anyway; empty keeps the
 	// template's (until its pods are gone).
 	ControlPlaneDrainTimeout string
+	// NodeDeletionTimeout is how many seconds, from a machine's deletion,
+	// Cluster API tries to delete its Node; empty keeps the template's
+	// (Cluster API's 10).
+	NodeDeletionTimeout string
 	// LeaderElect, "false", switches off the controller manager's and
 	// scheduler's leader election; LeaderElectLease and LeaderElectRenew
 	// override its timing. Empty keeps the template's.
@@ -210,6 +214,7 @@ func ClusterVariables(o ClusterOptions, imgs ClusterImages) map[string]string {
 		"LIBVIRT_ETCD_CPU_REQUEST":                         o.EtcdCPURequest,
 		"LIBVIRT_CONTROL_PLANE_SYSTEM_CPU_WEIGHT":          o.ControlPlaneSystemCPUWeight,
 		"LIBVIRT_CONTROL_PLANE_NODE_DRAIN_TIMEOUT_SECONDS": o.ControlPlaneDrainTimeout,
+		"LIBVIRT_NODE_DELETION_TIMEOUT_SECONDS":            o.NodeDeletionTimeout,
 	} {
 		if value != "" {
 			vars[name] = value
@@ -370,6 +375,12 @@ func (o ClusterOptions) TCGTuning() ClusterOptions {
 	// A rollout's old control-plane node, starved, left its evicted
 	// CoreDNS pod Terminating and the rollout waited on the drain.
 	o.ControlPlaneDrainTimeout = "300"
+	// Cluster API deleted the old node of an upgrade's control plane with
+	// one 10 s call, 7 minutes after the machine's deletion (its drain),
+	// and the busy API server did not answer it: the Node stayed, NotReady
+	// (docs/tcg.md). Counted from the deletion, 900 s leave ten minutes of
+	// retries after the drain's 300.
+	o.NodeDeletionTimeout = "900"
 	o.ProbeTimeout, o.LivenessFailures, o.StartupFailures = "60", "60", "120"
 	o.EtcdUnsafeNoFsync = "true"
 	o.APIServerReadinessPeriod = "10"

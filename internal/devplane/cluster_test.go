@@ -139,6 +139,14 @@ func TestRenderCluster(t *testing.T) {
 	if drain != 300 {
 		t.Errorf("control-plane machines drained for %d s at most, want TCG's 300", drain)
 	}
+	for kind, path := range map[string][]string{
+		"KubeadmControlPlane/k8s-control-plane": {"spec", "machineTemplate", "spec", "deletion", "nodeDeletionTimeoutSeconds"},
+		"MachineDeployment/k8s-md-0":            {"spec", "template", "spec", "deletion", "nodeDeletionTimeoutSeconds"},
+	} {
+		if timeout, _, _ := unstructured.NestedInt64(kinds[kind].Object, path...); timeout != 900 {
+			t.Errorf("%s: its machines' Nodes deleted for %d s at most, want TCG's 900", kind, timeout)
+		}
+	}
 	etcdArgs, _, _ := unstructured.NestedSlice(kinds["KubeadmControlPlane/k8s-control-plane"].Object,
 		"spec", "kubeadmConfigSpec", "clusterConfiguration", "etcd", "local", "extraArgs")
 	if fmt.Sprint(etcdArgs) != "[map[name:unsafe-no-fsync value:true] map[name:watch-progress-notify-interval value:60s] "+

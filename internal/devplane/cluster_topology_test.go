@@ -46,23 +46,25 @@ func TestRenderTopologyCluster(t *testing.T) {
 		o            ClusterOptions
 		controlPlane int64
 		workers      int64
+		// nodeDeletion is each machine's nodeDeletionTimeoutSeconds.
+		nodeDeletion int64
 		// variables are the topology variables expected, as JSON.
 		variables map[string]string
 	}{{
-		name: "defaults", o: base, controlPlane: 1, workers: 1,
+		name: "defaults", o: base, controlPlane: 1, workers: 1, nodeDeletion: 10,
 		variables: map[string]string{
 			"domainType": `"kvm"`, "tcgTranslationCacheMiB": "1024", "workerCPUs": "2", "controlPlaneCPUShares": "0",
 			"workerCPUShares": "0", "controlPlaneTuning": upstream,
 			"storagePool": `{"name": "capl-team-a", "path": "/var/lib/libvirt/capl-team-a"}`,
 		},
 	}, {
-		name: "TCG, one control-plane machine", o: tcg, controlPlane: 1, workers: 0,
+		name: "TCG, one control-plane machine", o: tcg, controlPlane: 1, workers: 0, nodeDeletion: 900,
 		variables: map[string]string{
 			"domainType": `"qemu"`, "tcgTranslationCacheMiB": "1024", "workerCPUs": "1", "controlPlaneTuning": tcgTuning(false),
 			"controlPlaneCPUShares": "4096", "workerCPUShares": "1024",
 		},
 	}, {
-		name: "TCG, three control-plane machines", o: tcg3, controlPlane: 3, workers: 0,
+		name: "TCG, three control-plane machines", o: tcg3, controlPlane: 3, workers: 0, nodeDeletion: 900,
 		variables: map[string]string{"controlPlaneTuning": tcgTuning(true)},
 	}}
 	for _, tt := range tests {
@@ -99,6 +101,11 @@ func TestRenderTopologyCluster(t *testing.T) {
 			mds, _, _ := unstructured.NestedSlice(cluster.Object, "spec", "topology", "workers", "machineDeployments")
 			if len(mds) != 1 || mds[0].(map[string]any)["name"] != TopologyWorkers || mds[0].(map[string]any)["replicas"] != tt.workers || cp != tt.controlPlane {
 				t.Errorf("topology control plane %d, workers %v; want %d and %s of %d", cp, mds, tt.controlPlane, TopologyWorkers, tt.workers)
+			}
+			cpDeletion, _, _ := unstructured.NestedInt64(cluster.Object, "spec", "topology", "controlPlane", "deletion", "nodeDeletionTimeoutSeconds")
+			mdDeletion, _, _ := unstructured.NestedInt64(mds[0].(map[string]any), "deletion", "nodeDeletionTimeoutSeconds")
+			if cpDeletion != tt.nodeDeletion || mdDeletion != tt.nodeDeletion {
+				t.Errorf("Nodes of removed machines deleted for %d s (control plane) and %d s (workers) at most, want %d", cpDeletion, mdDeletion, tt.nodeDeletion)
 			}
 			vars := topologyVariables(t, cluster)
 			tt.variables["image"] = fmt.Sprintf(`{"volume": {"name": %q}}`, imgs.Node.Volume)
