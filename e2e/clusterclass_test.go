@@ -107,8 +107,7 @@ func clusterClassOptions(t *testing.T) devplane.ClusterOptions {
 	o.Template = filepath.Join(templates, "cluster-template-topology.yaml")
 	o.ClusterClass = filepath.Join(templates, "clusterclass-libvirt.yaml")
 	o.KubernetesVersion = nodeImageVersion(testlibvirt.NodeImage(t))
-	o.HostEtcd = false
-	return o.TCGTuning()
+	return o.TCGEtcdOnHost(false)
 }
 
 // clusterClassReady creates the ClusterClass, its templates and the

@@ -56,8 +56,7 @@ func (a *app) render(cf clusterFlags) error {
 		case co.HostEtcd:
 			// Applied without the plane, the cluster has nobody to run
 			// its etcd on the host: the TCG default does not apply.
-			co.HostEtcd = false
-			co = co.TCGTuning()
+			co = co.TCGEtcdOnHost(false)
 		}
 		cluster, err := devplane.RenderCluster(co, devplane.ClusterVariables(co, imgs))
 		if err != nil {

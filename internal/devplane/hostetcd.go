@@ -105,18 +105,24 @@ func placeEtcd(o ClusterOptions, cluster *clusterv1.Cluster, freePort func() (in
 	case !o.EtcdFollowsCluster:
 		return o, fmt.Errorf("cluster %s/%s exists with an etcd of its own; its etcd cannot move to the host", o.Namespace, o.Name)
 	default:
-		// Only the TCG profile makes HostEtcd a default, and its leader
-		// election depends on where etcd runs.
-		o.HostEtcd = onHost
-		o.LeaderElect = tcgLeaderElect(o)
+		o = o.TCGEtcdOnHost(onHost)
 	}
 	if !onHost {
 		return o, nil
 	}
-	port, err := strconv.Atoi(value)
+	port, err := plane.ParseHostEtcdPort(value)
 	if err != nil {
-		return o, fmt.Errorf("cluster %s/%s: annotation %s %q is not a port", o.Namespace, o.Name, plane.HostEtcdPortAnnotation, value)
+		return o, fmt.Errorf("cluster %s/%s: %w", o.Namespace, o.Name, err)
 	}
 	o.HostEtcdPort = port
 	return o, nil
+}
+
+// TCGEtcdOnHost moves the etcd of a TCG-tuned o to the host (or back into
+// its control-plane machines); the profile's leader election, which
+// depends on where etcd runs, follows.
+func (o ClusterOptions) TCGEtcdOnHost(onHost bool) ClusterOptions {
+	o.HostEtcd = onHost
+	o.LeaderElect = tcgLeaderElect(o)
+	return o
 }

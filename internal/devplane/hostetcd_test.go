@@ -113,7 +113,7 @@ func TestPlaceEtcd(t *testing.T) {
 		{name: "on the host, stacked by default", o: tcg(false, true), cluster: onHost, wantHost: true, wantPort: 23790},
 		{name: "stacked, on the host asked", o: tcg(true, false), cluster: stacked, wantErr: "etcd of its own"},
 		{name: "on the host, stacked asked", o: tcg(false, false), cluster: onHost, wantErr: "cannot move into its machines"},
-		{name: "a bad annotation", o: tcg(true, true), wantErr: "not a port",
+		{name: "a bad annotation", o: tcg(true, true), wantErr: "not a port from 1024 to 65535",
 			cluster: &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{plane.HostEtcdPortAnnotation: "x"}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -128,7 +128,7 @@ func (w *workloadEtcds) sync(ctx context.Context) error {
 		if !ok {
 			continue
 		}
-		port, err := hostEtcdPort(value)
+		port, err := ParseHostEtcdPort(value)
 		if err != nil {
 			if w.refused[key] != value {
 				log.Printf("host etcd of Cluster %s: %v", key, err)
@@ -148,8 +148,8 @@ func (w *workloadEtcds) sync(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// hostEtcdPort reads HostEtcdPortAnnotation's value.
-func hostEtcdPort(value string) (int, error) {
+// ParseHostEtcdPort reads HostEtcdPortAnnotation's value.
+func ParseHostEtcdPort(value string) (int, error) {
 	port, err := strconv.Atoi(value)
 	if err != nil || port < 1024 || port > 65535 {
 		return 0, fmt.Errorf("%s: %q is not a port from 1024 to 65535", HostEtcdPortAnnotation, value)
@@ -293,7 +293,7 @@ func (w *workloadEtcds) remove(key types.NamespacedName) error {
 		if err != nil {
 			return fmt.Errorf("the host etcd of moved Cluster %s: %w", key, err)
 		}
-		port, err := hostEtcdPort(strings.TrimSpace(string(raw)))
+		port, err := ParseHostEtcdPort(strings.TrimSpace(string(raw)))
 		if err != nil {
 			return fmt.Errorf("the host etcd of moved Cluster %s: %w", key, err)
 		}
