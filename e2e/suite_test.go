@@ -33,7 +33,7 @@ var (
 	multiHost  = flag.Bool("e2e.multihost", false, "a kubeadm cluster over two libvirt hosts of hack/testbed-hosts.sh instead: placement, a Service across hosts, a host's libvirtd stopped and back, deletion (`make test-e2e-multihost`)")
 	moveFlag   = flag.Bool("e2e.move", false, "bootstrap and pivot instead: a kubeadm cluster moved by the real clusterctl to a second plane, the first plane taken down, workers scaled from the second, a host power cut (`make test-e2e-move`)")
 	rollout    = flag.Bool("e2e.rollout", false, "add a control-plane rollout (rollout.after, the new machine's first join stopped on purpose) to the kubeadm scenario")
-	upgrade    = flag.Bool("e2e.upgrade", false, "day two instead: the kubeadm cluster upgraded (control plane, then workers), rollout.after on both (the control plane's first join stopped on purpose), then a ClusterClass cluster in its place upgraded by its topology version (`make test-e2e-upgrade`)")
+	upgrade    = flag.Bool("e2e.upgrade", false, "day two instead: the kubeadm cluster, its etcd on the host, upgraded (control plane, then workers with maxSurge 0), then a ClusterClass cluster in its place whose workers roll out a changed variable (`make test-e2e-upgrade`)")
 	seedFlag   = flag.Uint64("e2e.seed", 0, "seed of the random fault timings; 0 picks one from the clock (the log prints it)")
 	// workerWithin sizes CI's cluster to its host (docs/tcg.md, "A worker
 	// only where it fits").

@@ -54,6 +54,36 @@ func (s DemoStatus) String() string {
 	return line
 }
 
+// desiredWorkers is how many worker Machines cl should have: each
+// MachineDeployment's replicas, except that a topology's replicas count
+// as the Cluster has them. The topology controller carries a change of
+// them (ScaleWorkers) to the MachineDeployment a reconcile later, or makes
+// the MachineDeployment then: counted from the MachineDeployments alone, a
+// wait right after a scale-up found every Machine of the old count joined
+// and ended before the new worker existed.
+func desiredWorkers(cl *clusterv1.Cluster, mds []clusterv1.MachineDeployment) int {
+	replicas := map[string]int{}
+	for _, md := range mds {
+		key := "MachineDeployment " + md.Name
+		if name, ok := md.Labels[clusterv1.ClusterTopologyMachineDeploymentNameLabel]; ok {
+			key = "topology " + name
+		}
+		if md.Spec.Replicas != nil {
+			replicas[key] = int(*md.Spec.Replicas)
+		}
+	}
+	for _, md := range cl.Spec.Topology.Workers.MachineDeployments {
+		if md.Replicas != nil {
+			replicas["topology "+md.Name] = int(*md.Replicas)
+		}
+	}
+	workers := 0
+	for _, n := range replicas {
+		workers += n
+	}
+	return workers
+}
+
 // ClusterStatus reads the status of cluster namespace/name.
 func ClusterStatus(ctx context.Context, c client.Client, namespace, name string) (DemoStatus, error) {
 	var s DemoStatus
@@ -85,21 +115,16 @@ func ClusterStatus(ctx context.Context, c client.Client, namespace, name string)
 	}
 	// A control-plane provider creates its Machines one by one: once the
 	// Cluster reports how many it wants, count that. Workers come from the
-	// MachineDeployments' specs, not the Cluster's status, which lags a
+	// specs (desiredWorkers), not the Cluster's status, which lags a
 	// scaling by a reconcile.
 	if cp := cl.Status.ControlPlane; cp != nil && cp.DesiredReplicas != nil {
 		controlPlane = int(*cp.DesiredReplicas)
 	}
-	s.Machines = controlPlane
 	var mds clusterv1.MachineDeploymentList
 	if err := c.List(ctx, &mds, client.InNamespace(namespace), inCluster); err != nil {
 		return s, err
 	}
-	for _, md := range mds.Items {
-		if md.Spec.Replicas != nil {
-			s.Machines += int(*md.Spec.Replicas)
-		}
-	}
+	s.Machines = controlPlane + desiredWorkers(cl, mds.Items)
 	var lms infrav1.LibvirtMachineList
 	if err := c.List(ctx, &lms, client.InNamespace(namespace), inCluster); err != nil {
 		return s, err
