@@ -46,7 +46,7 @@ for a in $addresses; do
   echo "== API server $a, $seconds s"
   # Each sample counts negatively from the first scrape and positively from the second.
   { sed 's/^/- /' "$work/$a.before"; sed 's/^/+ /' "$work/$a.after"; } | awk '
-    function label(s, name,   m) { return match(s, name "=\"[^\"]*\"") ? substr(s, RSTART + length(name) + 2, RLENGTH - length(name) - 3) : "" }
+    function label(s, name) { return match(s, name "=\"[^\"]*\"") ? substr(s, RSTART + length(name) + 2, RLENGTH - length(name) - 3) : "" }
     { sign = ($1 == "-") ? -1 : 1; v = $NF * sign }
     $2 ~ /^process_cpu_seconds_total/ { cpu += v }
     $2 ~ /^apiserver_flowcontrol_dispatched_requests_total/ { fs = label($2, "flow_schema"); req[fs] += v; total += v }
