@@ -53,11 +53,12 @@ var capiStarts atomic.Int64
 // bootstrap/kubeadm/main.go, controlplane/kubeadm/main.go in the module
 // go.mod pins): same cache and client options (they differ: the kubeadm
 // managers' caches strip objects the core controllers need whole, so the
-// three cannot share one manager), indexes, ClusterCache, reconcilers and
-// their options at the binaries' flag defaults. Left out: the CRD
-// migrator (the environment installs the CRDs at their storage version),
-// leader election, metrics and health endpoints, and Runtime SDK (its
-// gate is off by default).
+// three cannot share one manager), indexes, ClusterCache (but the
+// bootstrap manager uses the core one's: setupKubeadmBootstrap),
+// reconcilers and their options at the binaries' flag defaults. Left out:
+// the CRD migrator (the environment installs the CRDs at their storage
+// version), leader election, metrics and health endpoints, and Runtime SDK
+// (its gate is off by default).
 type CAPI struct {
 	cancel context.CancelFunc
 	done   []chan error
@@ -112,7 +113,8 @@ func (e *Environment) StartClusterAPI(o ClusterAPIOptions) (*CAPI, error) {
 	if err != nil {
 		return fail(err)
 	}
-	if err := setupCore(ctx, core, o.WebhookPort != 0); err != nil {
+	coreClusterCache, err := setupCore(ctx, core, o.WebhookPort != 0)
+	if err != nil {
 		return fail(err)
 	}
 	mgrs := []ctrl.Manager{core}
@@ -121,7 +123,7 @@ func (e *Environment) StartClusterAPI(o ClusterAPIOptions) (*CAPI, error) {
 		if err != nil {
 			return fail(err)
 		}
-		if err := setupKubeadmBootstrap(ctx, bootstrap); err != nil {
+		if err := setupKubeadmBootstrap(ctx, bootstrap, coreClusterCache); err != nil {
 			return fail(err)
 		}
 		controlPlane, err := e.newCAPIManager(controlplanesetup.ManagerCacheOptions, controlplanesetup.ManagerClientOptions(), ClusterAPIOptions{})
@@ -243,11 +245,11 @@ func setupReconcilers(ctx context.Context, mgr ctrl.Manager, rs map[string]recon
 
 // setupCore wires the core manager's reconcilers as core/main.go's
 // setupReconcilers does, and its webhooks (plus the kubeadm providers')
-// when webhooks is set.
-func setupCore(ctx context.Context, mgr ctrl.Manager, webhooks bool) error {
+// when webhooks is set. It returns the manager's ClusterCache.
+func setupCore(ctx context.Context, mgr ctrl.Manager, webhooks bool) (clustercache.ClusterCache, error) {
 	clusterCache, err := newClusterCache(ctx, mgr, setup.ClusterCacheCacheOptions(), setup.ClusterCacheClientOptions(capiControllerName, 20, 30))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// The ClusterResourceSet controller watches every Secret a set may
 	// name, as metadata only, through a cache of its own (core/main.go).
@@ -265,13 +267,13 @@ func setupCore(ctx context.Context, mgr ctrl.Manager, webhooks bool) error {
 		},
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := mgr.Add(partialSecretCache); err != nil {
-		return err
+		return nil, err
 	}
 	if err := ClusterAPITopologyReconcilers(ctx, mgr, clusterCache); err != nil {
-		return err
+		return nil, err
 	}
 	if err := setupReconcilers(ctx, mgr, map[string]reconciler{
 		"Cluster": &cluster.Reconciler{
@@ -296,27 +298,36 @@ func setupCore(ctx context.Context, mgr ctrl.Manager, webhooks bool) error {
 		"ClusterResourceSetBinding": &clusterresourcesetbinding.Reconciler{Client: mgr.GetClient()},
 		"MachineHealthCheck":        &machinehealthcheck.Reconciler{Client: mgr.GetClient(), ClusterCache: clusterCache},
 	}); err != nil {
-		return err
+		return nil, err
 	}
 	if err := (&clusterresourceset.Reconciler{Client: mgr.GetClient(), ClusterCache: clusterCache}).
 		SetupWithManager(ctx, mgr, controller.Options{MaxConcurrentReconciles: 10}, partialSecretCache); err != nil {
-		return fmt.Errorf("setting up Cluster API's ClusterResourceSet controller: %w", err)
+		return nil, fmt.Errorf("setting up Cluster API's ClusterResourceSet controller: %w", err)
 	}
 	if !webhooks {
-		return nil
+		return clusterCache, nil
 	}
-	return ClusterAPIWebhooks(ctx, mgr)
+	return clusterCache, ClusterAPIWebhooks(ctx, mgr)
 }
 
 // setupKubeadmBootstrap wires bootstrap/kubeadm/main.go's KubeadmConfig
 // reconciler: it renders a Machine's KubeadmConfig into cloud-init or
 // Ignition, with a join token of the default TTL, into the Secret the
 // Machine's spec.bootstrap.dataSecretName names.
-func setupKubeadmBootstrap(ctx context.Context, mgr ctrl.Manager) error {
-	clusterCache, err := newClusterCache(ctx, mgr, bootstrapsetup.ClusterCacheCacheOptions(),
-		bootstrapsetup.ClusterCacheClientOptions(capiControllerName, 20, 30))
-	if err != nil {
-		return err
+//
+// It uses the core manager's ClusterCache, where bootstrap/kubeadm/main.go
+// makes its own. Every ClusterCache holds a connection to each workload
+// cluster and probes its API server every 10 s (its health check is not
+// configurable); during a control-plane rollout under TCG those probes
+// were most of what the plane asked of the old API server (docs/tcg.md,
+// "What the plane asks of a joining control plane"). The reconciler only
+// reads and writes bootstrap-token Secrets through it, which the core
+// cache does not cache either, and listens for its connect events, so
+// sharing changes nothing it sees. KubeadmControlPlane keeps its own: it
+// caches the static pods the core cache must read uncached (drain).
+func setupKubeadmBootstrap(ctx context.Context, mgr ctrl.Manager, clusterCache clustercache.ClusterCache) error {
+	if err := index.AddDefaultIndexes(ctx, mgr); err != nil {
+		return fmt.Errorf("adding Cluster API indexes: %w", err)
 	}
 	secretClient, err := bootstrapsetup.CreateSecretCachingClient(mgr)
 	if err != nil {
