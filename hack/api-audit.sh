@@ -20,6 +20,7 @@ state=${STATE_DIR:-/var/lib/capi-libvirt/devplane}
 cluster=${CLUSTER:-demo} ns=${NAMESPACE:-default}
 export KUBECONFIG=$state/kubeconfig
 dir=/var/log/kubernetes/audit
+bin=$(cd "$(dirname "$0")/.." && pwd)/bin
 k() { kubectl -n "$ns" --request-timeout=30s "$@"; }
 
 policy='apiVersion: audit.k8s.io/v1
@@ -70,21 +71,11 @@ for key, (n, s) in sorted(requests.items(), key=lambda kv: -kv[1][0])[:40]:
     print(f"{n:8d} {s:8.1f}  {key[0][:30]:30s} {key[1][:24]:24s} {key[2]:7s} {key[3]}")
 '
 
-# Runs a shell command in a guest through the QEMU guest agent and prints its output.
-guest_exec() { # DOMAIN COMMAND
-  local request pid status
-  request=$(python3 -c 'import json, sys; print(json.dumps({"execute": "guest-exec", "arguments": {"path": "/bin/sh", "arg": ["-c", sys.argv[1]], "capture-output": True}}))' "$2")
-  pid=$(virsh -q qemu-agent-command "$1" "$request" --timeout 30 | python3 -c 'import json, sys; print(json.load(sys.stdin)["return"]["pid"])')
-  for _ in $(seq 1 600); do
-    status=$(virsh -q qemu-agent-command "$1" "{\"execute\": \"guest-exec-status\", \"arguments\": {\"pid\": $pid}}" --timeout 30)
-    if grep -q '"exited":true' <<<"$status"; then
-      python3 -c 'import base64, json, sys; r = json.load(sys.stdin)["return"]; sys.stdout.write(base64.b64decode(r.get("out-data", "")).decode(errors="replace")); sys.stderr.write(base64.b64decode(r.get("err-data", "")).decode(errors="replace"))' <<<"$status"
-      return 0
-    fi
-    sleep 1
-  done
-  echo "$1: no answer from the guest agent in 10 minutes" >&2
-  return 1
+# Runs a command in a guest through the QEMU guest agent (capl-dev exec, of make build).
+guest_exec() { # DOMAIN COMMAND... (standard input passed on)
+  local d=$1
+  shift
+  "$bin/capl-dev" --state-dir="$state" exec -i -n "$ns" "$d" -- "$@"
 }
 
 domains() {
@@ -99,13 +90,13 @@ on)
   for d in $(domains); do
     echo "== $d"
     # The static pod manifest gets the flags and a mount of $dir, where the policy is.
-    guest_exec "$d" "set -e; m=/etc/kubernetes/manifests/kube-apiserver.yaml
+    guest_exec "$d" sh -c "set -e; m=/etc/kubernetes/manifests/kube-apiserver.yaml
       grep -q audit-policy-file \$m && { echo 'already on'; exit 0; }
       mkdir -p $dir; printf '%s' '$policy' >$dir/policy.yaml
       sed -i 's|^    - kube-apiserver\$|    - kube-apiserver\n    - --audit-policy-file=$dir/policy.yaml\n    - --audit-log-path=$dir/audit.log\n    - --audit-log-maxsize=200\n    - --audit-log-maxbackup=3|' \$m
       sed -i 's|^    volumeMounts:\$|    volumeMounts:\n    - mountPath: $dir\n      name: audit|' \$m
       sed -i 's|^  volumes:\$|  volumes:\n  - hostPath:\n      path: $dir\n      type: DirectoryOrCreate\n    name: audit|' \$m
-      echo 'on; the API server restarts'"
+      echo 'on; the API server restarts'" </dev/null
   done
   ;;
 kcp-patch)
@@ -125,7 +116,7 @@ print(json.dumps([
 summary)
   for d in $(domains); do
     echo "== $d"
-    guest_exec "$d" "nice python3 -c '${summary_py//\'/\'\\\'\'}' '$2' '$3' $dir"
+    guest_exec "$d" nice python3 - "$2" "$3" "$dir" <<<"$summary_py"
   done
   ;;
 *)
